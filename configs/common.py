@@ -1,0 +1,67 @@
+"""Shared pieces of every config: data, training and mesh sections.
+
+Each configs/<name>.py builds its `model` section and calls these for the rest, so a field is
+documented in exactly one place. Override anything from the command line:
+`--config.train.steps=100 --config.data.seq_len=64`.
+"""
+import ml_collections
+
+
+def data_config(objective: str, seq_len: int) -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  d.objective = objective           # 'clm' (GPT), 'mlm' (BERT) or 'span_corruption' (T5)
+  # Source: a named tfds dataset, or local files, or (both empty) the embedded default corpus.
+  d.tfds_name = ''                  # e.g. 'c4/en:3.0.1'; any tfds dataset with a text feature
+  d.tfds_data_dir = ''              # tfds data_dir; may be a gs:// path on a Cloud TPU VM
+  d.files = ''                      # glob of C4-format .json/.jsonl/.json.gz ("text") or .txt files
+  d.text_key = 'text'               # name of the text feature
+  d.train_split = 'train'           # split read for training
+  d.eval_split = 'validation'       # split read for validation loss / evaluate.py
+  d.validation_fraction = 0.02      # local files / embedded corpus: share of documents held out
+  # Tokenizer.
+  d.tokenizer = ''                  # path to a sentencepiece .model; '' = train once and cache one
+  d.tokenizer_type = 'unigram'      # when training one: 'unigram', 'bpe' or 'char'
+  d.tokenizer_vocab_size = 2048     # when training one: size incl. specials, padded to 128s
+  # Sequences and objective.
+  d.seq_len = seq_len               # packed row length (T5: encoder input length)
+  d.pack = True                     # pack several documents per row (segment ids keep them apart)
+  d.mlm_probability = 0.15          # MLM: share of tokens selected for prediction
+  d.whole_word_mask = False         # MLM: select whole words instead of single pieces
+  d.nsp = False                     # BERT: next-sentence prediction pairs (one pair per row)
+  d.noise_density = 0.15            # T5: share of tokens corrupted
+  d.mean_noise_span_length = 3.0    # T5: mean corrupted span length
+  # Input machinery.
+  d.shuffle_buffer = 10_000         # documents in the shuffle buffer
+  d.seed = 0                        # data order and masking randomness
+  d.num_parallel_calls = -1         # tf.data parallelism for tokenization; -1 = AUTOTUNE
+  d.prefetch = 4                    # batches prepared ahead of the train step
+  return d
+
+
+def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collections.ConfigDict:
+  t = ml_collections.ConfigDict()
+  t.batch_size = batch_size         # global batch (sequences per step, summed over all hosts)
+  t.steps = steps                   # total optimizer steps
+  t.learning_rate = learning_rate   # peak learning rate
+  t.warmup_steps = max(steps // 20, 1)  # linear warmup from 0 to the peak
+  t.schedule = 'cosine'             # after warmup: 'cosine', 'linear', 'rsqrt' or 'constant'
+  t.optimizer = 'adamw'             # 'adamw' or 'adafactor'
+  t.weight_decay = 0.01             # decoupled; never on norms, biases or embedding scales
+  t.grad_clip = 1.0                 # global-norm clip; 0 disables
+  t.microbatches = 1                # gradient accumulation: batch_size splits into this many
+  t.z_loss = 0.0                    # coefficient of log(Z)^2 in the loss (0 disables)
+  t.seed = 0                        # parameter init and dropout randomness
+  t.log_every = 10                  # steps between progress lines / TensorBoard scalars
+  t.eval_every = 100                # steps between validation losses (0 disables)
+  t.eval_batches = 4                # batches per validation loss
+  t.checkpoint_every = 100          # steps between checkpoints (a final one is always saved)
+  t.keep_checkpoints = 3            # checkpoints kept on disk
+  return t
+
+
+def mesh_config() -> ml_collections.ConfigDict:
+  m = ml_collections.ConfigDict()
+  m.data = -1                       # pure data parallelism; -1 = all devices left over
+  m.fsdp = 1                        # parameters and optimizer state sharded over this axis
+  m.tensor = 1                      # heads / mlp / vocab split over this axis
+  return m
