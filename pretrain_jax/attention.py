@@ -1,0 +1,68 @@
+"""The ONE attention core shared by BERT, GPT and T5.
+
+`dot_product_attention` is a pure function; the mask and bias are arguments, so the same code
+serves bidirectional, causal, packed, padded, cross and relative-position attention.
+"""
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+IMPLEMENTATIONS = ('reference', 'xla', 'cudnn')
+
+
+def dot_product_attention(query, key, value, *, mask=None, bias=None, scale=None,
+                          dropout_rng=None, dropout_rate=0.0, deterministic=True,
+                          implementation='reference'):
+  """softmax(scale * q.k + bias, masked) . v
+
+  Args:
+    query: (B, T, N, H) queries.
+    key: (B, S, N, H) keys.
+    value: (B, S, N, H) values.
+    mask: bool, broadcastable to (B, N, T, S); True = attend. None = attend everywhere.
+    bias: float, broadcastable to (B, N, T, S), added to the logits (T5's relative positions).
+    scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
+    dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities.
+    implementation: 'reference' (einsum + softmax in fp32), 'xla' or 'cudnn'
+      (`jax.nn.dot_product_attention`; no attention dropout). Room for TPU Pallas kernels here.
+
+  Returns:
+    (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'attention implementation {implementation!r}; expected one of '
+                     f'{IMPLEMENTATIONS}')
+  scale = query.shape[-1] ** -0.5 if scale is None else scale
+  use_dropout = not deterministic and dropout_rate > 0.0
+  if implementation == 'reference':
+    out = _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate,
+                     use_dropout)
+  else:
+    if use_dropout:
+      raise ValueError(f'attention implementation {implementation!r} has no attention '
+                       f'dropout (rate {dropout_rate}); use implementation="reference" or '
+                       'attention_dropout_rate=0')
+    if bias is not None:
+      bias = bias.astype(query.dtype)
+    out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale,
+                                       implementation=implementation)
+  if mask is not None:  # rows that see nothing: zeros, not a uniform average or NaN
+    sees_any = jnp.any(mask, axis=-1)                  # (B|1, N|1, T)
+    out = out * jnp.swapaxes(sees_any, -1, -2)[..., None].astype(out.dtype)  # (B|1, T, N|1, 1)
+  return out
+
+
+def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout):
+  logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
+                      preferred_element_type=jnp.float32) * scale  # (B, N, T, S)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if use_dropout:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)

@@ -1,0 +1,185 @@
+"""Layers shared by the three families. Every parameter carries logical axis names."""
+import functools
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pretrain_jax import masks
+from pretrain_jax.attention import dot_product_attention
+from pretrain_jax.models.config import ModelConfig
+
+Init = nn.initializers
+
+
+def param_init(cfg: ModelConfig, fan_in: Optional[int] = None, scale: float = 1.0):
+  """Kernel init: BERT/GPT normal(0.02); T5 normal(1/sqrt(fan_in)) as in Mesh TensorFlow."""
+  if cfg.family == 't5' and fan_in is not None:
+    return Init.normal(scale * fan_in ** -0.5)
+  return Init.normal(0.02 * scale)
+
+
+def partitioned(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+def dense(cfg, features, in_names, out_names, name, *, axis=-1, init=None, use_bias=None):
+  """DenseGeneral whose kernel is named in_names + out_names and bias out_names."""
+  use_bias = cfg.family != 't5' if use_bias is None else use_bias
+  return nn.DenseGeneral(
+      features=features, axis=axis, use_bias=use_bias, dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype, name=name,
+      kernel_init=partitioned(init or param_init(cfg), tuple(in_names) + tuple(out_names)),
+      bias_init=partitioned(Init.zeros, tuple(out_names)))
+
+
+def norm(cfg: ModelConfig, name: str):
+  """LayerNorm (BERT, GPT) or RMSNorm without bias (T5); statistics in fp32."""
+  if cfg.family == 't5':
+    return nn.RMSNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      scale_init=partitioned(Init.ones, ('embed',)), name=name)
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      scale_init=partitioned(Init.ones, ('embed',)),
+                      bias_init=partitioned(Init.zeros, ('embed',)), name=name)
+
+
+def embed(cfg: ModelConfig, num: int, names, name: str, std: float = 0.02):
+  return nn.Embed(num_embeddings=num, features=cfg.emb_dim, dtype=cfg.dtype,
+                  param_dtype=cfg.param_dtype, embedding_init=partitioned(Init.normal(std), names),
+                  name=name)
+
+
+def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
+  """(B, T) integer positions -> (B, T, dim) sin/cos features (Vaswani et al.)."""
+  half = dim // 2
+  freqs = jnp.exp(-np.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)  # (D/2,)
+  angles = positions[..., None].astype(jnp.float32) * freqs                         # (B, T, D/2)
+  out = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  return jnp.pad(out, [(0, 0)] * (out.ndim - 1) + [(0, dim - 2 * half)])
+
+
+def activation_fn(name: str):
+  return {'gelu': functools.partial(nn.gelu, approximate=False),
+          'gelu_tanh': functools.partial(nn.gelu, approximate=True),
+          'relu': nn.relu,
+          'gated-gelu': functools.partial(nn.gelu, approximate=True),
+          'gated-relu': nn.relu}[name]
+
+
+class MLP(nn.Module):
+  """Feed-forward block: act(x W_i) W_o, or gated act(x W_i0) * (x W_i1) W_o (T5 v1.1)."""
+  cfg: ModelConfig
+  out_scale: float = 1.0
+
+  @nn.compact
+  def __call__(self, x):                                    # (B, T, E)
+    cfg = self.cfg
+    act = activation_fn(cfg.activation)
+    wi_init = param_init(cfg, cfg.emb_dim)
+    if cfg.activation.startswith('gated'):
+      h = act(dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi_0', init=wi_init)(x))
+      h = h * dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi_1', init=wi_init)(x)
+    else:
+      h = act(dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi', init=wi_init)(x))  # (B, T, F)
+    h = nn.Dropout(cfg.dropout_rate if cfg.family == 't5' else 0.0)(
+        h, deterministic=cfg.deterministic)
+    return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo',
+                 init=param_init(cfg, cfg.mlp_dim, self.out_scale))(h)  # (B, T, E)
+
+
+class MultiHeadAttention(nn.Module):
+  """Self- or cross-attention around the shared core; masks and bias come from the caller.
+
+  In decode mode, self-attention stores this call's keys/values at `decode_index` in the
+  `cache` collection and attends over the whole cache (the caller's mask says which keys).
+  """
+  cfg: ModelConfig
+  out_scale: float = 1.0
+
+  @nn.compact
+  def __call__(self, x_q, x_kv, mask, bias=None, decode_index=None):  # (B, T, E), (B, S, E)
+    cfg = self.cfg
+    heads = (cfg.num_heads, cfg.head_dim)
+    q_init = param_init(cfg, cfg.emb_dim * cfg.head_dim)  # T5: query init folds in 1/sqrt(H)
+    kv_init = param_init(cfg, cfg.emb_dim)
+    q = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'query', init=q_init)(x_q)   # (B, T, N, H)
+    k = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'key', init=kv_init)(x_kv)   # (B, S, N, H)
+    v = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'value', init=kv_init)(x_kv)
+    if decode_index is not None:
+      k, v = self._cached(k, v, decode_index)
+    dropout_rng = None
+    if not cfg.deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    out = dot_product_attention(
+        q, k, v, mask=mask, bias=bias, scale=1.0 if cfg.family == 't5' else None,
+        dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
+        deterministic=cfg.deterministic, implementation=cfg.attention_impl)  # (B, T, N, H)
+    return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
+                 init=param_init(cfg, cfg.num_heads * cfg.head_dim, self.out_scale))(out)
+
+  def _cached(self, k, v, index):
+    """Write (B, T, N, H) keys/values at `index` into the cache; return the whole cache."""
+    initialized = self.has_variable('cache', 'cached_key')
+    cached_k = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
+    if not initialized:  # the init call sizes the cache with its (B, max_decode_len) input
+      return k, v
+    start = (0, index, 0, 0)
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype),
+                                                  start)
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype),
+                                                  start)
+    return cached_k.value, cached_v.value
+
+
+REMAT = {'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+         'full': jax.checkpoint_policies.nothing_saveable}
+
+
+def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *args):
+  """Run `num_layers` copies of `block_cls(cfg)` on x; args are shared by every layer.
+
+  A block maps (x, *args) -> (x, None). With cfg.scan_layers the copies are one nn.scan, so
+  parameters gain a leading 'layers' axis and compile time does not grow with depth; otherwise
+  they are `{name}_0 ... {name}_{L-1}`.
+  """
+  block = block_cls
+  if cfg.remat != 'none':
+    block = nn.remat(block, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    stack = nn.scan(block, variable_axes={'params': 0, 'cache': 0},
+                    split_rngs={'params': True, 'dropout': True},
+                    in_axes=(nn.broadcast,) * len(args), length=num_layers,
+                    metadata_params={nn.PARTITION_NAME: 'layers'})
+    x, _ = stack(cfg, name=name)(x, *args)
+    return x
+  for i in range(num_layers):
+    x, _ = block(cfg, name=f'{name}_{i}')(x, *args)
+  return x
+
+
+def decode_cache_mask(module: nn.Module, segment_ids):
+  """Decode-mode bookkeeping shared by GPT and the T5 decoder.
+
+  Keeps `cache_index` and the cached keys' segment ids in the `cache` collection, appends this
+  call's (B, T) segment ids at the index and returns (mask (B, 1, T, S), index, positions):
+  causal over cache slots, restricted to real tokens of the same segment, and positions that
+  count only real tokens (so left-padded prompts start at position 0).
+  """
+  batch, length = segment_ids.shape
+  initialized = module.has_variable('cache', 'cache_index')
+  index = module.variable('cache', 'cache_index', lambda: jnp.zeros((), jnp.int32))
+  cached = module.variable('cache', 'cached_segment_ids', jnp.zeros, (batch, length), jnp.int32)
+  if not initialized:  # the init call sizes the cache with its (B, max_decode_len) input
+    mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
+    return mask, None, jnp.broadcast_to(jnp.arange(length), (batch, length))
+  i = index.value
+  cached.value = jax.lax.dynamic_update_slice(cached.value, segment_ids.astype(jnp.int32), (0, i))
+  real_before = jnp.cumsum(cached.value > 0, axis=1) - 1                  # (B, S)
+  positions = jnp.maximum(jax.lax.dynamic_slice_in_dim(real_before, i, length, axis=1), 0)
+  mask = masks.combine_masks(masks.causal_mask(length, cached.value.shape[1], i),
+                             masks.segment_mask(segment_ids, cached.value))
+  index.value = i + length
+  return mask, i, positions

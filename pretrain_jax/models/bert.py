@@ -1,0 +1,73 @@
+"""BERT: post-LN encoder, learned positions + token types, GELU (erf), MLM and NSP heads."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+from pretrain_jax import layers, masks
+from pretrain_jax.models.config import ModelConfig
+
+
+class BertBlock(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask):                                # (B, T, E)
+    cfg = self.cfg
+    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    x = layers.norm(cfg, 'attention_norm')(
+        x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask)))
+    x = layers.norm(cfg, 'output_norm')(x + drop(layers.MLP(cfg, name='mlp')(x)))
+    return x, None
+
+
+class MLMTransform(nn.Module):
+  """dense + activation + LayerNorm before the tied decoder."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):                                                 # (B, T, E)
+    cfg = self.cfg
+    h = layers.dense(cfg, cfg.emb_dim, ['embed'], ['mlp'], 'dense')(x)
+    return layers.norm(cfg, 'norm')(layers.activation_fn(cfg.activation)(h))
+
+
+class BERT(nn.Module):
+  """Masked-LM encoder.
+
+  __call__(inputs (B, T), token_type_ids, segment_ids, positions) ->
+  (mlm_logits (B, T, V) float32, nsp_logits (B, 2) float32 or None).
+  The bidirectional mask comes from segment ids alone (packing + padding).
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
+    cfg = self.cfg
+    if segment_ids is None:
+      segment_ids = jnp.ones_like(inputs)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(inputs)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    mask = masks.segment_mask(segment_ids)                               # (B, 1, T, T)
+    wte = layers.embed(cfg, cfg.vocab_size, ('vocab', 'embed'), 'word_embeddings')
+    x = wte(inputs)                                                      # (B, T, E)
+    if cfg.position_embedding == 'learned':
+      x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'position_embeddings')(
+          positions)
+    else:
+      x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
+    x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
+                         'token_type_embeddings')(token_type_ids)
+    x = layers.norm(cfg, 'embeddings_norm')(x)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    x = layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
+
+    bias = self.param('mlm_bias', layers.partitioned(nn.initializers.zeros, ('vocab',)),
+                      (cfg.vocab_size,), cfg.param_dtype)
+    mlm_logits = wte.attend(MLMTransform(cfg, name='mlm_transform')(x)) + bias  # (B, T, V)
+    nsp_logits = None
+    if cfg.nsp:  # pooler: tanh(dense([CLS])), then a 2-way classifier
+      pooled = jnp.tanh(layers.dense(cfg, cfg.emb_dim, ['embed'], ['mlp'], 'pooler')(x[:, 0]))
+      nsp_logits = layers.dense(cfg, 2, ['mlp'], ['classes'], 'nsp')(pooled)  # (B, 2)
+      nsp_logits = nsp_logits.astype(jnp.float32)
+    return mlm_logits.astype(jnp.float32), nsp_logits

@@ -1,0 +1,84 @@
+"""The frozen model dataclass: the one boundary between ml_collections configs and modules."""
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+FAMILIES = ('bert', 'gpt', 't5')
+ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
+POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative')
+REMAT_POLICIES = ('none', 'minimal', 'full')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  family: str
+  vocab_size: int
+  num_layers: int
+  emb_dim: int
+  num_heads: int
+  head_dim: int
+  mlp_dim: int
+  max_len: int = 512
+  num_decoder_layers: int = 0           # T5 only; 0 = same as num_layers
+  dtype: Any = jnp.float32               # compute dtype
+  param_dtype: Any = jnp.float32         # storage dtype
+  attention_impl: str = 'reference'      # see pretrain_jax.attention.IMPLEMENTATIONS
+  activation: str = 'gelu'
+  position_embedding: str = 'learned'
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+  tie_embeddings: bool = True
+  type_vocab_size: int = 2               # BERT token types
+  nsp: bool = False                      # BERT next-sentence head
+  relative_buckets: int = 32             # T5 relative position bias
+  relative_max_distance: int = 128
+  scan_layers: bool = False              # nn.scan over layers (compile time flat in depth)
+  remat: str = 'none'                    # rematerialisation of each layer
+  deterministic: bool = True             # no dropout (eval); training uses .replace(False)
+  decode: bool = False                   # key/value cache, one new token per call
+
+  def __post_init__(self):
+    def check(ok, what, value, expected):
+      if not ok:
+        raise ValueError(f'model.{what}={value!r}; expected {expected}')
+    check(self.family in FAMILIES, 'family', self.family, f'one of {FAMILIES}')
+    check(self.activation in ACTIVATIONS, 'activation', self.activation, f'one of {ACTIVATIONS}')
+    check(self.position_embedding in POSITION_EMBEDDINGS, 'position_embedding',
+          self.position_embedding, f'one of {POSITION_EMBEDDINGS}')
+    check(self.remat in REMAT_POLICIES, 'remat', self.remat, f'one of {REMAT_POLICIES}')
+    for name in ('vocab_size', 'num_layers', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
+                 'max_len'):
+      value = getattr(self, name)
+      check(isinstance(value, int) and value > 0, name, value, 'a positive integer')
+    check(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', self.dropout_rate, 'in [0, 1)')
+    check(0.0 <= self.attention_dropout_rate < 1.0, 'attention_dropout_rate',
+          self.attention_dropout_rate, 'in [0, 1)')
+    check((self.position_embedding == 'relative') == (self.family == 't5'),
+          'position_embedding', self.position_embedding,
+          "'relative' for t5 and 'learned' or 'sinusoidal' for bert/gpt")
+
+  @property
+  def decoder_layers(self) -> int:
+    return self.num_decoder_layers or self.num_layers
+
+  def replace(self, **kw) -> 'ModelConfig':
+    return dataclasses.replace(self, **kw)
+
+  @classmethod
+  def from_config(cls, model_config) -> 'ModelConfig':
+    """ml_collections `config.model` -> ModelConfig; unknown keys are an error."""
+    kw = dict(model_config.to_dict() if hasattr(model_config, 'to_dict') else model_config)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(kw) - names)
+    if unknown:
+      raise ValueError(f'unknown config.model keys {unknown}; expected a subset of '
+                       f'{sorted(names)}')
+    for key in ('dtype', 'param_dtype'):
+      if key in kw and isinstance(kw[key], str):
+        if kw[key] not in DTYPES:
+          raise ValueError(f'model.{key}={kw[key]!r}; expected one of {sorted(DTYPES)}')
+        kw[key] = DTYPES[kw[key]]
+    return cls(**kw)

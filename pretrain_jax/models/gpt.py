@@ -1,0 +1,57 @@
+"""GPT-2: pre-LN decoder, learned positions, GELU (tanh), final LayerNorm, tied LM head."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+from pretrain_jax import layers, masks
+from pretrain_jax.models.config import ModelConfig
+
+
+class GPTBlock(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask, decode_index):                 # (B, T, E)
+    cfg = self.cfg
+    residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
+    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    h = layers.norm(cfg, 'ln_1')(x)
+    x = x + drop(layers.MultiHeadAttention(cfg, residual_scale, name='attn')(
+        h, h, mask, None, decode_index))
+    h = layers.norm(cfg, 'ln_2')(x)
+    x = x + drop(layers.MLP(cfg, residual_scale, name='mlp')(h))
+    return x, None
+
+
+class GPT(nn.Module):
+  """Causal LM. __call__(inputs (B, T), segment_ids, positions) -> logits (B, T, V).
+
+  The causal mask is built here and combined with the packing/padding mask from segment ids.
+  In decode mode (cfg.decode) a `cache_index` and the cached keys' segment ids live in the
+  `cache` collection: each call appends its T tokens and attends over everything cached.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs, *, segment_ids=None, positions=None):
+    cfg = self.cfg
+    if segment_ids is None:
+      segment_ids = jnp.ones_like(inputs)
+    decode_index = None
+    if cfg.decode:
+      mask, decode_index, cache_positions = layers.decode_cache_mask(self, segment_ids)
+      positions = cache_positions if positions is None else positions
+    else:
+      mask = masks.combine_masks(masks.causal_mask(inputs.shape[1]),
+                                 masks.segment_mask(segment_ids))        # (B, 1, T, T)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    wte = layers.embed(cfg, cfg.vocab_size, ('vocab', 'embed'), 'wte')
+    x = wte(inputs)                                                       # (B, T, E)
+    if cfg.position_embedding == 'learned':
+      x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'wpe', 0.01)(positions)
+    else:
+      x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
+    x = layers.norm(cfg, 'ln_f')(x)
+    return wte.attend(x).astype(jnp.float32)                              # (B, T, V)

@@ -1,0 +1,64 @@
+"""Family -> model call -> loss sums. The train step and evaluation both go through here.
+
+The model is objective-agnostic; this file knows which batch keys each family consumes
+(see DESIGN.md) and how its losses add up. A loss is `sum / denominator`, with denominators
+taken from the WHOLE global batch (`denominators`) so that microbatches and hosts add sums.
+"""
+import jax.numpy as jnp
+
+from pretrain_jax import losses
+
+TARGET_KEYS = {'gpt': ('targets', 'loss_weights'), 'bert': ('targets', 'loss_weights'),
+               't5': ('decoder_target_tokens', 'decoder_loss_weights')}
+
+
+def model_inputs(family: str, batch) -> tuple:
+  """(args, kwargs) of the family's model __call__ from a batch dict."""
+  if family == 'gpt':
+    return (batch['inputs'],), dict(segment_ids=batch.get('segment_ids'),
+                                    positions=batch.get('positions'))
+  if family == 'bert':
+    return (batch['inputs'],), dict(token_type_ids=batch.get('token_type_ids'),
+                                    segment_ids=batch.get('segment_ids'),
+                                    positions=batch.get('positions'))
+  if family == 't5':
+    return (batch['encoder_input_tokens'], batch['decoder_input_tokens']), dict(
+        encoder_segment_ids=batch.get('encoder_segment_ids'),
+        decoder_segment_ids=batch.get('decoder_segment_ids'),
+        encoder_positions=batch.get('encoder_positions'),
+        decoder_positions=batch.get('decoder_positions'))
+  raise ValueError(f'family {family!r}; expected gpt, bert or t5')
+
+
+def denominators(family: str, batch) -> dict:
+  """Global denominators of each loss term, computed from the full batch."""
+  weights = batch[TARGET_KEYS[family][1]]
+  out = {'lm': jnp.sum(weights.astype(jnp.float32))}
+  if 'nsp_labels' in batch:
+    out['nsp'] = jnp.asarray(batch['nsp_labels'].shape[0], jnp.float32)
+  return out
+
+
+def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0) -> dict:
+  """Forward pass and summed loss terms: lm, lm_z, lm_correct, lm_weight (+ nsp_*)."""
+  family = model.cfg.family
+  args, kwargs = model_inputs(family, batch)
+  out = model.apply({'params': params}, *args, **kwargs, rngs=rngs)
+  logits, nsp_logits = out if family == 'bert' else (out, None)
+  target_key, weight_key = TARGET_KEYS[family]
+  lm = losses.cross_entropy_sums(logits, batch[target_key], batch[weight_key], z_loss)
+  sums = {f'lm_{k}' if k != 'loss' else 'lm': v for k, v in lm.items()}
+  if nsp_logits is not None and 'nsp_labels' in batch:
+    nsp = losses.cross_entropy_sums(nsp_logits, batch['nsp_labels'],
+                                    jnp.ones(batch['nsp_labels'].shape, jnp.float32))
+    sums.update(nsp=nsp['loss'], nsp_correct=nsp['correct'])
+  return sums
+
+
+def total_loss(sums: dict, denoms: dict):
+  """The scalar that is differentiated: mean LM loss (+ z-loss) (+ mean NSP loss)."""
+  lm_denom = jnp.maximum(denoms['lm'], 1.0)
+  loss = (sums['lm'] + sums['lm_z_loss']) / lm_denom
+  if 'nsp' in sums:
+    loss = loss + sums['nsp'] / jnp.maximum(denoms['nsp'], 1.0)
+  return loss
