@@ -1,0 +1,162 @@
+"""T5 (v1.0 and v1.1): encoder-decoder, RMSNorm, no dense biases, relative position bias.
+
+v1.0: ReLU feed-forward, LM head tied to the shared embedding with logits scaled by
+d_model**-0.5. v1.1: gated GELU, untied LM head. The relative position bias is computed once per
+stack (bidirectional in the encoder, causal buckets in the decoder) and handed to every layer
+as the attention core's `bias`.
+"""
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from pretrain_jax import layers, masks
+from pretrain_jax.models.config import ModelConfig
+
+
+def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
+                             max_distance: int):
+  """T5's bucketing of key_pos - query_pos: exact for small distances, log-spaced beyond."""
+  buckets = 0
+  if bidirectional:
+    num_buckets //= 2
+    buckets = (relative_position > 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  large = max_exact + (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+                       / np.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """(T query positions, S key positions) -> bias (1, N, T, S)."""
+  cfg: ModelConfig
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, query_positions, key_positions):
+    cfg = self.cfg
+    table = self.param('rel_embedding', layers.partitioned(
+        nn.initializers.normal(1.0), ('relpos_buckets', 'heads')),
+        (cfg.relative_buckets, cfg.num_heads), cfg.param_dtype)
+    buckets = relative_position_bucket(key_positions[None, :] - query_positions[:, None],
+                                       self.bidirectional, cfg.relative_buckets,
+                                       cfg.relative_max_distance)          # (T, S)
+    return jnp.transpose(table[buckets], (2, 0, 1))[None].astype(cfg.dtype)  # (1, N, T, S)
+
+
+def _dropout(cfg, x):
+  return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+
+
+class EncoderBlock(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask, bias):                                     # (B, T, E)
+    cfg = self.cfg
+    h = layers.norm(cfg, 'pre_attention_norm')(x)
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='attention')(h, h, mask, bias))
+    h = layers.norm(cfg, 'pre_mlp_norm')(x)
+    return x + _dropout(cfg, layers.MLP(cfg, name='mlp')(h)), None
+
+
+class DecoderBlock(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, encoded, self_mask, bias, cross_mask, decode_index):  # (B, T, E)
+    cfg = self.cfg
+    h = layers.norm(cfg, 'pre_self_attention_norm')(x)
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='self_attention')(
+        h, h, self_mask, bias, decode_index))
+    h = layers.norm(cfg, 'pre_cross_attention_norm')(x)
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='encoder_decoder_attention')(
+        h, encoded, cross_mask))
+    h = layers.norm(cfg, 'pre_mlp_norm')(x)
+    return x + _dropout(cfg, layers.MLP(cfg, name='mlp')(h)), None
+
+
+class Encoder(nn.Module):
+  cfg: ModelConfig
+  shared: nn.Module
+
+  @nn.compact
+  def __call__(self, tokens, segment_ids):                               # (B, T)
+    cfg = self.cfg
+    x = _dropout(cfg, self.shared(tokens))                               # (B, T, E)
+    pos = jnp.arange(tokens.shape[1])
+    bias = RelativePositionBias(cfg, bidirectional=True, name='relpos_bias')(pos, pos)
+    x = layers.apply_stack(EncoderBlock, cfg, cfg.num_layers, 'layers', x,
+                           masks.segment_mask(segment_ids), bias)
+    return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
+
+
+class Decoder(nn.Module):
+  cfg: ModelConfig
+  shared: nn.Module
+
+  @nn.compact
+  def __call__(self, tokens, encoded, segment_ids, encoder_segment_ids):  # (B, T), (B, S, E)
+    cfg = self.cfg
+    length = tokens.shape[1]
+    decode_index = None
+    if cfg.decode:
+      self_mask, decode_index, _ = layers.decode_cache_mask(self, segment_ids)
+      cache_len = self_mask.shape[-1]
+      q_pos = jnp.arange(length) + (0 if decode_index is None else decode_index)
+      bias_args = (q_pos, jnp.arange(cache_len))
+    else:
+      self_mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
+      bias_args = (jnp.arange(length), jnp.arange(length))
+    bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
+    x = _dropout(cfg, self.shared(tokens))                               # (B, T, E)
+    x = layers.apply_stack(DecoderBlock, cfg, cfg.decoder_layers, 'layers', x, encoded,
+                           self_mask, bias, masks.cross_mask(segment_ids, encoder_segment_ids),
+                           decode_index)
+    x = _dropout(cfg, layers.norm(cfg, 'final_norm')(x))
+    if cfg.tie_embeddings:
+      return self.shared.attend(x * cfg.emb_dim ** -0.5).astype(jnp.float32)  # (B, T, V)
+    return layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
+                        init=nn.initializers.normal(cfg.emb_dim ** -0.5))(x).astype(jnp.float32)
+
+
+class T5(nn.Module):
+  """__call__(encoder_input_tokens (B, S), decoder_input_tokens (B, T), ...) -> (B, T, V).
+
+  `encode` and `decode` are separate methods so generation runs the encoder once.
+  """
+  cfg: ModelConfig
+
+  def setup(self):
+    self.shared = layers.embed(self.cfg, self.cfg.vocab_size, ('vocab', 'embed'), 'shared',
+                               std=1.0)
+    self.encoder = Encoder(self.cfg, self.shared)
+    self.decoder = Decoder(self.cfg, self.shared)
+
+  def encode(self, encoder_input_tokens, *, encoder_segment_ids=None, encoder_positions=None):
+    del encoder_positions  # relative attention only needs token order within the row
+    if encoder_segment_ids is None:
+      encoder_segment_ids = jnp.ones_like(encoder_input_tokens)
+    return self.encoder(encoder_input_tokens, encoder_segment_ids)
+
+  def decode(self, encoded, decoder_input_tokens, *, encoder_segment_ids=None,
+             decoder_segment_ids=None, decoder_positions=None):
+    del decoder_positions
+    if encoder_segment_ids is None:
+      encoder_segment_ids = jnp.ones(encoded.shape[:2], jnp.int32)
+    if decoder_segment_ids is None:
+      decoder_segment_ids = jnp.ones_like(decoder_input_tokens)
+    return self.decoder(decoder_input_tokens, encoded, decoder_segment_ids, encoder_segment_ids)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, *, encoder_segment_ids=None,
+               decoder_segment_ids=None, encoder_positions=None, decoder_positions=None):
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids=encoder_segment_ids,
+                          encoder_positions=encoder_positions)
+    return self.decode(encoded, decoder_input_tokens, encoder_segment_ids=encoder_segment_ids,
+                       decoder_segment_ids=decoder_segment_ids,
+                       decoder_positions=decoder_positions)

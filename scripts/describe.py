@@ -1,0 +1,35 @@
+"""Print a config's parameter tree (path, shape, logical axes) without allocating weights.
+
+  python scripts/describe.py --config configs/gpt2_small.py [--config.model.num_layers=24]
+
+Ends with one JSON line: {"params": N, "family": ..., "config": ...}.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags
+
+from pretrain_jax.models import ModelConfig, describe
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=True)
+
+
+def main(argv):
+  del argv
+  cfg = ModelConfig.from_config(_CONFIG.value.model)
+  rows, total = describe.parameter_table(cfg)
+  width = max(len(r[0]) for r in rows)
+  for path, shape, axes, count in rows:
+    print(f'{path:<{width}}  {str(shape):<20} {str(axes):<32} {count:>12,}', file=sys.stderr)
+  print(f'total parameters: {total:,}', file=sys.stderr)
+  print(json.dumps({'params': total, 'family': cfg.family, 'layers': cfg.num_layers,
+                    'emb_dim': cfg.emb_dim, 'vocab_size': cfg.vocab_size}))
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main)
