@@ -1,0 +1,35 @@
+"""Tiny model configs and helpers shared by the model tests."""
+import jax
+import jax.numpy as jnp
+
+from pretrain_jax.models import ModelConfig, build
+
+VOCAB = 97
+
+
+def tiny(family: str, **kw) -> ModelConfig:
+  base = dict(family=family, vocab_size=VOCAB, num_layers=2, emb_dim=32, num_heads=4,
+              head_dim=8, mlp_dim=64, max_len=32, dropout_rate=0.0,
+              attention_dropout_rate=0.0)
+  if family == 'gpt':
+    base.update(activation='gelu_tanh', layer_norm_eps=1e-5)
+  if family == 't5':
+    base.update(position_embedding='relative', activation='gated-gelu', layer_norm_eps=1e-6,
+                tie_embeddings=False)
+  base.update(kw)
+  return ModelConfig(**base)
+
+
+def init(cfg: ModelConfig, length: int = 8, seed: int = 0):
+  tokens = jnp.ones((1, length), jnp.int32)
+  args = (tokens, tokens) if cfg.family == 't5' else (tokens,)
+  return build(cfg).init(jax.random.key(seed), *args)['params']
+
+
+def tokens(shape, seed=1):
+  return jax.random.randint(jax.random.key(seed), shape, 3, VOCAB)
+
+
+def forward(cfg, params, *args, **kw):
+  out = build(cfg).apply({'params': params}, *args, **kw)
+  return out[0] if cfg.family == 'bert' else out

@@ -1,0 +1,75 @@
+"""The attention core: both implementations agree; empty rows are zeros, never NaN."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pretrain_jax import masks
+from pretrain_jax.attention import dot_product_attention
+
+B, T, N, H = 2, 6, 3, 8
+
+
+def _qkv(seed=0):
+  ks = jax.random.split(jax.random.key(seed), 3)
+  return [jax.random.normal(k, (B, T, N, H), jnp.float32) for k in ks]
+
+
+SEGMENTS = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+CASES = {
+    'none': (None, None),
+    'causal': (masks.causal_mask(T), None),
+    'padded': (masks.segment_mask(jnp.array([[1] * 4 + [0] * 2, [1] * 6])), None),
+    'packed_causal': (masks.combine_masks(masks.causal_mask(T), masks.segment_mask(SEGMENTS)),
+                      None),
+    'biased': (masks.segment_mask(SEGMENTS),
+               jax.random.normal(jax.random.key(9), (1, N, T, T))),
+}
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_reference_and_xla_agree(case):
+  mask, bias = CASES[case]
+  q, k, v = _qkv()
+  ref = dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='reference')
+  xla = dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='xla')
+  np.testing.assert_allclose(ref, xla, atol=1e-5, rtol=0)
+
+
+def test_reference_matches_numpy_softmax():
+  q, k, v = _qkv(1)
+  mask = masks.causal_mask(T)
+  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(H)
+  logits = np.where(np.asarray(mask), logits, -np.inf)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  expected = np.einsum('bnts,bsnh->btnh', p, v)
+  np.testing.assert_allclose(dot_product_attention(q, k, v, mask=mask), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('impl', ['reference', 'xla'])
+def test_row_that_sees_nothing_is_zero_with_finite_gradients(impl):
+  q, k, v = _qkv(2)
+  mask = masks.segment_mask(SEGMENTS)   # last token of row 0 and two of row 1 are padding
+  out = dot_product_attention(q, k, v, mask=mask, implementation=impl)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(out[0, 5], 0.0)
+  np.testing.assert_array_equal(out[1, 4:], 0.0)
+  grads = jax.grad(lambda q: dot_product_attention(q, k, v, mask=mask,
+                                                   implementation=impl).sum())(q)
+  assert np.all(np.isfinite(grads))
+
+
+def test_scale_and_dropout_arguments():
+  q, k, v = _qkv(3)
+  a = dot_product_attention(q * H ** -0.5, k, v, scale=1.0)
+  b = dot_product_attention(q, k, v)
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  dropped = dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
+                                  deterministic=False)
+  assert not np.allclose(dropped, dot_product_attention(q, k, v))
+  with pytest.raises(ValueError, match='no attention dropout'):
+    dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
+                          deterministic=False, implementation='xla')
+  with pytest.raises(ValueError, match="'flash'"):
+    dot_product_attention(q, k, v, implementation='flash')

@@ -1,0 +1,133 @@
+"""Model behaviour: causality, packing isolation, padding, precision, parameter counts."""
+import importlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from modeling import forward, init, tiny, tokens
+from pretrain_jax.models import ModelConfig, describe
+
+
+@pytest.mark.parametrize('family,causal', [('gpt', True), ('bert', False)])
+def test_future_token_changes_only_noncausal_logits(family, causal):
+  cfg = tiny(family)
+  params = init(cfg)
+  x = tokens((1, 10))
+  t = 4
+  y = x.at[0, t + 1].set((x[0, t + 1] + 1) % 97)
+  a, b = forward(cfg, params, x), forward(cfg, params, y)
+  if causal:
+    np.testing.assert_array_equal(a[0, :t + 1], b[0, :t + 1])
+  else:
+    assert np.abs(a[0, :t + 1] - b[0, :t + 1]).max() > 1e-4
+
+
+def _packed(doc_a, doc_b, length):
+  """Row with A then B then padding; returns inputs, segment_ids, positions."""
+  la, lb = len(doc_a), len(doc_b)
+  pad = length - la - lb
+  inputs = jnp.concatenate([doc_a, doc_b, jnp.zeros(pad, jnp.int32)])[None]
+  seg = jnp.array([1] * la + [2] * lb + [0] * pad)[None]
+  pos = jnp.array(list(range(la)) + list(range(lb)) + [0] * pad)[None]
+  return inputs, seg, pos
+
+
+@pytest.mark.parametrize('family', ['gpt', 'bert'])
+def test_packed_document_is_isolated(family):
+  cfg = tiny(family)
+  params = init(cfg)
+  doc_a, doc_b = tokens((7,), 2), tokens((5,), 3)
+  alone, seg, pos = _packed(doc_a, jnp.zeros(0, jnp.int32), 16)
+  packed, seg2, pos2 = _packed(doc_a, doc_b, 16)
+  a = forward(cfg, params, alone, segment_ids=seg, positions=pos)
+  b = forward(cfg, params, packed, segment_ids=seg2, positions=pos2)
+  np.testing.assert_allclose(a[0, :7], b[0, :7], atol=1e-5)
+  # And document B alone at the start of a row matches B packed after A.
+  b_alone, seg3, pos3 = _packed(doc_b, jnp.zeros(0, jnp.int32), 16)
+  c = forward(cfg, params, b_alone, segment_ids=seg3, positions=pos3)
+  np.testing.assert_allclose(c[0, :5], b[0, 7:12], atol=1e-5)
+
+
+def test_t5_packed_documents_are_isolated():
+  cfg = tiny('t5')
+  params = init(cfg)
+  enc_a, enc_b, dec_a, dec_b = tokens((6,), 4), tokens((5,), 5), tokens((4,), 6), tokens((3,), 7)
+  e1, es1, _ = _packed(enc_a, jnp.zeros(0, jnp.int32), 16)
+  d1, ds1, _ = _packed(dec_a, jnp.zeros(0, jnp.int32), 8)
+  e2, es2, _ = _packed(enc_a, enc_b, 16)
+  d2, ds2, _ = _packed(dec_a, dec_b, 8)
+  a = forward(cfg, params, e1, d1, encoder_segment_ids=es1, decoder_segment_ids=ds1)
+  b = forward(cfg, params, e2, d2, encoder_segment_ids=es2, decoder_segment_ids=ds2)
+  np.testing.assert_allclose(a[0, :4], b[0, :4], atol=1e-5)
+
+
+def test_t5_decoder_is_causal_and_encoder_padding_is_ignored():
+  cfg = tiny('t5')
+  params = init(cfg)
+  enc, dec = tokens((1, 10), 8), tokens((1, 6), 9)
+  enc_seg = jnp.array([[1] * 7 + [0] * 3])
+  base = forward(cfg, params, enc, dec, encoder_segment_ids=enc_seg)
+  dec2 = dec.at[0, 3].set((dec[0, 3] + 1) % 97)
+  changed = forward(cfg, params, enc, dec2, encoder_segment_ids=enc_seg)
+  np.testing.assert_array_equal(base[0, :3], changed[0, :3])
+  assert np.abs(base[0, 3:] - changed[0, 3:]).max() > 1e-4
+  enc_pad_changed = enc.at[0, 8].set((enc[0, 8] + 5) % 97)
+  np.testing.assert_allclose(
+      forward(cfg, params, enc_pad_changed, dec, encoder_segment_ids=enc_seg), base, atol=1e-6)
+  enc_real_changed = enc.at[0, 2].set((enc[0, 2] + 5) % 97)
+  assert np.abs(forward(cfg, params, enc_real_changed, dec, encoder_segment_ids=enc_seg)
+                - base).max() > 1e-4
+
+
+@pytest.mark.parametrize('family', ['gpt', 'bert', 't5'])
+def test_attention_implementations_agree_in_the_model(family):
+  ref = tiny(family)
+  params = init(ref)
+  x = tokens((2, 12), 10)
+  seg = jnp.array([[1] * 5 + [2] * 5 + [0] * 2, [1] * 12])
+  args = (x, x) if family == 't5' else (x,)
+  kw = (dict(encoder_segment_ids=seg, decoder_segment_ids=seg) if family == 't5'
+        else dict(segment_ids=seg))
+  a = forward(ref, params, *args, **kw)
+  b = forward(ref.replace(attention_impl='xla'), params, *args, **kw)
+  np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize('family', ['gpt', 'bert', 't5'])
+def test_bf16_compute_with_fp32_params_is_finite_and_close(family):
+  cfg = tiny(family)
+  params = init(cfg)
+  x = tokens((2, 12), 11)
+  args = (x, x) if family == 't5' else (x,)
+  full = forward(cfg, params, *args)
+  half = forward(cfg.replace(dtype=jnp.bfloat16), params, *args)
+  assert half.dtype == jnp.float32 and np.all(np.isfinite(half))
+  assert np.abs(half - full).max() < 0.05 * np.abs(full).max() + 0.05
+  assert np.mean(np.argmax(half, -1) == np.argmax(full, -1)) > 0.9
+
+
+PUBLISHED = {'bert_base': 110_106_428, 'gpt2_small': 124_439_808, 'gpt2_medium': 354_823_168,
+             't5_small': 60_506_624, 't5_v1_1_base': 247_577_856}
+
+
+@pytest.mark.parametrize('name', sorted(PUBLISHED))
+def test_published_parameter_counts(name):
+  config = importlib.import_module(f'configs.{name}').get_config()
+  _, total = describe.parameter_table(ModelConfig.from_config(config.model))
+  assert total == PUBLISHED[name]
+
+
+def test_bert_encoder_and_pooler_count_without_heads():
+  cfg = ModelConfig.from_config(importlib.import_module('configs.bert_base').get_config().model)
+  rows, total = describe.parameter_table(cfg)
+  heads = sum(r[3] for r in rows
+              if r[0].split('/')[0] in ('mlm_transform', 'mlm_bias', 'nsp'))
+  assert total - heads == 109_482_240
+
+
+def test_bad_model_config_names_the_value():
+  with pytest.raises(ValueError, match="activation='swish'"):
+    tiny('gpt', activation='swish')
+  with pytest.raises(ValueError, match=r"unknown config.model keys \['hidden'\]"):
+    ModelConfig.from_config({'family': 'gpt', 'hidden': 3})
