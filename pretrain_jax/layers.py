@@ -174,7 +174,7 @@ def decode_cache_mask(module: nn.Module, segment_ids):
   cached = module.variable('cache', 'cached_segment_ids', jnp.zeros, (batch, length), jnp.int32)
   if not initialized:  # the init call sizes the cache with its (B, max_decode_len) input
     mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
-    return mask, None, jnp.broadcast_to(jnp.arange(length), (batch, length))
+    return mask, index.value, jnp.broadcast_to(jnp.arange(length), (batch, length))
   i = index.value
   cached.value = jax.lax.dynamic_update_slice(cached.value, segment_ids.astype(jnp.int32), (0, i))
   real_before = jnp.cumsum(cached.value > 0, axis=1) - 1                  # (B, S)

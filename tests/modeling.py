@@ -1,4 +1,5 @@
 """Tiny model configs and helpers shared by the model tests."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -23,7 +24,7 @@ def tiny(family: str, **kw) -> ModelConfig:
 def init(cfg: ModelConfig, length: int = 8, seed: int = 0):
   tokens = jnp.ones((1, length), jnp.int32)
   args = (tokens, tokens) if cfg.family == 't5' else (tokens,)
-  return build(cfg).init(jax.random.key(seed), *args)['params']
+  return nn.unbox(build(cfg).init(jax.random.key(seed), *args)['params'])
 
 
 def tokens(shape, seed=1):

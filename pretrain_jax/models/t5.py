@@ -108,7 +108,7 @@ class Decoder(nn.Module):
     if cfg.decode:
       self_mask, decode_index, _ = layers.decode_cache_mask(self, segment_ids)
       cache_len = self_mask.shape[-1]
-      q_pos = jnp.arange(length) + (0 if decode_index is None else decode_index)
+      q_pos = jnp.arange(length) + decode_index
       bias_args = (q_pos, jnp.arange(cache_len))
     else:
       self_mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))

@@ -1,0 +1,88 @@
+"""Key/value-cache decoding equals the full forward; scanned layers equal unrolled ones."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from modeling import forward, init, tiny, tokens
+from pretrain_jax.models import build
+
+
+def _cache(cfg, batch, max_len, encoder_len=None):
+  dcfg = cfg.replace(decode=True)
+  dummy = jnp.ones((batch, max_len), jnp.int32)
+  args = (jnp.ones((batch, encoder_len), jnp.int32), dummy) if cfg.family == 't5' else (dummy,)
+  return dcfg, build(dcfg).init(jax.random.key(0), *args)['cache']
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_gpt_cached_decode_matches_full_forward(scan):
+  cfg = tiny('gpt', scan_layers=scan)
+  params = init(cfg)
+  x = tokens((2, 10), 3)
+  full = forward(cfg, params, x)
+  dcfg, cache = _cache(cfg, 2, 16)
+  model = build(dcfg)
+  # Prefill 4 tokens at once, then one token per call.
+  logits, mut = model.apply({'params': params, 'cache': cache}, x[:, :4], mutable=['cache'])
+  steps = [logits]
+  for t in range(4, 10):
+    logits, mut = model.apply({'params': params, 'cache': mut['cache']}, x[:, t:t + 1],
+                              mutable=['cache'])
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_gpt_left_padded_prompts_decode_like_unpadded():
+  cfg = tiny('gpt')
+  params = init(cfg)
+  x = tokens((1, 6), 4)
+  full = forward(cfg, params, x)
+  dcfg, cache = _cache(cfg, 1, 12)
+  padded = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), x[:, :4]], axis=1)
+  seg = jnp.array([[0, 0, 0, 1, 1, 1, 1]])
+  model = build(dcfg)
+  logits, mut = model.apply({'params': params, 'cache': cache}, padded, segment_ids=seg,
+                            mutable=['cache'])
+  np.testing.assert_allclose(logits[:, 3:], full[:, :4], atol=1e-5)
+  for t in (4, 5):
+    logits, mut = model.apply({'params': params, 'cache': mut['cache']}, x[:, t:t + 1],
+                              mutable=['cache'])
+    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5)
+
+
+def test_t5_cached_decode_matches_full_forward():
+  cfg = tiny('t5')
+  params = init(cfg)
+  enc, dec = tokens((2, 9), 5), tokens((2, 7), 6)
+  full = forward(cfg, params, enc, dec)
+  dcfg, cache = _cache(cfg, 2, 8, encoder_len=9)
+  model = build(dcfg)
+  encoded = model.apply({'params': params}, enc, method='encode')
+  steps, variables = [], {'params': params, 'cache': cache}
+  for t in range(7):
+    logits, mut = model.apply(variables, encoded, dec[:, t:t + 1], method='decode',
+                              mutable=['cache'])
+    variables = {'params': params, 'cache': mut['cache']}
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def _stack_layers(params, prefix):
+  """{prefix_0: t0, prefix_1: t1, ...} -> {prefix: stacked} (the nn.scan layout)."""
+  layers = sorted((k for k in params if k.startswith(prefix + '_')),
+                  key=lambda k: int(k.rsplit('_', 1)[1]))
+  out = {k: v for k, v in params.items() if k not in layers}
+  out[prefix] = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[k] for k in layers])
+  return out
+
+
+@pytest.mark.parametrize('family,prefix', [('gpt', 'h'), ('bert', 'layer')])
+def test_scanned_layers_equal_unrolled_layers(family, prefix):
+  cfg = tiny(family)
+  params = init(cfg)
+  x = tokens((2, 10), 7)
+  stacked = _stack_layers(params, prefix)
+  for remat in ('none', 'full'):
+    scanned = cfg.replace(scan_layers=True, remat=remat)
+    np.testing.assert_allclose(forward(scanned, stacked, x), forward(cfg, params, x), atol=1e-5)
