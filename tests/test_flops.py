@@ -1,0 +1,46 @@
+"""The analytic FLOP count against hand arithmetic and the 6*N*D rule."""
+import pytest
+
+from modeling import tiny
+from pretrain_jax import flops
+from pretrain_jax.models import ModelConfig
+
+
+def test_gpt_forward_flops_by_hand():
+  cfg = tiny('gpt')  # E=32, N*H=32, F=64, V=97, L=2
+  b, t = 3, 10
+  per_token_block = 2 * 32 * 32 * 4 + 2 * 32 * 64 * 2
+  attention = 4 * b * t * t * 32 / 2
+  expected = 2 * (b * t * per_token_block + attention) + b * t * 2 * 32 * 97
+  assert flops.forward_flops(cfg, b, t) == expected
+  assert flops.train_flops(cfg, b, t) == 3 * expected
+
+
+def test_bidirectional_attention_costs_twice_causal():
+  gpt, bert = tiny('gpt'), tiny('bert')
+  extra_bert = 4 * 16 * 2 * 32 * 32           # MLM transform on every token
+  diff = flops.forward_flops(bert, 4, 16) - flops.forward_flops(gpt, 4, 16) - extra_bert
+  assert diff == 2 * (4 * 4 * 16 * 16 * 32 / 2)
+
+
+def test_gpt2_small_close_to_6nd():
+  cfg = ModelConfig(family='gpt', vocab_size=50257, num_layers=12, emb_dim=768, num_heads=12,
+                    head_dim=64, mlp_dim=3072, max_len=1024)
+  tokens = 8 * 1024
+  non_embedding = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
+  six_nd = 6 * (non_embedding + 768 * 50257) * tokens
+  attention = 3 * 12 * 4 * 8 * 1024 * 1024 * 768 / 2
+  assert flops.train_flops(cfg, 8, 1024) == pytest.approx(six_nd + attention, rel=1e-9)
+
+
+def test_t5_counts_cross_attention_on_encoder_length():
+  cfg = tiny('t5')
+  short = flops.forward_flops(cfg, 2, 16, 8)
+  longer = flops.forward_flops(cfg, 2, 32, 8)
+  # Doubling the encoder length doubles encoder cost, cross k/v projections and cross scores.
+  assert longer > short
+  per_enc_token = 2 * flops._block_dense(cfg) + 2 * 2 * 32 * 32 * 2
+  enc_attention = lambda s: 2 * 4 * 2 * s * s * 32
+  cross = lambda s: 2 * 4 * 2 * 8 * s * 32
+  assert longer - short == 2 * 16 * per_enc_token + enc_attention(32) - enc_attention(16) \
+      + cross(32) - cross(16)
