@@ -22,6 +22,7 @@ def data_config(objective: str, seq_len: int) -> ml_collections.ConfigDict:
   d.tokenizer = ''                  # path to a sentencepiece .model; '' = train once and cache one
   d.tokenizer_type = 'unigram'      # when training one: 'unigram', 'bpe' or 'char'
   d.tokenizer_vocab_size = 2048     # when training one: size incl. specials, padded to 128s
+  d.tokenizer_train_chars = 20_000_000  # when training one: characters of text it reads at most
   # Sequences and objective.
   d.seq_len = seq_len               # packed row length (T5: encoder input length)
   d.pack = True                     # pack several documents per row (segment ids keep them apart)
@@ -45,7 +46,10 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
   t.learning_rate = learning_rate   # peak learning rate
   t.warmup_steps = max(steps // 20, 1)  # linear warmup from 0 to the peak
   t.schedule = 'cosine'             # after warmup: 'cosine', 'linear', 'rsqrt' or 'constant'
+  t.final_lr_fraction = 0.1         # cosine/linear decay ends at this share of the peak
   t.optimizer = 'adamw'             # 'adamw' or 'adafactor'
+  t.adam_b1 = 0.9                   # AdamW first-moment decay
+  t.adam_b2 = 0.999                 # AdamW second-moment decay (0.95 is common for GPTs)
   t.weight_decay = 0.01             # decoupled; never on norms, biases or embedding scales
   t.grad_clip = 1.0                 # global-norm clip; 0 disables
   t.microbatches = 1                # gradient accumulation: batch_size splits into this many
@@ -56,6 +60,8 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
   t.eval_batches = 4                # batches per validation loss
   t.checkpoint_every = 100          # steps between checkpoints (a final one is always saved)
   t.keep_checkpoints = 3            # checkpoints kept on disk
+  t.async_checkpoints = True        # write checkpoints in the background while training goes on
+  t.peak_tflops = 0.0               # per-device peak for the MFU estimate; 0 = guess from device
   return t
 
 

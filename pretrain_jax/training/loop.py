@@ -1,0 +1,201 @@
+"""train_and_evaluate(config, workdir): the training loop, top to bottom.
+
+Side effects (files, logs, signals, checkpoints) happen here; the step itself is pure.
+"""
+import functools
+import math
+import signal
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import metrics as metrics_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import step as step_lib
+
+TOKEN_KEYS = ('inputs', 'encoder_input_tokens', 'decoder_input_tokens')
+
+
+def open_datasets(config, datasets=None):
+  """(train iterator, eval iterator, tokenizer path) of this host's share of the batch.
+
+  `datasets(split=, batch_size=, process_index=, process_count=, repeat=)` replaces
+  pretrain_jax.data (tests pass synthetic data); by default the tokenizer is loaded and
+  checked against the model's vocabulary.
+  """
+  tokenizer_path = ''
+  if datasets is None:
+    from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
+    tokenizer = data.load_tokenizer(config.data)
+    if tokenizer.vocab_size != config.model.vocab_size:
+      raise ValueError(f'config.model.vocab_size={config.model.vocab_size} but the tokenizer '
+                       f'has {tokenizer.vocab_size} pieces; set --config.model.vocab_size='
+                       f'{tokenizer.vocab_size}')
+    datasets = functools.partial(data.make_dataset, config.data, tokenizer)
+    tokenizer_path = getattr(tokenizer, 'path', '') or config.data.tokenizer
+  host_batch = config.train.batch_size // jax.process_count()
+  kw = dict(batch_size=host_batch, process_index=jax.process_index(),
+            process_count=jax.process_count(), repeat=True)
+  return (datasets(split=config.data.train_split, **kw),
+          datasets(split=config.data.eval_split, **kw), tokenizer_path)
+
+
+def global_batch(batch: dict, sharding) -> dict:
+  """This host's numpy batch -> one global jax.Array per key, split over the batch axes."""
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in batch.items()}
+
+
+class StopRequest:
+  """SIGTERM (Cloud TPU preemption notice) sets a flag the loop polls after each step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handler)
+
+  def _handler(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def agreed(self) -> bool:
+    """True on every process when any process got the signal (a collective if multi-host)."""
+    if jax.process_count() == 1:
+      return self.requested
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(self.requested))))
+
+  def close(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def check_finite(history: list) -> None:
+  for step, m in history:
+    if not (math.isfinite(m['loss']) and math.isfinite(m['grad_norm'])):
+      raise FloatingPointError(
+          f'non-finite training loss {m["loss"]} / grad norm {m["grad_norm"]} at step {step}; '
+          'stopping without saving (the last good checkpoint is kept). Try a lower '
+          'train.learning_rate, train.grad_clip > 0 or float32 compute')
+
+
+def evaluate(eval_step, params, eval_iter, start_state, num_batches, sharding) -> dict:
+  """Validation metrics over `num_batches` batches (the same ones every time)."""
+  eval_iter.set_state(start_state)
+  totals = None
+  for _ in range(num_batches):
+    sums = jax.device_get(eval_step(params, global_batch(next(eval_iter), sharding)))
+    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+  return {k: float(v) for k, v in step_lib.metrics_from_sums(*totals).items()}
+
+
+def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint); returns a summary."""
+  t = config.train
+  mesh = mesh_lib.make_mesh(config.mesh)
+  mesh_lib.check_config(config, mesh, jax.process_count())
+  model_cfg = ModelConfig.from_config(config.model)
+  train_model = build(model_cfg.replace(deterministic=False))
+  eval_model = build(model_cfg.replace(deterministic=True))
+  schedule, tx = opt_lib.make_schedule(t), opt_lib.make_optimizer(t)
+
+  train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets)
+  eval_start = eval_iter.get_state()
+  config = ckpt_lib.save_workdir_files(config, workdir, tokenizer_path)
+  writer = metrics_lib.MetricWriter(workdir)
+
+  # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
+  abstract, init_state = state_lib.abstract_state(
+      eval_model, tx, mesh, state_lib.init_batch(model_cfg.family, config.data.seq_len))
+  shardings = state_lib.shardings_of(abstract)
+  checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
+                                       async_save=t.async_checkpoints)
+  if checkpointer.latest_step() is not None:
+    state, data_state = checkpointer.restore(abstract)
+    train_iter.set_state(data_state)
+    writer.line(f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}')
+  else:
+    state = jax.jit(init_state, out_shardings=shardings)(jax.random.key(t.seed))
+  start = int(state.step)
+  writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
+              f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')
+
+  batch_sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))  # dim 0 of every batch array
+  train_step = jax.jit(
+      step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
+                               microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh),
+      in_shardings=(shardings, batch_sharding),
+      out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
+  eval_step = jax.jit(step_lib.make_eval_step(eval_model),
+                      in_shardings=(shardings.params, batch_sharding),
+                      out_shardings=NamedSharding(mesh, P()))
+  peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
+
+  stop = StopRequest()
+  history, last, eval_metrics = [], {}, {}
+  window_start, window_steps, train_time, timed_steps = None, 0, 0.0, 0
+  step = start
+  try:
+    while step < t.steps:
+      batch = global_batch(next(train_iter), batch_sharding)
+      if step == start:  # compile once, ahead of time, to read the step's FLOPs
+        train_step = train_step.lower(state, batch).compile()
+        flops_per_step = metrics_lib.step_flops(train_step)
+        tokens_per_step = sum(batch[k].size for k in TOKEN_KEYS if k in batch)
+      state, metrics = train_step(state, batch)
+      step += 1
+      history.append((step, metrics))
+      if window_start is None:  # the clock starts after the first step
+        jax.block_until_ready(metrics)
+        window_start = time.perf_counter()
+      else:
+        window_steps += 1
+      stopping = stop.agreed()
+      log_now = step % t.log_every == 0 or step == t.steps or stopping
+      eval_now = t.eval_every > 0 and (step % t.eval_every == 0 or step == t.steps)
+      save_now = step % t.checkpoint_every == 0 or step == t.steps or stopping
+      if log_now or eval_now or save_now:
+        history = [(s, jax.device_get(m)) for s, m in history]
+        check_finite(history)                   # never log or save past a NaN
+        last = {k: float(v) for k, v in history[-1][1].items()}
+        history = []
+      if log_now:
+        elapsed = time.perf_counter() - window_start
+        step_time = elapsed / window_steps if window_steps else float('nan')
+        train_time, timed_steps = train_time + elapsed, timed_steps + window_steps
+        last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
+                    mfu=flops_per_step / step_time / peak_flops,
+                    eta_sec=(t.steps - step) * step_time)
+        writer.write(step, last)
+        writer.line(metrics_lib.progress_line(step, t.steps, last))
+        window_start, window_steps = time.perf_counter(), 0
+      if eval_now:
+        eval_metrics = evaluate(eval_step, state.params, eval_iter, eval_start,
+                                t.eval_batches, batch_sharding)
+        writer.write(step, eval_metrics, prefix='eval')
+        writer.line(f'step {step}/{t.steps} | eval loss {eval_metrics["loss"]:.4f} | '
+                    f'accuracy {eval_metrics["lm_accuracy"]:.3f}')
+      if save_now:
+        checkpointer.save(step, state, train_iter.get_state())
+      if eval_now or save_now:
+        window_start = time.perf_counter()     # not training throughput
+      if stopping:
+        writer.line(f'SIGTERM: saved step {step}; exiting')
+        break
+  finally:
+    stop.close()
+    checkpointer.close()                         # waits for the last asynchronous save
+    writer.close()
+
+  step_time = train_time / timed_steps if timed_steps else None
+  return {'family': model_cfg.family, 'workdir': workdir, 'start_step': start, 'step': step,
+          'steps': t.steps, 'preempted': stop.requested and step < t.steps,
+          'train_loss': last.get('loss'), 'eval_loss': eval_metrics.get('loss'),
+          'eval_accuracy': eval_metrics.get('lm_accuracy'),
+          'tokens_per_sec': tokens_per_step / step_time if step_time else None,
+          'step_time_sec': step_time, 'params': state_lib.count_params(state.params),
+          'checkpoint_steps': checkpointer.all_steps()}

@@ -1,0 +1,106 @@
+"""Progress lines, TensorBoard scalars and a JSON-lines log; throughput and MFU estimates.
+
+TensorBoard goes through tensorboardX: a pure-Python event writer, so the training process
+does not start TensorFlow's runtime (threads, device discovery) just to write scalars, and the
+files are the same TensorBoard reads. Only process 0 writes anything.
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+
+# Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
+PEAK_TFLOPS = {'tpu v2': 45.0, 'tpu v3': 123.0, 'tpu v4': 275.0, 'tpu v5 lite': 197.0,
+               'tpu v5e': 197.0, 'tpu v5p': 459.0, 'tpu v6 lite': 918.0, 'tpu v6e': 918.0,
+               'h100': 989.0, 'h200': 989.0, 'a100': 312.0, 'v100': 125.0, 'l4': 121.0}
+
+
+def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
+  """Configured value, else a table lookup by device kind. CPUs: cores * 3 GHz * fp32
+  FLOP/cycle of two FMA units (32 with AVX2, 64 with AVX-512), shared by simulated devices."""
+  if configured_tflops > 0:
+    return configured_tflops * 1e12
+  device = jax.devices()[0]
+  kind = device.device_kind.lower()
+  for name, tflops in PEAK_TFLOPS.items():
+    if name in kind:
+      return tflops * 1e12
+  if device.platform == 'cpu':
+    return (os.cpu_count() or 1) * 3e9 * _cpu_flops_per_cycle() / jax.local_device_count()
+  return float('nan')
+
+
+def _cpu_flops_per_cycle() -> int:
+  try:
+    with open('/proc/cpuinfo') as f:
+      return 64 if 'avx512f' in f.read() else 32
+  except OSError:
+    return 32
+
+
+def step_flops(compiled) -> float:
+  """FLOPs of one compiled step summed over devices, from XLA's cost analysis (nan if none)."""
+  try:
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return float(analysis['flops']) * jax.device_count()
+  except Exception:  # pylint: disable=broad-except  # cost analysis is best-effort
+    return float('nan')
+
+
+class MetricWriter:
+  """Writes scalars to stdout (one line), TensorBoard and `<workdir>/metrics.jsonl`."""
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.enabled = enabled and jax.process_index() == 0
+    self.tb = self.jsonl = None
+    if self.enabled:
+      os.makedirs(workdir, exist_ok=True)
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+
+  def write(self, step: int, scalars: dict, prefix: str = 'train') -> None:
+    if not self.enabled:
+      return
+    for key, value in scalars.items():
+      self.tb.add_scalar(f'{prefix}/{key}', value, step)
+    record = {'step': int(step), 'split': prefix, 'time': time.time()}
+    record.update({k: _json_number(v) for k, v in scalars.items()})
+    self.jsonl.write(json.dumps(record) + '\n')
+    self.jsonl.flush()
+    self.tb.flush()
+
+  def line(self, text: str) -> None:
+    if self.enabled:
+      print(text, file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self.enabled:
+      self.tb.close()
+      self.jsonl.close()
+
+
+def _json_number(value):
+  value = float(value)
+  return value if math.isfinite(value) else str(value)
+
+
+def format_eta(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return '?'
+  seconds = int(seconds)
+  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+
+
+def progress_line(step: int, total: int, scalars: dict) -> str:
+  parts = [f'step {step}/{total}', f'loss {scalars["loss"]:.4f}']
+  if 'nsp_loss' in scalars:
+    parts.append(f'nsp {scalars["nsp_loss"]:.3f}')
+  parts += [f'lr {scalars["learning_rate"]:.2e}', f'gnorm {scalars["grad_norm"]:.2f}',
+            f'{scalars["tokens_per_sec"]:,.0f} tok/s', f'mfu {100 * scalars["mfu"]:.1f}%',
+            f'eta {format_eta(scalars["eta_sec"])}']
+  return ' | '.join(parts)

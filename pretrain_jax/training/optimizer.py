@@ -1,0 +1,65 @@
+"""Learning-rate schedules and optimizers (optax), from `config.train`."""
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ('adamw', 'adafactor')
+SCHEDULES = ('cosine', 'linear', 'rsqrt', 'constant')
+
+
+def make_schedule(t) -> optax.Schedule:
+  """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then `schedule`'s decay.
+
+  cosine / linear decay to `final_lr_fraction * learning_rate` at `steps`; rsqrt is T5's
+  `learning_rate * sqrt(warmup_steps / step)`; constant stays at the peak.
+  """
+  if t.schedule not in SCHEDULES:
+    raise ValueError(f'train.schedule={t.schedule!r}; expected one of {SCHEDULES}')
+  if t.warmup_steps < 0 or t.steps <= 0 or t.learning_rate <= 0:
+    raise ValueError(f'train.steps={t.steps}, train.warmup_steps={t.warmup_steps}, '
+                     f'train.learning_rate={t.learning_rate}; expected steps > 0, '
+                     'warmup_steps >= 0 and learning_rate > 0')
+  peak, warmup = float(t.learning_rate), int(t.warmup_steps)
+  end = peak * float(t.final_lr_fraction)
+  decay_steps = max(int(t.steps) - warmup, 1)
+  if t.schedule == 'cosine':
+    decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak)
+  elif t.schedule == 'linear':
+    decay = optax.linear_schedule(peak, end, decay_steps)
+  elif t.schedule == 'rsqrt':
+    decay = lambda step: peak * jax.lax.rsqrt(jnp.maximum(step + warmup, 1.0) / max(warmup, 1))
+  else:
+    decay = optax.constant_schedule(peak)
+  if warmup == 0:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def decay_mask(params):
+  """True where weight decay applies: kernels and embedding tables, not norms or biases."""
+  def decays(path, _):
+    name = str(getattr(path[-1], 'key', path[-1]))
+    return not (name.endswith('bias') or name.endswith('scale'))
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(t) -> optax.GradientTransformation:
+  """config.train -> optax chain: global-norm clip (if grad_clip > 0), then AdamW / Adafactor.
+
+  Optimizer state is created in the parameters' dtype (fp32 for mixed precision).
+  """
+  schedule = make_schedule(t)
+  if t.optimizer == 'adamw':
+    tx = optax.adamw(schedule, b1=float(t.adam_b1), b2=float(t.adam_b2),
+                     eps=1e-8, weight_decay=float(t.weight_decay), mask=decay_mask)
+  elif t.optimizer == 'adafactor':
+    # T5's Adafactor: factored second moments, update clipping at 1, parameter-scale updates.
+    tx = optax.adafactor(schedule, weight_decay_rate=float(t.weight_decay) or None,
+                         weight_decay_mask=decay_mask)
+  else:
+    raise ValueError(f'train.optimizer={t.optimizer!r}; expected one of {OPTIMIZERS}')
+  if t.grad_clip < 0:
+    raise ValueError(f'train.grad_clip={t.grad_clip}; expected >= 0 (0 disables clipping)')
+  if t.grad_clip > 0:
+    tx = optax.chain(optax.clip_by_global_norm(float(t.grad_clip)), tx)
+  return tx

@@ -1,0 +1,114 @@
+"""The train state and its shardings; the state is created already sharded.
+
+Parameters carry logical axis names (pretrain_jax.layers); `mesh.LOGICAL_RULES` maps them onto
+the mesh. Optimizer-state leaves that mirror a parameter (Adam's mu/nu, Adafactor's unfactored
+v) take that parameter's sharding; everything else in the optimizer state (counts, Adafactor's
+factored row/column statistics, O(rows + cols)) is replicated.
+"""
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from pretrain_jax import task
+from pretrain_jax.training import mesh as mesh_lib
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array        # () int32: optimizer steps taken
+  params: dict           # fp32 (param_dtype) parameters
+  opt_state: optax.OptState
+
+
+def init_batch(family: str, seq_len: int, nsp: bool = False) -> dict:
+  """A (1, seq_len) batch of ones: enough for model.init to size every parameter."""
+  ones = jnp.ones((1, seq_len), jnp.int32)
+  if family == 't5':
+    return {k: ones for k in ('encoder_input_tokens', 'decoder_input_tokens',
+                              'encoder_segment_ids', 'decoder_segment_ids')}
+  batch = {'inputs': ones, 'segment_ids': ones, 'positions': ones * 0}
+  if family == 'bert':
+    batch['token_type_ids'] = ones * 0
+  return batch
+
+
+def boxed_abstract_params(model, batch: dict = None):
+  """ShapeDtypeStructs of the parameters, still boxed with their logical axis names."""
+  batch = init_batch(model.cfg.family, 8) if batch is None else batch
+  args, kwargs = task.model_inputs(model.cfg.family, batch)
+  return jax.eval_shape(lambda rng: model.init(rng, *args, **kwargs)['params'],
+                        jax.random.key(0))
+
+
+def abstract_params(model) -> dict:
+  """ShapeDtypeStructs of the parameters (no shardings)."""
+  return nn.meta.unbox(boxed_abstract_params(model))
+
+
+def _path_names(path) -> tuple:
+  return tuple(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
+
+
+def _opt_state_shardings(opt_state, params, param_shardings, mesh: Mesh):
+  """Shard each optimizer leaf like the parameter whose path it ends with (same shape)."""
+  by_path = {}
+  for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(params),
+                                    jax.tree_util.tree_leaves(param_shardings)):
+    by_path[_path_names(path)] = (leaf.shape, sharding)
+  replicated = NamedSharding(mesh, P())
+
+  def sharding_of(path, leaf):
+    names = _path_names(path)
+    for start in range(len(names)):
+      shape, sharding = by_path.get(names[start:], (None, None))
+      if shape is not None and shape == leaf.shape:
+        return sharding
+    return replicated
+  return jax.tree_util.tree_map_with_path(sharding_of, opt_state)
+
+
+def abstract_state(model, tx, mesh: Mesh, batch: dict):
+  """(abstract TrainState of ShapeDtypeStructs carrying shardings, init function).
+
+  The init function maps a PRNG key to the real TrainState; jit it with the abstract state's
+  shardings as `out_shardings` (see `create_state`).
+  """
+  args, kwargs = task.model_inputs(model.cfg.family, batch)
+
+  def init_params(rng):
+    return model.init({'params': rng, 'dropout': rng}, *args, **kwargs)['params']
+
+  def init_state(rng):
+    params = nn.meta.unbox(init_params(rng))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  boxed = boxed_abstract_params(model, batch)
+  param_shardings = mesh_lib.logical_shardings(nn.get_partition_spec(boxed), mesh)
+  params = nn.meta.unbox(boxed)
+  mesh_lib.check_divisible(params, param_shardings, 'params')
+  opt_state = jax.eval_shape(tx.init, params)
+  shardings = TrainState(step=NamedSharding(mesh, P()), params=param_shardings,
+                         opt_state=_opt_state_shardings(opt_state, params, param_shardings,
+                                                        mesh))
+  abstract = jax.eval_shape(init_state, jax.random.key(0))
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, shardings)
+  return abstract, init_state
+
+
+def shardings_of(abstract) -> TrainState:
+  return jax.tree.map(lambda a: a.sharding, abstract)
+
+
+def create_state(model, tx, mesh: Mesh, batch: dict, seed: int):
+  """(TrainState created directly in its shards, abstract state). Nothing is ever gathered
+  onto one device, so a model larger than one device's memory can be initialised."""
+  abstract, init_state = abstract_state(model, tx, mesh, batch)
+  state = jax.jit(init_state, out_shardings=shardings_of(abstract))(jax.random.key(seed))
+  return state, abstract
+
+
+def count_params(params) -> int:
+  return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))

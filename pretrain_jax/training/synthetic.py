@@ -1,0 +1,70 @@
+"""Deterministic synthetic batches in the DESIGN.md layout, with get_state / set_state.
+
+For tests and benchmarks that must not depend on the data pipeline: batch i is a pure function
+of (seed, i), so a restored iterator repeats exactly. `fixed=True` repeats batch 0 forever (a
+loss that must go down).
+"""
+import numpy as np
+
+
+class SyntheticDataset:
+
+  def __init__(self, family: str, *, vocab_size: int, seq_len: int, batch_size: int,
+               seed: int = 0, nsp: bool = False, fixed: bool = False):
+    self.family, self.vocab_size, self.seq_len = family, vocab_size, seq_len
+    self.batch_size, self.seed, self.nsp, self.fixed = batch_size, seed, nsp, fixed
+    self.index = 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    batch = self.batch(0 if self.fixed else self.index)
+    self.index += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {'index': self.index}
+
+  def set_state(self, state: dict) -> None:
+    self.index = int(state['index'])
+
+  def batch(self, index: int) -> dict:
+    rng = np.random.default_rng([self.seed, index])
+    b, t, v = self.batch_size, self.seq_len, self.vocab_size
+    tokens = rng.integers(3, v, (b, t + 1), dtype=np.int32)
+    ones = np.ones((b, t), np.int32)
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
+    if self.family == 'gpt':
+      return {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:], 'segment_ids': ones,
+              'positions': positions, 'loss_weights': np.ones((b, t), np.float32)}
+    if self.family == 'bert':
+      selected = rng.random((b, t)) < 0.15
+      batch = {'inputs': np.where(selected, 2, tokens[:, :-1]).astype(np.int32),
+               'targets': tokens[:, :-1], 'segment_ids': ones, 'positions': positions,
+               'token_type_ids': np.zeros((b, t), np.int32),
+               'loss_weights': selected.astype(np.float32)}
+      if self.nsp:
+        batch['nsp_labels'] = rng.integers(0, 2, (b,), dtype=np.int32)
+      return batch
+    if self.family == 't5':
+      targets = tokens[:, : t // 2]
+      shifted = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], axis=1)
+      dec_ones = np.ones_like(targets)
+      return {'encoder_input_tokens': tokens[:, :-1], 'encoder_segment_ids': ones,
+              'encoder_positions': positions, 'decoder_input_tokens': shifted,
+              'decoder_target_tokens': targets, 'decoder_segment_ids': dec_ones,
+              'decoder_positions': positions[:, : t // 2],
+              'decoder_loss_weights': dec_ones.astype(np.float32)}
+    raise ValueError(f'family {self.family!r}; expected gpt, bert or t5')
+
+
+def synthetic_datasets(config, fixed: bool = False):
+  """A `datasets` callable for train_and_evaluate built from config.model / config.data."""
+  def datasets(*, split, batch_size, process_index=0, process_count=1, **unused):
+    del unused, process_count
+    seed = 1000 * (split != config.data.train_split) + 17 * process_index + config.data.seed
+    return SyntheticDataset(config.model.family, vocab_size=config.model.vocab_size,
+                            seq_len=config.data.seq_len, batch_size=batch_size, seed=seed,
+                            nsp=bool(config.model.get('nsp', False)), fixed=fixed)
+  return datasets

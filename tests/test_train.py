@@ -1,0 +1,148 @@
+"""Train step, optimizers, schedules and config errors on one device (fp32, tiny models)."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import common
+from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.synthetic import SyntheticDataset
+
+SEQ = 16
+
+
+def tiny_config(family: str, **train) -> ml_collections.ConfigDict:
+  """A whole config (model/data/train/mesh) of a 2-layer, emb 32, vocab 128 model."""
+  c = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict(dict(
+      family=family, vocab_size=128, num_layers=2, emb_dim=32, num_heads=4, head_dim=8,
+      mlp_dim=64, max_len=SEQ, dropout_rate=0.0, attention_dropout_rate=0.0,
+      position_embedding='relative' if family == 't5' else 'learned',
+      activation='gated-gelu' if family == 't5' else 'gelu', tie_embeddings=family != 't5'))
+  c.data = common.data_config({'gpt': 'clm', 'bert': 'mlm', 't5': 'span_corruption'}[family],
+                              SEQ)
+  c.train = common.train_config(batch_size=8, steps=20, learning_rate=1e-2)
+  c.train.update(dict(dict(warmup_steps=2, log_every=1, eval_every=0, checkpoint_every=100,
+                           eval_batches=1), **train))
+  c.mesh = common.mesh_config()
+  return c
+
+
+def setup(config, devices=None):
+  """(state, jitted step, mesh) for `config` on `devices` (default: the first device)."""
+  mesh = mesh_lib.make_mesh(config.mesh, devices or jax.devices()[:1])
+  mesh_lib.check_config(config, mesh)
+  cfg = ModelConfig.from_config(config.model)
+  tx, schedule = opt_lib.make_optimizer(config.train), opt_lib.make_schedule(config.train)
+  state, abstract = state_lib.create_state(build(cfg), tx, mesh,
+                                           state_lib.init_batch(cfg.family, SEQ), seed=0)
+  step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
+                                  seed=0, microbatches=config.train.microbatches, mesh=mesh)
+  return state, jax.jit(step, donate_argnums=(0,)), mesh
+
+
+def batches(config, n, fixed=False):
+  data = SyntheticDataset(config.model.family, vocab_size=config.model.vocab_size, seq_len=SEQ,
+                          batch_size=config.train.batch_size, fixed=fixed,
+                          nsp=config.model.get('nsp', False))
+  return [next(data) for _ in range(n)]
+
+
+@pytest.mark.parametrize('family,optimizer', [('gpt', 'adamw'), ('bert', 'adamw'),
+                                              ('t5', 'adafactor')])
+def test_loss_goes_down_on_a_fixed_batch(family, optimizer):
+  config = tiny_config(family, optimizer=optimizer)
+  if family == 'bert':
+    config.model.nsp = True
+  state, step, _ = setup(config)
+  losses = []
+  for batch in batches(config, 12, fixed=True):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss']))
+  assert np.all(np.isfinite(losses))
+  assert losses[-1] < 0.8 * losses[0], losses
+  assert int(state.step) == 12
+
+
+def test_microbatches_match_one_big_batch():
+  big, micro = tiny_config('gpt'), tiny_config('gpt', microbatches=4)
+  state_a, step_a, _ = setup(big)
+  state_b, step_b, _ = setup(micro)
+  for batch in batches(big, 2):
+    state_a, m_a = step_a(state_a, batch)
+    state_b, m_b = step_b(state_b, batch)
+    np.testing.assert_allclose(m_a['loss'], m_b['loss'], rtol=1e-6)
+    np.testing.assert_allclose(m_a['grad_norm'], m_b['grad_norm'], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+               state_a.params, state_b.params)
+
+
+def test_split_microbatches_takes_strided_rows():
+  x = jnp.arange(8)[:, None] * jnp.ones((8, 3), jnp.int32)
+  out = step_lib.split_microbatches({'x': x}, 4)['x']
+  assert out.shape == (4, 2, 3)
+  np.testing.assert_array_equal(out[:, :, 0], [[0, 4], [1, 5], [2, 6], [3, 7]])
+
+
+def test_schedules():
+  t = tiny_config('gpt', steps=110, warmup_steps=10, learning_rate=1.0,
+                  final_lr_fraction=0.1).train
+  for name, at_end in [('cosine', 0.1), ('linear', 0.1), ('constant', 1.0),
+                       ('rsqrt', (10 / 110) ** 0.5)]:
+    t.schedule = name
+    s = opt_lib.make_schedule(t)
+    np.testing.assert_allclose([s(0), s(5), s(10), s(110)], [0.0, 0.5, 1.0, at_end],
+                               rtol=1e-5, err_msg=name)
+
+
+def test_weight_decay_skips_norms_biases_and_scales():
+  params = {'ln': {'scale': 1, 'bias': 1}, 'dense': {'kernel': 1, 'bias': 1},
+            'wte': {'embedding': 1}, 'mlm_bias': 1}
+  assert opt_lib.decay_mask(params) == {'ln': {'scale': False, 'bias': False},
+                                        'dense': {'kernel': True, 'bias': False},
+                                        'wte': {'embedding': True}, 'mlm_bias': False}
+
+
+def test_adamw_decays_kernels_only():
+  t = tiny_config('gpt', weight_decay=0.5, learning_rate=0.1, warmup_steps=0,
+                  schedule='constant', grad_clip=0.0).train
+  tx = opt_lib.make_optimizer(t)
+  params = {'dense': {'kernel': jnp.ones(2), 'bias': jnp.ones(2)}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  np.testing.assert_allclose(updates['dense']['kernel'], [-0.05, -0.05])
+  np.testing.assert_allclose(updates['dense']['bias'], [0.0, 0.0])
+
+
+@pytest.mark.parametrize('key,value,message', [
+    ('optimizer', 'sgd', "train.optimizer='sgd'"),
+    ('schedule', 'step', "train.schedule='step'"),
+    ('grad_clip', -1.0, 'train.grad_clip=-1.0'),
+])
+def test_bad_optimizer_config(key, value, message):
+  t = tiny_config('gpt').train
+  t[key] = value
+  with pytest.raises(ValueError, match=message.replace('.', r'\.')):
+    opt_lib.make_optimizer(t)
+
+
+@pytest.mark.parametrize('mesh,message', [
+    (dict(data=2, fsdp=1, tensor=1), 'expected the 1 available'),
+    (dict(data=-1, fsdp=-1, tensor=1), 'at most one -1'),
+    (dict(data=0, fsdp=1, tensor=1), 'expected positive sizes'),
+])
+def test_bad_mesh_config(mesh, message):
+  with pytest.raises(ValueError, match=message):
+    mesh_lib.make_mesh(ml_collections.ConfigDict(mesh), jax.devices()[:1])
+
+
+def test_batch_not_divisible_by_microbatches():
+  config = tiny_config('gpt', microbatches=3)
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  with pytest.raises(ValueError, match='batch_size=8 is not divisible by train.microbatches=3'):
+    mesh_lib.check_config(config, mesh)
