@@ -1,0 +1,31 @@
+"""Hugging Face interop: BERT (BertForPreTraining / BertForMaskedLM), GPT-2 (GPT2LMHeadModel)
+and T5 v1.0 / v1.1 (T5ForConditionalGeneration).
+
+  load_hf(hf_dir, **model_overrides) -> (ModelConfig, params, tokenizer or None)
+  save_hf(hf_dir, cfg, params, tokenizer=None, tokenizer_files=())
+  is_hf_dir(path)
+
+Mapping layers: pretrain_jax.hf.config (config.json <-> ModelConfig), pretrain_jax.hf.weights
+(state dict <-> params), pretrain_jax.hf.tokenizers. Workdirs: pretrain_jax.hf.workdir.
+"""
+import json
+import os
+
+from pretrain_jax.hf.io import load_hf, read_state_dict, save_hf
+from pretrain_jax.hf.tokenizers import load_tokenizer
+
+
+def is_hf_dir(path: str) -> bool:
+  """True when `path` holds a Hugging Face config.json (one with a `model_type`; a training
+  workdir's config.json has a `model` section instead)."""
+  config = os.path.join(path, 'config.json')
+  if not os.path.isfile(config):
+    return False
+  with open(config) as f:
+    try:
+      return 'model_type' in json.load(f)
+    except ValueError:
+      return False
+
+
+__all__ = ['is_hf_dir', 'load_hf', 'load_tokenizer', 'read_state_dict', 'save_hf']

@@ -1,0 +1,154 @@
+"""Reading and writing Hugging Face model directories.
+
+  load_hf(hf_dir)                        -> (ModelConfig, params, tokenizer or None)
+  save_hf(hf_dir, cfg, params, tokenizer_files=...)   config.json + model.safetensors (+ tokenizer)
+
+Weights: model.safetensors (read with safetensors' numpy API, no PyTorch), a sharded
+model.safetensors.index.json, or pytorch_model.bin[.index.json] (needs torch). Writes go to a
+temporary directory next to the target that is renamed into place, so a failure leaves nothing
+half-written.
+"""
+import contextlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+
+import numpy as np
+
+from pretrain_jax.hf import config as config_lib
+from pretrain_jax.hf import tokenizers as tok_lib
+from pretrain_jax.hf import weights as weights_lib
+
+WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
+                'pytorch_model.bin.index.json')
+
+
+def read_config(hf_dir: str) -> dict:
+  path = os.path.join(hf_dir, 'config.json')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path} not found; expected a Hugging Face model directory')
+  with open(path) as f:
+    return json.load(f)
+
+
+def _read_safetensors(path: str) -> dict:
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  with open(path, 'rb') as f:  # the header says each tensor's dtype; numpy has no bfloat16
+    header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+  out = {}
+  with safe_open(path, framework='numpy') as f:
+    for name in f.keys():
+      if header[name]['dtype'] == 'BF16':
+        out[name] = _read_bf16(path, header, name)
+      else:
+        out[name] = f.get_tensor(name)
+  return out
+
+
+def _read_bf16(path: str, header: dict, name: str) -> np.ndarray:
+  import ml_dtypes  # pylint: disable=g-import-not-at-top  (comes with jax)
+  start, end = header[name]['data_offsets']
+  with open(path, 'rb') as f:
+    f.seek(8 + struct.unpack('<Q', f.read(8))[0] + start)
+    raw = f.read(end - start)
+  return np.frombuffer(raw, ml_dtypes.bfloat16).reshape(header[name]['shape']).astype(np.float32)
+
+
+def _read_torch(path: str) -> dict:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError(f'{path} is a PyTorch pickle; reading it needs torch '
+                      '(pip install torch==2.13.0), or convert it to model.safetensors') from None
+  state = torch.load(path, map_location='cpu', weights_only=True)
+  return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
+
+
+def read_state_dict(hf_dir: str) -> dict:
+  """All tensors of the checkpoint in `hf_dir`, name -> numpy array."""
+  path = lambda name: os.path.join(hf_dir, name)
+  found = [n for n in WEIGHT_FILES if os.path.isfile(path(n))]
+  if not found:
+    raise FileNotFoundError(f'{hf_dir} has no weights: expected one of {list(WEIGHT_FILES)}; '
+                            f'it holds {sorted(os.listdir(hf_dir))}')
+  name = found[0]
+  read = _read_safetensors if name.startswith('model.safetensors') else _read_torch
+  if not name.endswith('.index.json'):
+    return read(path(name))
+  with open(path(name)) as f:
+    shards = sorted(set(json.load(f)['weight_map'].values()))
+  out = {}
+  for shard in shards:
+    if not os.path.isfile(path(shard)):
+      raise FileNotFoundError(f'{path(shard)} (listed in {name}) does not exist')
+    out.update(read(path(shard)))
+  return out
+
+
+def load_hf(hf_dir: str, **overrides):
+  """(ModelConfig, params, tokenizer or None) from a Hugging Face model directory.
+
+  `overrides` are ModelConfig fields applied to the imported config (e.g. scan_layers=True,
+  dtype=jnp.bfloat16); params are float32 numpy arrays in the layout the config asks for.
+  """
+  hf = read_config(hf_dir)
+  family = config_lib.family_of(hf)
+  state_dict = weights_lib.normalize_names(family, read_state_dict(hf_dir))
+  cfg = config_lib.model_config_from_hf(hf, state_dict, **overrides)
+  params = weights_lib.hf_to_params(cfg, state_dict)
+  return cfg, params, tok_lib.load_tokenizer(hf_dir, family)
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str):
+  """Yields a temporary directory that becomes `target` when the block succeeds.
+
+  `target` must not exist (or be an empty directory); on any error the temporary directory is
+  removed and `target` is untouched.
+  """
+  target = os.path.abspath(target)
+  if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+    raise FileExistsError(f'{target} already exists and is not an empty directory; '
+                          'refusing to overwrite it')
+  parent = os.path.dirname(target)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.tmp-', dir=parent)
+  try:
+    yield tmp
+    if os.path.isdir(target):
+      os.rmdir(target)
+    os.rename(tmp, target)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> None:
+  """Writes config.json + model.safetensors (+ tokenizer files) into an existing `out_dir`."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  pad_id = eos_id = None
+  if tokenizer is not None:
+    pad_id, eos_id = _maybe(lambda: tokenizer.pad_id), _maybe(lambda: tokenizer.eos_id)
+  hf = config_lib.hf_config_from_model(cfg, pad_id=pad_id, eos_id=eos_id)
+  tensors = weights_lib.params_to_hf(cfg, params)
+  save_file(tensors, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
+  with open(os.path.join(out_dir, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2, sort_keys=True)
+  for path in tokenizer_files:
+    shutil.copyfile(path, os.path.join(out_dir, os.path.basename(path)))
+
+
+def save_hf(hf_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> str:
+  """Exports (cfg, params) as a Hugging Face directory `hf_dir` (must not exist yet)."""
+  with atomic_directory(hf_dir) as tmp:
+    write_hf(tmp, cfg, params, tokenizer=tokenizer, tokenizer_files=tokenizer_files)
+  return os.path.abspath(hf_dir)
+
+
+def _maybe(get):
+  try:
+    return get()
+  except ValueError:
+    return None
