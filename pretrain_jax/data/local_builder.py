@@ -1,0 +1,205 @@
+"""Local C4-format files as a tfds dataset, so they flow through the same tf.data pipeline.
+
+Accepted files: `.json` / `.jsonl` / `.json.gz` / `.jsonl.gz` with one JSON object per line
+and the text under `text_key` (C4's own format; a `.json` file holding one JSON list of objects
+also works), and `.txt` / `.txt.gz` with one document per blank-line-separated block.
+
+Bad records (a line that is not JSON, lacks the text field or is not a string, invalid UTF-8,
+an empty or whitespace-only document, an empty file) are skipped, counted and logged once when
+the dataset is prepared. Missing files, or files with no usable document at all, are errors.
+
+Documents are numbered in file order (files sorted by path); an evenly spaced
+round(N * validation_fraction) of them (at least one when N >= 2 and the fraction is > 0) form
+the `validation` split, the rest `train`. The prepared dataset is cached under
+`<cache>/tfds/local_text_files/<fingerprint>`, the fingerprint covering paths, sizes, mtimes
+and the split settings.
+"""
+import collections
+import glob
+import gzip
+import hashlib
+import json
+import logging
+import os
+
+import tensorflow_datasets as tfds
+
+log = logging.getLogger(__name__)
+EXTENSIONS = ('.jsonl.gz', '.json.gz', '.jsonl', '.json', '.txt.gz', '.txt')
+FORMAT_VERSION = 1  # bump when the parsing below changes, so cached datasets are rebuilt
+
+
+def expand_files(pattern: str) -> list:
+  """Sorted paths matching a glob (or comma-separated globs); errors name what is wrong."""
+  paths = []
+  for part in [p.strip() for p in pattern.split(',') if p.strip()]:
+    matched = sorted(glob.glob(os.path.expanduser(part), recursive=True))
+    if not matched:
+      raise FileNotFoundError(f'config.data.files: {part!r} matches no file')
+    paths += matched
+  if not paths:
+    raise FileNotFoundError(f'config.data.files={pattern!r} names no file')
+  for p in paths:
+    if not p.endswith(EXTENSIONS):
+      raise ValueError(f'config.data.files: {p!r} has an unsupported extension; expected one of '
+                       f'{", ".join(EXTENSIONS)}')
+  return paths
+
+
+def _open_bytes(path: str) -> bytes:
+  with (gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')) as f:
+    return f.read()
+
+
+def _decode(raw: bytes, where: str, stats: collections.Counter):
+  try:
+    return raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    stats['invalid_utf8'] += 1
+    if stats['invalid_utf8'] <= 3:
+      log.warning('skipping a record with invalid UTF-8 at %s: %s', where, e)
+    return None
+
+
+def _json_records(data: bytes, path: str, text_key: str, stats):
+  stripped = data.lstrip()
+  if stripped.startswith(b'['):  # one JSON list of objects
+    try:
+      items = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+      stats['bad_json'] += 1
+      log.warning('skipping %s: not a JSON list: %s', path, e)
+      return
+    lines = [(f'{path}[{i}]', item) for i, item in enumerate(items)]
+  else:
+    lines = []
+    for n, line in enumerate(data.split(b'\n'), 1):
+      if not line.strip():
+        continue
+      text = _decode(line, f'{path}:{n}', stats)
+      if text is None:
+        continue
+      try:
+        lines.append((f'{path}:{n}', json.loads(text)))
+      except ValueError as e:
+        stats['bad_json'] += 1
+        if stats['bad_json'] <= 3:
+          log.warning('skipping %s:%d: not JSON: %s', path, n, e)
+  for where, item in lines:
+    value = item.get(text_key) if isinstance(item, dict) else None
+    if not isinstance(value, str):
+      stats['no_text_field'] += 1
+      if stats['no_text_field'] <= 3:
+        log.warning('skipping %s: no string field %r', where, text_key)
+      continue
+    yield where, value
+
+
+def _txt_records(data: bytes, path: str, stats):
+  for n, block in enumerate(data.replace(b'\r\n', b'\n').split(b'\n\n')):
+    if block.strip():
+      text = _decode(block, f'{path} block {n}', stats)
+      if text is not None:
+        yield f'{path} block {n}', text
+
+
+def read_documents(paths: list, text_key: str = 'text', stats=None):
+  """Yield the text of every good document in `paths`; bad records are counted in `stats`."""
+  stats = collections.Counter() if stats is None else stats
+  for path in paths:
+    data = _open_bytes(path)
+    if not data.strip():
+      stats['empty_file'] += 1
+      log.warning('file %s is empty', path)
+      continue
+    is_txt = path.endswith(('.txt', '.txt.gz'))
+    records = _txt_records(data, path, stats) if is_txt else _json_records(
+        data, path, text_key, stats)
+    for where, text in records:
+      if not text.strip():
+        stats['empty_document'] += 1
+        continue
+      try:
+        text.encode('utf-8')
+      except UnicodeEncodeError:  # lone surrogates from JSON escapes
+        stats['invalid_utf8'] += 1
+        log.warning('skipping %s: text is not valid Unicode', where)
+        continue
+      stats['documents'] += 1
+      yield text
+
+
+def validation_indices(num_docs: int, fraction: float) -> set:
+  """Evenly spaced round(N * fraction) indices (at least 1 if N >= 2 and fraction > 0)."""
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError(f'validation_fraction={fraction}; expected a value in [0, 1)')
+  if fraction == 0.0 or num_docs < 2:
+    return set()
+  n_val = min(max(1, round(num_docs * fraction)), num_docs - 1)
+  return {int((k + 0.5) * num_docs / n_val) for k in range(n_val)}
+
+
+class LocalTextFiles(tfds.core.GeneratorBasedBuilder):
+  """tfds builder over local files; one BuilderConfig per fingerprint of files + settings."""
+  VERSION = tfds.core.Version('1.0.0')
+  # No source directory with checksums or metadata: also keeps tfds from resolving this
+  # package as a resource path (which needs the optional importlib_resources package).
+  code_path = None
+
+  def __init__(self, *, paths: list, text_key: str = 'text', validation_fraction: float = 0.02,
+               **kwargs):
+    self._paths, self._text_key, self._fraction = list(paths), text_key, validation_fraction
+    super().__init__(config=tfds.core.BuilderConfig(name=fingerprint(
+        paths, text_key, validation_fraction)), **kwargs)
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self, description='Local C4-format text files (pretrain_jax.data.local_builder).',
+        features=tfds.features.FeaturesDict({'text': tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    stats = collections.Counter()
+    num_docs = sum(1 for _ in read_documents(self._paths, self._text_key, stats))
+    skipped = {k: v for k, v in stats.items() if k != 'documents'}
+    if skipped:
+      log.warning('local files: %d documents kept, records skipped: %s', num_docs, skipped)
+    if num_docs == 0:
+      raise ValueError(f'no usable document in {len(self._paths)} file(s) '
+                       f'{self._paths[:3]}...: skipped {skipped or "nothing (files empty)"}')
+    val = validation_indices(num_docs, self._fraction)
+    splits = {'train': self._generate_examples(val, False)}
+    if val:  # tfds cannot write an empty split; reading it then names the missing split
+      splits['validation'] = self._generate_examples(val, True)
+    return splits
+
+  def _generate_examples(self, val: set, validation: bool):
+    for i, text in enumerate(read_documents(self._paths, self._text_key)):
+      if (i in val) == validation:
+        yield i, {'text': text}
+
+
+def fingerprint(paths: list, text_key: str, validation_fraction: float) -> str:
+  """Short hash of the files (path, size, mtime) and the split settings."""
+  h = hashlib.sha256(repr((FORMAT_VERSION, text_key, validation_fraction)).encode())
+  for p in paths:
+    st = os.stat(p)
+    h.update(repr((os.path.abspath(p), st.st_size, st.st_mtime_ns)).encode())
+  return 'f' + h.hexdigest()[:16]
+
+
+def prepare(paths: list, data_dir: str, *, text_key: str = 'text',
+            validation_fraction: float = 0.02) -> LocalTextFiles:
+  """The prepared builder (prepared once, then reused from `data_dir`)."""
+  builder = LocalTextFiles(paths=paths, text_key=text_key,
+                           validation_fraction=validation_fraction, data_dir=data_dir)
+  if not builder.is_prepared():
+    tfds.display_progress_bar(False)
+    try:
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          compute_stats=tfds.download.ComputeStatsMode.SKIP))
+    except OSError:  # another process may have prepared the same files concurrently
+      builder = LocalTextFiles(paths=paths, text_key=text_key,
+                               validation_fraction=validation_fraction, data_dir=data_dir)
+      if not builder.is_prepared():
+        raise
+  return builder

@@ -1,0 +1,141 @@
+"""Where documents come from: one code path for every source in `config.data`.
+
+- `tfds_name` set: any tfds dataset with a text feature (`c4/en:3.0.1` with `tfds_data_dir`
+  pointing at a prepared copy, possibly `gs://...`). It is never downloaded from here.
+- `files` set: local C4-format files, prepared once as a tfds dataset (local_builder.py).
+- neither: the embedded CPython documentation corpus (corpus.py), written as a JSON-lines file
+  in the cache and then handled exactly like `files`.
+
+`text_dataset` returns the per-host, per-epoch shuffled tf.data stream of document strings.
+"""
+import functools
+import hashlib
+import os
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from pretrain_jax.data import corpus, local_builder
+
+# The input pipeline runs on the host CPU; keep TensorFlow off accelerators JAX owns.
+tf.config.set_visible_devices([], 'GPU')
+
+
+def cache_dir() -> str:
+  """$PRETRAIN_JAX_CACHE, default ~/.cache/pretrain_jax."""
+  return os.path.expanduser(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
+
+
+class Source:
+  """A prepared tfds builder, the name of its text feature, and a fingerprint of the data."""
+
+  def __init__(self, builder, text_key: str, fingerprint: str, description: str):
+    self.builder, self.text_key = builder, text_key
+    self.fingerprint, self.description = fingerprint, description
+
+  def num_examples(self, split: str) -> int:
+    return self.builder.info.splits[split].num_examples
+
+  def check_split(self, split: str) -> None:
+    splits = self.builder.info.splits
+    if split not in splits:
+      raise ValueError(f'{self.description} has no split {split!r}; available: '
+                       f'{sorted(splits.keys()) or "none (is the dataset prepared?)"}')
+    if splits[split].num_examples == 0:
+      raise ValueError(f'split {split!r} of {self.description} has no documents; with local '
+                       'files add documents or raise config.data.validation_fraction')
+
+
+def open_source(data_config) -> Source:
+  """The Source named by `data_config` (prepares local files / the embedded corpus once)."""
+  if data_config.tfds_name and data_config.files:
+    raise ValueError(f'config.data sets both tfds_name={data_config.tfds_name!r} and '
+                     f'files={data_config.files!r}; expected at most one')
+  if data_config.tfds_name:
+    return _named_source(data_config)
+  if data_config.files:
+    paths = local_builder.expand_files(data_config.files)
+    description = f'local files {data_config.files!r}'
+  else:
+    paths = [_embedded_corpus_file(cache_dir())]
+    description = 'the embedded pydoc corpus'
+  data_dir = os.path.join(cache_dir(), 'tfds')
+  key = (data_dir, local_builder.fingerprint(paths, data_config.text_key,
+                                             data_config.validation_fraction))
+  if key not in _OPENED:  # one builder per process: tfds logs every instantiation
+    builder = local_builder.prepare(paths, data_dir, text_key=data_config.text_key,
+                                    validation_fraction=data_config.validation_fraction)
+    _OPENED[key] = Source(builder, 'text', builder.builder_config.name, description)
+  return _OPENED[key]
+
+
+_OPENED = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _embedded_corpus_file(directory: str) -> str:
+  return corpus.write_embedded_corpus(os.path.join(directory, 'corpus'))
+
+
+def _named_source(data_config) -> Source:
+  name, data_dir = data_config.tfds_name, data_config.tfds_data_dir or None
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # tfds raises several types (DatasetNotFoundError, ValueError, ...)
+    raise ValueError(f'cannot open tfds dataset {name!r} (data_dir={data_dir!r}): '
+                     f'{type(e).__name__}: {e}') from None
+  description = f'tfds dataset {name!r} in {data_dir or "the default data_dir"}'
+  if not builder.info.splits:
+    raise ValueError(f'{description} is not prepared; prepare it (e.g. `tfds build {name}`) '
+                     'or point config.data.tfds_data_dir at a prepared copy')
+  features = builder.info.features
+  if data_config.text_key not in features:
+    raise ValueError(f'{description} has no feature {data_config.text_key!r}; features: '
+                     f'{sorted(features.keys())}; set config.data.text_key')
+  fp = hashlib.sha256(repr((name, data_dir, str(builder.version))).encode()).hexdigest()[:16]
+  return Source(builder, data_config.text_key, fp, description)
+
+
+def _seed(*parts) -> int:
+  """A 31-bit tf.data seed mixed from integers (epoch-dependent shuffles)."""
+  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)
+
+
+def text_dataset(source: Source, split: str, *, process_index: int = 0, process_count: int = 1,
+                 seed: int = 0, epoch: int = 0, shuffle_buffer: int = 10_000,
+                 skip: int = 0) -> tf.data.Dataset:
+  """Strings of one epoch of this host's share of `split`, shuffled deterministically.
+
+  Host p of N reads tfds.even_splits(split, N)[p]: disjoint contiguous ranges of the split.
+  File order and the shuffle buffer are seeded by (seed, epoch, process_index), so an epoch is
+  the same sequence every time. `skip` drops that many documents BEFORE tokenization (resume).
+  """
+  source.check_split(split)
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index}; expected 0 <= index < {process_count}')
+  share = tfds.even_splits(split, n=process_count)[process_index] if process_count > 1 else split
+  options = tf.data.Options()
+  options.deterministic = True
+  epoch_seed = _seed(seed, epoch, process_index)
+  ds = source.builder.as_dataset(
+      split=share, shuffle_files=True,
+      read_config=tfds.ReadConfig(shuffle_seed=epoch_seed, options=options,
+                                  add_tfds_id=False, try_autocache=False))
+  ds = ds.map(lambda ex: ex[source.text_key], num_parallel_calls=tf.data.AUTOTUNE,
+              deterministic=True)
+  if shuffle_buffer > 1:
+    ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+  return ds.skip(skip) if skip else ds
+
+
+def iter_texts(data_config, split: str | None = None, max_chars: int = 100_000_000):
+  """Python strings of a split in a fixed order, up to `max_chars` (tokenizer training)."""
+  source = open_source(data_config)
+  total = 0
+  for raw in text_dataset(source, split or data_config.train_split, shuffle_buffer=0).as_numpy_iterator():
+    text = raw.decode('utf-8', errors='replace')
+    yield text
+    total += len(text)
+    if total >= max_chars:
+      return

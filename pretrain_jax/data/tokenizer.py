@@ -1,0 +1,231 @@
+"""SentencePiece tokenizer with the special ids every family needs.
+
+Layout of a tokenizer trained here (scripts/train_tokenizer.py, or `load_tokenizer` without
+`config.data.tokenizer`), T5's conventions first:
+
+    0 <pad> (the [PAD] of every family; also T5's decoder start)   1 </s> (EOS)   2 <unk>
+    3 [CLS]  4 [SEP]  5 [MASK]   ...learned pieces...   <unused_k> filler
+    ...  ▁<extra_id_99> ... ▁<extra_id_0>   (sentinels; <extra_id_0> is the LAST id)
+
+and the size is a multiple of 128, so `vocab_size` equals the model's embedding rows. An
+existing .model loads unchanged: sentinels are its `<extra_id_N>` pieces if it has them, else
+virtual ids after its pieces counting down from the end (T5's public 32000-piece vocabulary:
+<extra_id_0> = 32099 ... <extra_id_99> = 32000, vocab_size 32128), as seqio does.
+"""
+import os
+
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_model
+
+NUM_SENTINELS = 100
+VOCAB_MULTIPLE = 128
+BERT_SPECIALS = ('[CLS]', '[SEP]', '[MASK]')
+
+
+def round_up(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
+  return -(-n // multiple) * multiple
+
+
+def sentinel_piece(i: int) -> str:
+  return f'▁<extra_id_{i}>'  # seqio's spelling (a word-start piece)
+
+
+class Tokenizer:
+  """A sentencepiece model plus the ids the objectives need.
+
+  Attributes: `vocab_size` (multiple of 128), `pad_id` (0), `eos_id`, `unk_id`, `cls_id`,
+  `sep_id`, `mask_id` (these three raise ValueError naming the piece when the model lacks it),
+  `sentinel_id(i)`, `num_sentinels`, `path`, and per-id tables `special` (never selected by MLM:
+  control pieces, unused filler, sentinels, ids past the model), `ordinary_ids` (what MLM's
+  random replacement draws from) and `word_start` (pieces that begin a word).
+  """
+
+  def __init__(self, path: str):
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
+                              'sentencepiece .model file')
+    self.path = path
+    self.sp = spm.SentencePieceProcessor()
+    try:
+      self.sp.Load(path)
+    except (OSError, RuntimeError) as e:
+      raise ValueError(f'{path!r} is not a sentencepiece model: {e}') from None
+    n = self.sp.get_piece_size()
+    self.pad_id, self.eos_id, self.unk_id = self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()
+    if self.pad_id != 0:
+      raise ValueError(f'tokenizer {path!r} has pad id {self.pad_id}; the pipeline and T5\'s '
+                       'decoder start need pad id 0 (train one with scripts/train_tokenizer.py)')
+    if self.eos_id < 0:
+      raise ValueError(f'tokenizer {path!r} has no EOS piece; CLM and span corruption need one')
+    pieces = [self.sp.id_to_piece(i) for i in range(n)]
+    index = {p: i for i, p in enumerate(pieces)}
+    self._specials = {}
+    for name in BERT_SPECIALS:
+      for spelling in (name, name.lower(), '<' + name[1:-1].lower() + '>'):
+        if spelling in index:
+          self._specials[name] = index[spelling]
+          break
+    own = [index.get(sentinel_piece(i), index.get(f'<extra_id_{i}>')) for i in
+           range(NUM_SENTINELS)]
+    if all(i is not None for i in own):
+      self._sentinels = own
+    else:  # seqio's convention for a model without extra ids: virtual ids after the pieces
+      self._sentinels = [n + NUM_SENTINELS - 1 - i for i in range(NUM_SENTINELS)]
+    self.num_sentinels = NUM_SENTINELS
+    self.vocab_size = round_up(max(n, max(self._sentinels) + 1))
+    self.num_pieces = n
+    special = np.ones(self.vocab_size, bool)
+    special[:n] = [self.sp.is_control(i) or self.sp.is_unused(i) for i in range(n)]
+    special[self._sentinels] = True
+    special[self.pad_id] = True
+    self.special = special
+    ordinary = ~special
+    ordinary[self.unk_id] = False
+    self.ordinary_ids = np.flatnonzero(ordinary).astype(np.int32)
+    self.word_start = np.ones(self.vocab_size, bool)
+    self.word_start[:n] = [p.startswith('▁') for p in pieces]
+    self.word_start |= special
+
+  def _special(self, name: str) -> int:
+    if name not in self._specials:
+      raise ValueError(f'tokenizer {self.path!r} has no {name} piece, which BERT needs; '
+                       'train one with scripts/train_tokenizer.py (it adds [CLS] [SEP] [MASK])')
+    return self._specials[name]
+
+  cls_id = property(lambda self: self._special('[CLS]'))
+  sep_id = property(lambda self: self._special('[SEP]'))
+  mask_id = property(lambda self: self._special('[MASK]'))
+
+  def sentinel_id(self, i: int) -> int:
+    """Id of <extra_id_i>; <extra_id_0> is the last sentinel id, later ones count down."""
+    if not 0 <= i < NUM_SENTINELS:
+      raise ValueError(f'sentinel {i}; expected 0 <= i < {NUM_SENTINELS}')
+    return self._sentinels[i]
+
+  def encode(self, text: str) -> list:
+    return self.sp.encode(text)
+
+  def encode_batch(self, texts: list) -> list:
+    return self.sp.encode(texts)
+
+  def id_to_piece(self, i: int) -> str:
+    i = int(i)
+    if not 0 <= i < self.vocab_size:
+      raise ValueError(f'id {i} is outside the vocabulary [0, {self.vocab_size})')
+    if i in self._sentinels and i >= self.num_pieces:
+      return f'<extra_id_{self._sentinels.index(i)}>'
+    return self.sp.id_to_piece(i) if i < self.num_pieces else f'<unused_id_{i}>'
+
+  def decode(self, ids) -> str:
+    """Text of `ids`; virtual sentinels print as <extra_id_N>, ids past the model as nothing."""
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(f'ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})')
+    out, run = [], []
+    for i in ids:
+      if i < self.num_pieces:
+        run.append(i)
+        continue
+      out.append(self.sp.decode(run))
+      run = []
+      if i in self._sentinels:
+        out.append(f' <extra_id_{self._sentinels.index(i)}> ')
+    out.append(self.sp.decode(run))
+    return ''.join(out).strip() if len(out) > 1 else out[0]
+
+
+def add_filler_and_sentinels(model_proto: bytes, total: int) -> bytes:
+  """Append <unused_k> filler then ▁<extra_id_99> ... ▁<extra_id_0> so the size is `total`."""
+  m = sp_model.ModelProto()
+  m.ParseFromString(model_proto)
+  n = len(m.pieces)
+  if n + NUM_SENTINELS > total:
+    raise ValueError(f'{n} pieces + {NUM_SENTINELS} sentinels exceed the vocabulary {total}')
+  for k in range(total - NUM_SENTINELS - n):
+    m.pieces.add(piece=f'<unused_{k}>', score=0.0, type=sp_model.ModelProto.SentencePiece.UNUSED)
+  for i in reversed(range(NUM_SENTINELS)):
+    m.pieces.add(piece=sentinel_piece(i), score=0.0,
+                 type=sp_model.ModelProto.SentencePiece.USER_DEFINED)
+  return m.SerializeToString()
+
+
+def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 'unigram',
+                        max_sentences: int = 2_000_000) -> str:
+  """Train a model on `texts` (iterable of documents) and write it atomically to `path`.
+
+  The final size is round_up(vocab_size, 128) including the specials and 100 sentinels;
+  sentencepiece learns as many pieces as the corpus supports and filler pads the rest.
+  """
+  if model_type not in ('unigram', 'bpe', 'char'):
+    raise ValueError(f'tokenizer_type={model_type!r}; expected unigram, bpe or char')
+  total = round_up(vocab_size)
+  learned = total - NUM_SENTINELS
+  if learned < 64:
+    raise ValueError(f'tokenizer_vocab_size={vocab_size} leaves {learned} ids after the '
+                     f'{NUM_SENTINELS} sentinels; expected at least {NUM_SENTINELS + 64}')
+
+  def lines():
+    count = 0
+    for text in texts:
+      for line in text.split('\n'):
+        if line.strip():
+          yield line
+          count += 1
+          if count >= max_sentences:
+            return
+
+  proto = _train_proto(lines(), learned, model_type)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(add_filler_and_sentinels(proto, total))
+  os.replace(tmp, path)  # atomic: a concurrent reader sees no file or the whole file
+  return path
+
+
+def _train_proto(lines, vocab_size: int, model_type: str) -> bytes:
+  import io
+  out = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines, model_writer=out, vocab_size=vocab_size,
+        model_type=model_type, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        control_symbols=list(BERT_SPECIALS), hard_vocab_limit=False, character_coverage=0.9995,
+        num_threads=os.cpu_count() or 1, minloglevel=2, train_extremely_large_corpus=False)
+  except RuntimeError as e:
+    raise ValueError(f'sentencepiece training failed: {e}') from None
+  if not out.getvalue():
+    raise ValueError('sentencepiece produced no model; is the corpus empty?')
+  return out.getvalue()
+
+
+TRAIN_VERSION = 1  # bump when training settings change, so cached tokenizers are retrained
+
+
+def load_tokenizer(data_config) -> Tokenizer:
+  """`data_config.tokenizer` loaded unchanged if set; else one trained on the configured source.
+
+  A trained tokenizer is cached as <cache>/tokenizers/<key>.model, the key hashing the source's
+  fingerprint and the tokenizer settings, so it is trained once (seconds on the embedded
+  corpus) and every later run, host or test with the same settings loads the same file.
+  """
+  if data_config.tokenizer:
+    return Tokenizer(os.path.expanduser(data_config.tokenizer))
+  import hashlib
+  from pretrain_jax.data import sources  # TensorFlow only when a source is read
+  source = sources.open_source(data_config)
+  settings = (TRAIN_VERSION, source.fingerprint, data_config.train_split,
+              data_config.tokenizer_type, round_up(data_config.tokenizer_vocab_size),
+              data_config.tokenizer_train_chars)
+  key = hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
+  path = os.path.join(sources.cache_dir(), 'tokenizers',
+                      f'{data_config.tokenizer_type}_{round_up(data_config.tokenizer_vocab_size)}'
+                      f'_{key}.model')
+  if not os.path.exists(path):
+    texts = sources.iter_texts(data_config, data_config.train_split,
+                               data_config.tokenizer_train_chars)
+    train_sentencepiece(texts, path, vocab_size=data_config.tokenizer_vocab_size,
+                        model_type=data_config.tokenizer_type)
+  return Tokenizer(path)

@@ -1,0 +1,218 @@
+"""make_dataset end to end on the embedded corpus: DESIGN.md keys, determinism, exact resume,
+host shares, finite epochs and clear errors for bad input."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import common
+from pretrain_jax import data
+from pretrain_jax.objectives import packing, span_corruption
+from test_objectives_span_corruption import splice
+
+KEYS = {
+    'clm': {'inputs', 'targets', 'segment_ids', 'positions', 'loss_weights'},
+    'mlm': {'inputs', 'targets', 'segment_ids', 'positions', 'token_type_ids', 'loss_weights'},
+    'span_corruption': {'encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions',
+                        'decoder_input_tokens', 'decoder_target_tokens', 'decoder_segment_ids',
+                        'decoder_positions', 'decoder_loss_weights'},
+}
+CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False)]
+
+
+@pytest.fixture(scope='module', autouse=True)
+def cache(tmp_path_factory):
+  old = os.environ.get('PRETRAIN_JAX_CACHE')
+  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
+  yield
+  if old is None:
+    del os.environ['PRETRAIN_JAX_CACHE']
+  else:
+    os.environ['PRETRAIN_JAX_CACHE'] = old
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+  return data.load_tokenizer(common.data_config('clm', 64))
+
+
+def config(objective, nsp=False, seq_len=64, **kw):
+  dc = common.data_config(objective, seq_len)
+  dc.nsp = nsp
+  dc.update(kw)
+  return dc
+
+
+def take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize('objective,nsp', CASES)
+def test_keys_shapes_and_dtypes(tokenizer, objective, nsp):
+  it = data.make_dataset(config(objective, nsp), tokenizer, split='train', batch_size=4)
+  b = next(it)
+  keys = KEYS[objective] | ({'nsp_labels'} if nsp else set())
+  assert set(b) == keys
+  target_len = span_corruption.target_length(64)[1]
+  for k, v in b.items():
+    assert v.dtype == (np.float32 if 'loss_weights' in k else np.int32), k
+    expected = (4,) if k == 'nsp_labels' else (4, target_len) if k.startswith('decoder') else (4, 64)
+    assert v.shape == expected, k
+  seg = b.get('segment_ids', b.get('encoder_segment_ids'))
+  assert (np.diff((seg > 0).astype(int), axis=1) <= 0).all()  # padding only at the tail
+  assert 0 < it.real_fraction <= 1
+
+
+@pytest.mark.parametrize('objective,nsp', CASES)
+def test_resume_is_exact(tokenizer, objective, nsp):
+  # The validation split is a few documents, so 7 batches cross several epochs.
+  dc = config(objective, nsp)
+  make = lambda: data.make_dataset(dc, tokenizer, split='validation', batch_size=4, seed=3)
+  straight = take(make(), 7)
+  it = make()
+  take(it, 3)
+  state = json.loads(json.dumps(it.get_state()))  # survives a JSON checkpoint
+  resumed = make()
+  resumed.set_state(state)
+  assert_same(take(resumed, 4), straight[3:])
+  assert_same(take(make(), 7), straight)  # same seed, same batches
+  other = take(data.make_dataset(dc, tokenizer, split='validation', batch_size=4, seed=4), 7)
+  assert any((x[k] != y[k]).any() for x, y in zip(straight, other) for k in x)
+
+
+def test_clm_targets_stay_in_documents(tokenizer):
+  b = next(data.make_dataset(config('clm'), tokenizer, split='train', batch_size=8))
+  seg, inp, tgt = b['segment_ids'], b['inputs'], b['targets']
+  same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+  np.testing.assert_array_equal(tgt[:, :-1][same], inp[:, 1:][same])
+  np.testing.assert_array_equal(b['loss_weights'], (seg > 0).astype(np.float32))
+  assert (b['positions'][seg > 0] >= 0).all() and (b['positions'][:, 0] == 0).all()
+
+
+def test_mlm_batches(tokenizer):
+  it = data.make_dataset(config('mlm', whole_word_mask=True), tokenizer, split='train',
+                         batch_size=16)
+  bs = take(it, 8)
+  sel = np.concatenate([b['loss_weights'] for b in bs]) > 0
+  tgt = np.concatenate([b['targets'] for b in bs])
+  inp = np.concatenate([b['inputs'] for b in bs])
+  seg = np.concatenate([b['segment_ids'] for b in bs])
+  assert not tokenizer.special[tgt[sel]].any()            # never [CLS]/[SEP]/padding
+  assert 0.10 < sel.sum() / (seg > 0).sum() < 0.20
+  assert (inp[~sel] == tgt[~sel]).all()
+  for row, s in zip(tgt, seg):
+    for k in range(1, s.max() + 1):
+      piece = row[s == k]
+      assert piece[0] == tokenizer.cls_id and piece[-1] == tokenizer.sep_id
+
+
+def test_nsp_batches(tokenizer):
+  bs = take(data.make_dataset(config('mlm', True, seq_len=48), tokenizer, split='train',
+                              batch_size=16), 12)
+  labels = np.concatenate([b['nsp_labels'] for b in bs])
+  assert 0.3 < labels.mean() < 0.7
+  for b in bs:
+    assert (b['targets'][:, 0] == tokenizer.cls_id).all()
+    assert ((b['targets'] == tokenizer.sep_id).sum(1) == 2).all()
+    assert (b['token_type_ids'][b['segment_ids'] == 0] == 0).all()
+
+
+def test_span_corruption_batches_reconstruct(tokenizer):
+  b = next(data.make_dataset(config('span_corruption'), tokenizer, split='train',
+                             batch_size=8))
+  np.testing.assert_array_equal(b['decoder_input_tokens'], packing.shift_right_by_segment(
+      b['decoder_target_tokens'], b['decoder_segment_ids']))
+  first = tokenizer.sentinel_id(0)
+  for row in range(8):
+    for k in range(1, b['encoder_segment_ids'][row].max() + 1):
+      inputs = b['encoder_input_tokens'][row][b['encoder_segment_ids'][row] == k]
+      targets = b['decoder_target_tokens'][row][b['decoder_segment_ids'][row] == k]
+      original = splice(inputs, targets, first_sentinel=first)
+      assert original and not tokenizer.special[original].any()
+
+
+def test_host_shares_and_global_batch(tokenizer):
+  dc = config('clm')
+  per_host = data.host_batch_size(8, 2)
+  hosts = [next(data.make_dataset(dc, tokenizer, split='train', batch_size=per_host,
+                                  process_index=p, process_count=2)) for p in range(2)]
+  assert all(h['inputs'].shape == (4, 64) for h in hosts)
+  assert not np.array_equal(hosts[0]['inputs'], hosts[1]['inputs'])
+  g = data.assemble_global_batch(hosts)
+  assert g['inputs'].shape == (8, 64) and (g['inputs'][4:] == hosts[1]['inputs']).all()
+  with pytest.raises(ValueError, match='global batch_size=10 does not split over 4 hosts'):
+    data.host_batch_size(10, 4)
+
+
+def test_one_epoch_ends(tokenizer):
+  it = data.make_dataset(config('clm'), tokenizer, split='validation', batch_size=4,
+                         repeat=False)
+  bs = list(it)
+  assert len(bs) >= 2 and it.get_state()['exhausted']
+  from pretrain_jax.data import sources
+  texts = [t.decode() for t in sources.text_dataset(
+      sources.open_source(config('clm')), 'validation').as_numpy_iterator()]
+  real = sum(int((b['segment_ids'] > 0).sum()) for b in bs)
+  assert real == sum(len(tokenizer.encode(t)) for t in texts)  # every token exactly once
+  assert real > (len(bs) - 1) * 4 * 64  # only the last batch has padding
+  with pytest.raises(StopIteration):
+    next(it)
+
+
+def test_bad_lengths_and_specials(tokenizer, tmp_path):
+  with pytest.raises(ValueError, match=r'seq_len=256 is longer than the model holds \(max_len=128'):
+    data.make_dataset(config('clm', seq_len=256), tokenizer, split='train', batch_size=2,
+                      model_max_len=128)
+  with pytest.raises(ValueError, match='seq_len=4 is too short for mlm with NSP'):
+    data.make_dataset(config('mlm', True, seq_len=4), tokenizer, split='train', batch_size=2)
+  with pytest.raises(ValueError, match='up to 114 noise spans but the tokenizer has 100'):
+    data.make_dataset(config('span_corruption', seq_len=2048), tokenizer, split='train',
+                      batch_size=2)
+  with pytest.raises(ValueError, match="objective='bert'"):
+    data.make_dataset(config('bert'), tokenizer, split='train', batch_size=2)
+  with pytest.raises(ValueError, match='batch_size=0'):
+    data.make_dataset(config('clm'), tokenizer, split='train', batch_size=0)
+  no_mask = data.Tokenizer(_model_without_specials(tmp_path))
+  with pytest.raises(ValueError, match=r'no \[MASK\] piece'):
+    data.make_dataset(config('mlm'), no_mask, split='train', batch_size=2)
+  it = data.make_dataset(config('clm'), tokenizer, split='train', batch_size=2)
+  state = it.get_state()
+  other = data.make_dataset(config('clm'), tokenizer, split='train', batch_size=4)
+  with pytest.raises(ValueError, match='batch_size=2 but this iterator has batch_size=4'):
+    other.set_state(state)
+
+
+def _model_without_specials(tmp_path):
+  import io
+  import sentencepiece as spm
+  out = io.BytesIO()
+  lines = ['the quick brown fox jumps over the lazy dog'] * 50
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=30,
+                                 pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+  (tmp_path / 'plain.model').write_bytes(out.getvalue())
+  return str(tmp_path / 'plain.model')
+
+
+def test_documents_that_tokenize_to_nothing(tokenizer, tmp_path):
+  docs = ['\u200b\u200b'] * 5 + ['a real document with words'] * 3
+  (tmp_path / 'd.jsonl').write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))
+  dc = config('clm', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0)
+  it = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
+  next(it)
+  # Counted as read (the prefetch thread may be epochs ahead): 5 per epoch.
+  assert it.stats['skipped_empty'] >= 5 and it.stats['skipped_empty'] % 5 == 0
+  assert it.stats['documents'] == 3 * it.stats['skipped_empty'] // 5
+  (tmp_path / 'e.jsonl').write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs[:5]))
+  dc.files = str(tmp_path / 'e.jsonl')
+  it = data.make_dataset(dc, tokenizer, split='train', batch_size=2)  # repeat=True: no hang
+  with pytest.raises(ValueError, match='no document with any token: skipped 5'):
+    next(it)

@@ -1,0 +1,133 @@
+"""Sources: local C4-format files (bad records counted), named tfds datasets, host shares."""
+import collections
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import common
+from pretrain_jax.data import local_builder, sources
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+  monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
+  return tmp_path / 'cache'
+
+
+def write_files(d):
+  good = [f'document number {i} about things' for i in range(40)]
+  lines = [json.dumps({'text': t, 'url': 'x'}).encode() for t in good[:30]]
+  lines += [b'{"text": "bad \xff\xfe utf8"}', b'not json at all', json.dumps({'txt': 'no field'}).encode(),
+            json.dumps({'text': '   '}).encode(), json.dumps({'text': 'lone \udc80 surrogate'}).encode()]
+  (d / 'a.jsonl').write_bytes(b'\n'.join(lines) + b'\n')
+  with gzip.open(d / 'b.json.gz', 'wt') as f:
+    f.write(''.join(json.dumps({'text': t}) + '\n' for t in good[30:35]))
+  (d / 'c.txt').write_text('\n\n'.join(good[35:39]) + '\n\n\n')
+  (d / 'd.json').write_text(json.dumps([{'text': good[39]}]))
+  (d / 'e.jsonl').write_text('')
+  return good
+
+
+def test_read_documents_counts_bad_records(tmp_path):
+  good = write_files(tmp_path)
+  stats = collections.Counter()
+  paths = local_builder.expand_files(str(tmp_path / '*'))
+  assert [os.path.basename(p) for p in paths] == ['a.jsonl', 'b.json.gz', 'c.txt', 'd.json',
+                                                  'e.jsonl']
+  docs = list(local_builder.read_documents(paths, 'text', stats))
+  assert docs == good
+  assert stats == {'documents': 40, 'invalid_utf8': 2, 'bad_json': 1, 'no_text_field': 1,
+                   'empty_document': 1, 'empty_file': 1}
+
+
+def test_file_errors_name_the_problem(tmp_path, cache):
+  with pytest.raises(FileNotFoundError, match='nothing-here'):
+    local_builder.expand_files(str(tmp_path / 'nothing-here*.jsonl'))
+  (tmp_path / 'x.csv').write_text('a,b')
+  with pytest.raises(ValueError, match=r"x.csv' has an unsupported extension"):
+    local_builder.expand_files(str(tmp_path / 'x.csv'))
+  (tmp_path / 'empty.jsonl').write_text('\n\n')
+  dc = common.data_config('clm', 16)
+  dc.files = str(tmp_path / 'empty.jsonl')
+  with pytest.raises(ValueError, match='no usable document'):
+    sources.open_source(dc)
+  dc.tfds_name = 'c4/en'
+  with pytest.raises(ValueError, match='both tfds_name'):
+    sources.open_source(dc)
+
+
+def test_validation_indices():
+  assert local_builder.validation_indices(100, 0.02) == {25, 75}
+  assert local_builder.validation_indices(10, 0.02) == {5}   # at least one
+  assert local_builder.validation_indices(1, 0.5) == set()
+  assert local_builder.validation_indices(10, 0.0) == set()
+
+
+def texts(ds):
+  return [t.decode() for t in ds.as_numpy_iterator()]
+
+
+def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache):
+  good = write_files(tmp_path)
+  dc = common.data_config('clm', 16)
+  dc.files = str(tmp_path / '*')
+  dc.validation_fraction = 0.1
+  source = sources.open_source(dc)
+  train = texts(sources.text_dataset(source, 'train', shuffle_buffer=0))
+  val = texts(sources.text_dataset(source, 'validation', shuffle_buffer=0))
+  assert len(val) == 4 and sorted(train + val) == sorted(good)
+  shares = [texts(sources.text_dataset(source, 'train', process_index=p, process_count=3,
+                                       seed=5)) for p in range(3)]
+  assert sorted(sum(shares, [])) == sorted(train)  # disjoint and complete
+  assert all(abs(len(s) - len(train) / 3) <= 1 for s in shares)
+  # Deterministic per (seed, epoch); a new epoch reshuffles.
+  e0 = texts(sources.text_dataset(source, 'train', seed=5, epoch=0))
+  assert e0 == texts(sources.text_dataset(source, 'train', seed=5, epoch=0))
+  assert e0 != texts(sources.text_dataset(source, 'train', seed=5, epoch=1))
+  assert texts(sources.text_dataset(source, 'train', seed=5, epoch=0, skip=7)) == e0[7:]
+  with pytest.raises(ValueError, match="no split 'test'"):
+    sources.text_dataset(source, 'test')
+
+
+class PjTestText(tfds.core.GeneratorBasedBuilder):
+  """A named tfds dataset with a `content` text feature, prepared into a tmp data_dir."""
+  VERSION = tfds.core.Version('1.0.0')
+  code_path = None
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+        {'content': tfds.features.Text(), 'id': tfds.features.Scalar(np.int32)}))
+
+  def _split_generators(self, dl_manager):
+    return {'train': self._generate_examples(20), 'validation': self._generate_examples(4)}
+
+  def _generate_examples(self, n):
+    for i in range(n):
+      yield i, {'content': f'named dataset text {i}', 'id': i}
+
+
+def test_named_tfds_dataset(tmp_path, cache):
+  PjTestText(data_dir=str(tmp_path / 'tfds')).download_and_prepare()
+  dc = common.data_config('clm', 16)
+  dc.tfds_name, dc.tfds_data_dir = 'pj_test_text:1.0.0', str(tmp_path / 'tfds')
+  with pytest.raises(ValueError, match=r"no feature 'text'; features: \['content', 'id'\]"):
+    sources.open_source(dc)
+  dc.text_key = 'content'
+  got = texts(sources.text_dataset(sources.open_source(dc), 'validation'))
+  assert sorted(got) == [f'named dataset text {i}' for i in range(4)]
+  dc.tfds_data_dir = str(tmp_path / 'elsewhere')
+  with pytest.raises(ValueError, match='not prepared'):
+    sources.open_source(dc)
+  dc.tfds_name = 'no_such_dataset_xyz'
+  with pytest.raises(ValueError, match='cannot open tfds dataset'):
+    sources.open_source(dc)
+
+
+def test_embedded_corpus_is_offline_and_split(cache):
+  source = sources.open_source(common.data_config('clm', 16))
+  n_train, n_val = source.num_examples('train'), source.num_examples('validation')
+  assert n_train > 250 and n_val == round((n_train + n_val) * 0.02)

@@ -1,0 +1,117 @@
+"""Tokenizer layout (pad/eos/unk, BERT specials, sentinels last, 128 multiple) and caching."""
+import os
+
+import numpy as np
+import pytest
+from sentencepiece import sentencepiece_model_pb2 as sp_model
+
+from configs import common
+from pretrain_jax.data import corpus, tokenizer as tok_lib
+
+TEXTS = corpus.embedded_documents()[:120]
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  old = os.environ.get('PRETRAIN_JAX_CACHE')
+  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
+  yield os.environ['PRETRAIN_JAX_CACHE']
+  if old is None:
+    del os.environ['PRETRAIN_JAX_CACHE']
+  else:
+    os.environ['PRETRAIN_JAX_CACHE'] = old
+
+
+@pytest.mark.parametrize('model_type', ['unigram', 'bpe', 'char'])
+def test_trained_layout(tmp_path, model_type):
+  path = tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 't.model'), vocab_size=1000,
+                                     model_type=model_type)
+  t = tok_lib.Tokenizer(path)
+  assert t.vocab_size == 1024 == t.num_pieces  # padded to a multiple of 128 by real pieces
+  assert (t.pad_id, t.eos_id, t.unk_id) == (0, 1, 2)
+  assert (t.cls_id, t.sep_id, t.mask_id) == (3, 4, 5)
+  assert t.sentinel_id(0) == 1023 and t.sentinel_id(99) == 924
+  assert t.id_to_piece(1023) == '▁<extra_id_0>'
+  assert t.special[[0, 1, 3, 4, 5, 924, 1023]].all() and not t.special[t.ordinary_ids].any()
+  assert not t.special[2]  # <unk> may be masked like any token, but is never a random token
+  assert 2 not in t.ordinary_ids and t.mask_id not in t.ordinary_ids
+  ids = t.encode('The "if" statement is used for conditional execution.')
+  assert ids and max(ids) < 924 and t.decode(ids) == ('The "if" statement is used for '
+                                                     'conditional execution.')
+  assert os.listdir(tmp_path) == ['t.model']  # written atomically: no temporary left over
+
+
+def _plain_model(tmp_path, vocab=300, control=()):
+  """A sentencepiece model with no sentinels and no BERT specials (like T5's public one)."""
+  import io
+  import sentencepiece as spm
+  out = io.BytesIO()
+  lines = [l for t in TEXTS for l in t.split('\n') if l.strip()]
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
+                                 vocab_size=vocab, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                 control_symbols=list(control), minloglevel=2)
+  path = tmp_path / 'plain.model'
+  path.write_bytes(out.getvalue())
+  return str(path)
+
+
+def test_existing_model_loads_unchanged_with_t5_sentinel_convention(tmp_path):
+  path = _plain_model(tmp_path)
+  before = open(path, 'rb').read()
+  t = tok_lib.Tokenizer(path)
+  assert open(path, 'rb').read() == before
+  # T5's 32000-piece vocabulary: <extra_id_0> = 32099 ... <extra_id_99> = 32000, 32128 ids.
+  # Same rule here with 300 pieces: 399 ... 300, padded to 512.
+  assert t.num_pieces == 300 and t.vocab_size == 512
+  assert t.sentinel_id(0) == 399 and t.sentinel_id(99) == 300
+  assert t.id_to_piece(399) == '<extra_id_0>'
+  assert t.decode([t.sentinel_id(1)]) == '<extra_id_1>'
+  assert t.special[300:].all()
+  with pytest.raises(ValueError, match=r'no \[MASK\] piece'):
+    _ = t.mask_id
+  with pytest.raises(ValueError, match='outside the vocabulary'):
+    t.decode([512])
+
+
+def test_bad_model_files(tmp_path):
+  with pytest.raises(FileNotFoundError, match='does not exist'):
+    tok_lib.Tokenizer(str(tmp_path / 'missing.model'))
+  bad = tmp_path / 'bad.model'
+  bad.write_bytes(b'not a model')
+  with pytest.raises(ValueError, match='not a sentencepiece model'):
+    tok_lib.Tokenizer(str(bad))
+
+
+def test_sentinel_pieces_are_appended_in_t5_order():
+  m = sp_model.ModelProto()
+  m.pieces.add(piece='<pad>', score=0, type=sp_model.ModelProto.SentencePiece.CONTROL)
+  out = sp_model.ModelProto()
+  out.ParseFromString(tok_lib.add_filler_and_sentinels(m.SerializeToString(), 128))
+  pieces = [p.piece for p in out.pieces]
+  assert len(pieces) == 128 and pieces[-1] == '▁<extra_id_0>' and pieces[28] == '▁<extra_id_99>'
+  assert pieces[1:28] == [f'<unused_{k}>' for k in range(27)]
+
+
+def test_too_small_vocab_is_a_clear_error(tmp_path):
+  with pytest.raises(ValueError, match='tokenizer_vocab_size=128'):
+    tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=128)
+  with pytest.raises(ValueError, match="tokenizer_type='wordpiece'"):
+    tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=512,
+                                model_type='wordpiece')
+
+
+def test_load_tokenizer_trains_once_and_caches(cache, monkeypatch):
+  dc = common.data_config('clm', 64)
+  dc.tokenizer_vocab_size = 1024
+  t = tok_lib.load_tokenizer(dc)
+  assert t.path.startswith(cache) and t.vocab_size == 1024
+  calls = []
+  monkeypatch.setattr(tok_lib, 'train_sentencepiece', lambda *a, **k: calls.append(1))
+  again = tok_lib.load_tokenizer(dc)
+  assert again.path == t.path and calls == []  # loaded from the cache, not retrained
+  dc.tokenizer_type = 'bpe'  # different settings -> different cache entry
+  with pytest.raises(FileNotFoundError):  # the stub writes nothing
+    tok_lib.load_tokenizer(dc)
+  assert calls == [1]
+  dc.tokenizer = t.path  # an explicit model is loaded as is
+  assert tok_lib.load_tokenizer(dc).path == t.path
