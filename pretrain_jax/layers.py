@@ -51,6 +51,19 @@ def embed(cfg: ModelConfig, num: int, names, name: str, std: float = 0.02):
                   name=name)
 
 
+def token_embedding(cfg: ModelConfig, name: str):
+  """(embedding module, scale applied to its output).
+
+  With sinusoidal positions, tokens follow Vaswani et al.: init std d**-0.5, output scaled by
+  sqrt(d), so token and (unit-amplitude) position signals are of the same size. Learned
+  positions keep BERT/GPT-2's N(0, 0.02) with no scale, as the published checkpoints have.
+  """
+  if cfg.position_embedding == 'sinusoidal':
+    return embed(cfg, cfg.vocab_size, ('vocab', 'embed'), name, cfg.emb_dim ** -0.5), \
+        cfg.emb_dim ** 0.5
+  return embed(cfg, cfg.vocab_size, ('vocab', 'embed'), name), 1.0
+
+
 def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
   """(B, T) integer positions -> (B, T, dim) sin/cos features (Vaswani et al.)."""
   half = dim // 2

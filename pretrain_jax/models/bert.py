@@ -49,8 +49,8 @@ class BERT(nn.Module):
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     mask = masks.segment_mask(segment_ids)                               # (B, 1, T, T)
-    wte = layers.embed(cfg, cfg.vocab_size, ('vocab', 'embed'), 'word_embeddings')
-    x = wte(inputs)                                                      # (B, T, E)
+    wte, scale = layers.token_embedding(cfg, 'word_embeddings')
+    x = wte(inputs) * scale                                              # (B, T, E)
     if cfg.position_embedding == 'learned':
       x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'position_embeddings')(
           positions)

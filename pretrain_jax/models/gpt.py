@@ -45,8 +45,8 @@ class GPT(nn.Module):
                                  masks.segment_mask(segment_ids))        # (B, 1, T, T)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    wte = layers.embed(cfg, cfg.vocab_size, ('vocab', 'embed'), 'wte')
-    x = wte(inputs)                                                       # (B, T, E)
+    wte, scale = layers.token_embedding(cfg, 'wte')
+    x = wte(inputs) * scale                                               # (B, T, E)
     if cfg.position_embedding == 'learned':
       x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'wpe', 0.01)(positions)
     else:
