@@ -80,6 +80,8 @@ class HFTokenizer:
     for role, text in specials.items():
       if text is not None and tokenizer.token_to_id(text) is not None:
         self._ids[role] = tokenizer.token_to_id(text)
+    # vocab.json + merges.txt alone do not mark '<|endoftext|>' as one token; transformers does
+    tokenizer.add_special_tokens([specials[r] for r in self._ids])
     if family == 'gpt':  # GPT-2 has no pad token; padding is marked by segment ids anyway
       self._ids.setdefault('pad', self._ids.get('eos'))
     else:                # BERT ends a sequence with [SEP]
