@@ -20,9 +20,6 @@ from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 
-TOKEN_KEYS = ('inputs', 'encoder_input_tokens', 'decoder_input_tokens')
-
-
 def open_datasets(config, datasets=None):
   """(train iterator, eval iterator, tokenizer path) of this host's share of the batch.
 
@@ -142,10 +139,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   try:
     while step < t.steps:
       batch = global_batch(next(train_iter), batch_sharding)
-      if step == start:  # compile once, ahead of time, to read the step's FLOPs
-        train_step = train_step.lower(state, batch).compile()
-        flops_per_step = metrics_lib.step_flops(train_step)
-        tokens_per_step = sum(batch[k].size for k in TOKEN_KEYS if k in batch)
+      if step == start:
+        tokens_per_step, flops_per_step = metrics_lib.batch_cost(model_cfg, batch)
       state, metrics = train_step(state, batch)
       step += 1
       history.append((step, metrics))
@@ -164,12 +159,13 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
         last = {k: float(v) for k, v in history[-1][1].items()}
         history = []
       if log_now:
-        elapsed = time.perf_counter() - window_start
-        step_time = elapsed / window_steps if window_steps else float('nan')
-        train_time, timed_steps = train_time + elapsed, timed_steps + window_steps
-        last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
-                    mfu=flops_per_step / step_time / peak_flops,
-                    eta_sec=(t.steps - step) * step_time)
+        if window_steps:  # none right after the first (compiling) step
+          elapsed = time.perf_counter() - window_start
+          step_time = elapsed / window_steps
+          train_time, timed_steps = train_time + elapsed, timed_steps + window_steps
+          last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
+                      mfu=flops_per_step / step_time / peak_flops,
+                      eta_sec=(t.steps - step) * step_time)
         writer.write(step, last)
         writer.line(metrics_lib.progress_line(step, t.steps, last))
         window_start, window_steps = time.perf_counter(), 0

@@ -12,6 +12,8 @@ import time
 
 import jax
 
+from pretrain_jax import flops
+
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
 PEAK_TFLOPS = {'tpu v2': 45.0, 'tpu v3': 123.0, 'tpu v4': 275.0, 'tpu v5 lite': 197.0,
                'tpu v5e': 197.0, 'tpu v5p': 459.0, 'tpu v6 lite': 918.0, 'tpu v6e': 918.0,
@@ -41,14 +43,14 @@ def _cpu_flops_per_cycle() -> int:
     return 32
 
 
-def step_flops(compiled) -> float:
-  """FLOPs of one compiled step summed over devices, from XLA's cost analysis (nan if none)."""
-  try:
-    analysis = compiled.cost_analysis()
-    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-    return float(analysis['flops']) * jax.device_count()
-  except Exception:  # pylint: disable=broad-except  # cost analysis is best-effort
-    return float('nan')
+def batch_cost(model_cfg, batch: dict) -> tuple:
+  """(tokens, model FLOPs) of one train step on `batch`. Tokens are input positions (T5:
+  encoder + decoder); FLOPs are pretrain_jax.flops' analytic matmul count (PaLM-style MFU)."""
+  if model_cfg.family == 't5':
+    enc, dec = batch['encoder_input_tokens'].shape, batch['decoder_input_tokens'].shape
+    return enc[0] * (enc[1] + dec[1]), flops.train_flops(model_cfg, enc[0], enc[1], dec[1])
+  b, t = batch['inputs'].shape
+  return b * t, flops.train_flops(model_cfg, b, t)
 
 
 class MetricWriter:
@@ -100,7 +102,8 @@ def progress_line(step: int, total: int, scalars: dict) -> str:
   parts = [f'step {step}/{total}', f'loss {scalars["loss"]:.4f}']
   if 'nsp_loss' in scalars:
     parts.append(f'nsp {scalars["nsp_loss"]:.3f}')
-  parts += [f'lr {scalars["learning_rate"]:.2e}', f'gnorm {scalars["grad_norm"]:.2f}',
-            f'{scalars["tokens_per_sec"]:,.0f} tok/s', f'mfu {100 * scalars["mfu"]:.1f}%',
-            f'eta {format_eta(scalars["eta_sec"])}']
+  parts += [f'lr {scalars["learning_rate"]:.2e}', f'gnorm {scalars["grad_norm"]:.2f}']
+  if 'tokens_per_sec' in scalars:
+    parts += [f'{scalars["tokens_per_sec"]:,.0f} tok/s', f'mfu {100 * scalars["mfu"]:.1f}%',
+              f'eta {format_eta(scalars["eta_sec"])}']
   return ' | '.join(parts)
