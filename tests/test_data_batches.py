@@ -103,7 +103,10 @@ def test_span_corruption_batches_reconstruct_and_resume():
     assert (a['encoder_segment_ids'].max(1) == a['decoder_segment_ids'].max(1)).all()
     got += [splice(i, t) for i, t in zip(pieces(a, 'encoder_input_tokens', 'encoder_segment_ids'),
                                          pieces(a, 'decoder_target_tokens', 'decoder_segment_ids'))]
-  assert got == [c.tolist() for c in chunks]  # the reconstruction invariant, end to end
+  # The reconstruction invariant end to end: every chunk exactly once (first-fit reorders rows).
+  assert sorted(got) == sorted(c.tolist() for c in chunks)
+  fill = np.mean([(a['encoder_segment_ids'] > 0).mean() for a, _ in out[:-1]])
+  assert fill > 0.85  # first-fit packs the short tail chunks into earlier rows
 
 
 def test_nsp_batches_one_pair_per_row_and_resume():

@@ -59,3 +59,12 @@ def test_packer_errors_name_the_problem():
   with pytest.raises(ValueError, match='does not fit'):
     packer.add({'x': np.arange(2)})
   assert not packer.next_row()  # batch of one row is full
+
+
+def test_first_fit_fills_earlier_rows():
+  examples = [{'x': np.array([1] * 4)}, {'x': np.array([2] * 4)}, {'x': np.array([3] * 2)},
+              {'x': np.array([4] * 3)}]
+  out = packing.pack_examples(examples, {'': 6}, {'x': ''}, first_fit=True)
+  assert out['x'].tolist() == [[1, 1, 1, 1, 3, 3], [2, 2, 2, 2, 0, 0], [4, 4, 4, 0, 0, 0]]
+  assert out['segment_ids'].tolist() == [[1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 0, 0],
+                                         [1, 1, 1, 0, 0, 0]]

@@ -11,7 +11,8 @@ Document splitting (documents longer than the room left in a row):
 - CLM and BERT-without-NSP: a document is cut at the row end and continues in the next row,
   its positions restarting at 0; BERT wraps every piece as [CLS] piece [SEP].
 - T5: a document is cut into chunks of `raw_len` tokens; each chunk is span-corrupted and packed
-  whole (an (inputs, targets) pair never straddles rows).
+  whole (an (inputs, targets) pair never straddles rows) into the first row of the batch with
+  room (first-fit, like seqio's packing window); the batch is done when one does not fit.
 - NSP: one [CLS] A [SEP] B [SEP] pair per row (objectives/nsp.py).
 """
 import numpy as np
@@ -116,11 +117,12 @@ def span_corruption_batches(docs, offset, *, batch_size, seq_len, pack, seed, sa
           noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
       example = {'encoder_input_tokens': inputs, 'decoder_target_tokens': targets,
                  'decoder_input_tokens': np.concatenate([[0], targets[:-1]]).astype(np.int32)}
-      if not packer.fits(example) or (not pack and packer.segment):
-        if not packer.next_row():
-          yield packer.arrays, (epoch, doc, start)
-          packer = new()
-      packer.add(example)
+      row = packer.first_fit(example) if pack else packer.empty_row()
+      if row is None:  # no row has room: the batch is done, this example opens the next one
+        yield packer.arrays, (epoch, doc, start)
+        packer = new()
+        row = 0
+      packer.add(example, row)
   if not packer.empty:
     yield packer.arrays, None
 

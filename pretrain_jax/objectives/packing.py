@@ -1,8 +1,10 @@
 """T5-style packing: several examples per fixed-length row, kept apart by segment ids.
 
 Next-fit: examples go into the current row while they fit; the first one that does not fit
-closes the row (its unused tail is padding) and opens the next one. So padding appears only at
-the tail of a row, and the order of examples is preserved, which keeps the stream resumable.
+closes the row (its unused tail is padding) and opens the next one. First-fit (T5 examples,
+which cannot be cut): each example goes into the first row of the batch with room in every
+stream. Either way rows fill left to right, so padding appears only at the tail of a row, and a
+batch holds a contiguous run of the example stream, which keeps the stream resumable.
 Segment ids are 1-based per example within a row (0 = padding) and shared by all streams of an
 example (T5: encoder and decoder); positions restart at 0 for every example.
 """
@@ -20,22 +22,28 @@ class BatchPacker:
   lengths {'': 128}, or for T5 {'encoder_input_tokens': 'encoder', 'decoder_target_tokens':
   'decoder', ...} with lengths {'encoder': 512, 'decoder': 114}. Segment ids and positions are
   emitted as `<stream>_segment_ids` / `<stream>_positions` (`segment_ids` for stream '').
+  Rows fill left to right; `add` writes into the current row (next-fit) or any row (first-fit,
+  `first_fit` finds the first row with room, as seqio's packing window does).
   """
 
-  def __init__(self, batch_size: int, lengths: dict, features: dict, dtypes: dict | None = None):
+  def __init__(self, batch_size: int, lengths: dict, features: dict):
     self.batch_size, self.lengths, self.features = batch_size, dict(lengths), dict(features)
-    dtypes = dtypes or {}
-    self.arrays = {k: np.zeros((batch_size, lengths[s]), dtypes.get(k, np.int32))
-                   for k, s in features.items()}
+    self.arrays = {k: np.zeros((batch_size, lengths[s]), np.int32) for k, s in features.items()}
     for s, n in lengths.items():
       self.arrays[_prefix(s) + 'segment_ids'] = np.zeros((batch_size, n), np.int32)
       self.arrays[_prefix(s) + 'positions'] = np.zeros((batch_size, n), np.int32)
-    self.row, self.segment = 0, 0
-    self.cursor = {s: 0 for s in lengths}
+    self.row = 0                                             # current row of next-fit
+    self.segments = np.zeros(batch_size, np.int32)           # examples in each row
+    self.cursors = {s: np.zeros(batch_size, np.int64) for s in lengths}  # next free slot
 
-  def room(self, stream: str = '') -> int:
-    """Free slots left in the current row of `stream`."""
-    return self.lengths[stream] - self.cursor[stream]
+  @property
+  def segment(self) -> int:
+    """Examples already in the current row."""
+    return int(self.segments[self.row]) if self.row < self.batch_size else 0
+
+  def room(self, stream: str = '', row: int | None = None) -> int:
+    """Free slots left in `row` (default: the current row) of `stream`."""
+    return self.lengths[stream] - int(self.cursors[stream][self.row if row is None else row])
 
   def _lengths(self, example: dict) -> dict:
     out = {}
@@ -46,51 +54,70 @@ class BatchPacker:
                          f'{len(value)}, expected {out[stream]}')
     return out
 
-  def fits(self, example: dict) -> bool:
-    """Whether `example` fits in what is left of the current row in every stream."""
-    return all(n <= self.room(s) for s, n in self._lengths(example).items())
+  def fits(self, example: dict, row: int | None = None) -> bool:
+    """Whether `example` fits in what is left of `row` (default: current) in every stream."""
+    return all(n <= self.room(s, row) for s, n in self._lengths(example).items())
 
-  def add(self, example: dict) -> None:
-    """Write `example` (key -> (n,) array) at the cursor of the current row."""
+  def first_fit(self, example: dict) -> int | None:
+    """Index of the first row with room for `example` in every stream, or None."""
+    ok = np.ones(self.batch_size, bool)
+    for s, n in self._lengths(example).items():
+      ok &= self.lengths[s] - self.cursors[s] >= n
+    rows = np.flatnonzero(ok)
+    return int(rows[0]) if rows.size else None
+
+  def empty_row(self) -> int | None:
+    """Index of the first row holding no example, or None (unpacked: one example per row)."""
+    rows = np.flatnonzero(self.segments == 0)
+    return int(rows[0]) if rows.size else None
+
+  def add(self, example: dict, row: int | None = None) -> None:
+    """Write `example` (key -> (n,) array) at the free end of `row` (default: current)."""
+    r = self.row if row is None else row
     lengths = self._lengths(example)
     for s, n in lengths.items():
       if n > self.lengths[s]:
         raise ValueError(f'example of {n} tokens is longer than the {s or "row"} length '
                          f'{self.lengths[s]}')
-      if n > self.room(s):
-        raise ValueError(f'example of {n} tokens does not fit the {self.room(s)} left in row')
-    self.segment += 1
-    r = self.row
+      if n > self.room(s, r):
+        raise ValueError(f'example of {n} tokens does not fit the {self.room(s, r)} left in '
+                         f'row {r}')
+    self.segments[r] += 1
     for key, value in example.items():
-      c = self.cursor[self.features[key]]
+      c = self.cursors[self.features[key]][r]
       self.arrays[key][r, c:c + len(value)] = value
     for s, n in lengths.items():
-      c = self.cursor[s]
-      self.arrays[_prefix(s) + 'segment_ids'][r, c:c + n] = self.segment
+      c = self.cursors[s][r]
+      self.arrays[_prefix(s) + 'segment_ids'][r, c:c + n] = self.segments[r]
       self.arrays[_prefix(s) + 'positions'][r, c:c + n] = np.arange(n)
-      self.cursor[s] = c + n
+      self.cursors[s][r] = c + n
 
   def next_row(self) -> bool:
     """Close the current row; False if it was the last row of the batch (batch is full)."""
     self.row += 1
-    self.segment = 0
-    self.cursor = {s: 0 for s in self.lengths}
     return self.row < self.batch_size
 
   @property
   def empty(self) -> bool:
-    return self.row == 0 and self.segment == 0
+    return not self.segments.any()
 
 
-def pack_examples(examples: list, lengths: dict, features: dict) -> dict:
-  """Pure next-fit packing of `examples` into as many rows as needed: dict of (R, L) arrays."""
+def pack_examples(examples: list, lengths: dict, features: dict,
+                  first_fit: bool = False) -> dict:
+  """Pure packing of `examples` into as many rows as needed: dict of (R, L) arrays.
+
+  Next-fit by default (order kept row by row); `first_fit` puts each example in the first row
+  with room (fewer rows, order kept within each row).
+  """
   packer = BatchPacker(max(len(examples), 1), lengths, features)
-  rows = 0
   for example in examples:
-    if not packer.fits(example):
-      packer.next_row()
-    packer.add(example)
-    rows = packer.row + 1
+    if first_fit:
+      packer.add(example, packer.first_fit(example))
+    else:
+      if not packer.fits(example):
+        packer.next_row()
+      packer.add(example)
+  rows = int(np.count_nonzero(packer.segments))
   return {k: v[:rows] for k, v in packer.arrays.items()}
 
 

@@ -1,0 +1,65 @@
+"""Throughput of the input pipeline alone (no model), one JSON line per objective.
+
+  python scripts/benchmark_data.py [--seq_len 128 --batch_size 16 --batches 300]
+      [--files 'data/*.jsonl' | --tfds_name c4/en:3.0.1 --tfds_data_dir gs://...]
+      [--tokenizer path.model] [--objectives clm,mlm,nsp,span_corruption]
+
+Each line: objective, tokens_per_s (positions of the encoder/input rows per second, this host),
+real_tokens_per_s (non-padding ones), real_fraction, batches, seconds, first_batch_s (start-up:
+opening the source, the first sentencepiece calls). Warm-up batches are not timed.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--seq_len', type=int, default=128)
+  p.add_argument('--batch_size', type=int, default=16, help='rows per host')
+  p.add_argument('--batches', type=int, default=300, help='timed batches per objective')
+  p.add_argument('--warmup', type=int, default=20)
+  p.add_argument('--objectives', default='clm,mlm,nsp,span_corruption')
+  p.add_argument('--files', default='')
+  p.add_argument('--tfds_name', default='')
+  p.add_argument('--tfds_data_dir', default='')
+  p.add_argument('--tokenizer', default='')
+  p.add_argument('--split', default='train')
+  args = p.parse_args(argv)
+
+  from configs import common  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  for name in args.objectives.split(','):
+    objective = 'mlm' if name == 'nsp' else name
+    dc = common.data_config(objective, args.seq_len)
+    dc.update(nsp=name == 'nsp', files=args.files, tfds_name=args.tfds_name,
+              tfds_data_dir=args.tfds_data_dir, tokenizer=args.tokenizer)
+    tok = data.load_tokenizer(dc)
+    start = time.time()
+    it = data.make_dataset(dc, tok, split=args.split, batch_size=args.batch_size)
+    for _ in range(args.warmup):
+      next(it)
+    first = time.time() - start
+    positions = real = 0
+    start = time.time()
+    for _ in range(args.batches):
+      batch = next(it)
+      seg = batch.get('segment_ids', batch.get('encoder_segment_ids'))
+      positions += seg.size
+      real += int((seg > 0).sum())
+    seconds = time.time() - start
+    it.close()
+    print(json.dumps({'objective': name, 'seq_len': args.seq_len,
+                      'batch_size': args.batch_size, 'tokens_per_s': round(positions / seconds),
+                      'real_tokens_per_s': round(real / seconds),
+                      'real_fraction': round(real / positions, 4), 'batches': args.batches,
+                      'seconds': round(seconds, 3), 'warmup_s': round(first, 3),
+                      'cpus': os.cpu_count()}), flush=True)
+
+
+if __name__ == '__main__':
+  main()

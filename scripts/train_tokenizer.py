@@ -1,0 +1,57 @@
+"""Train a SentencePiece tokenizer (T5 sentinels last, BERT specials, size a multiple of 128).
+
+  python scripts/train_tokenizer.py --output /tmp/pydoc.model               # embedded corpus
+  python scripts/train_tokenizer.py --output c4.model --vocab_size 32000 \
+      --tfds_name c4/en:3.0.1 --tfds_data_dir gs://BUCKET/tensorflow_datasets
+  python scripts/train_tokenizer.py --output mine.model --files 'data/*.jsonl.gz' --type bpe
+
+Layout: 0 <pad>, 1 </s>, 2 <unk>, 3 [CLS], 4 [SEP], 5 [MASK], learned pieces, filler, then
+▁<extra_id_99> ... ▁<extra_id_0> (the last id). Point config.data.tokenizer at the output.
+Prints one JSON line: path, vocab_size, pieces learned, characters read, seconds.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--output', required=True, help='path of the .model file to write')
+  p.add_argument('--type', default='unigram', choices=['unigram', 'bpe', 'char'])
+  p.add_argument('--vocab_size', type=int, default=2048,
+                 help='total size incl. specials and 100 sentinels; rounded up to 128s')
+  p.add_argument('--files', default='', help='glob of C4-format .json/.jsonl/.json.gz/.txt')
+  p.add_argument('--tfds_name', default='', help='named tfds dataset, e.g. c4/en:3.0.1')
+  p.add_argument('--tfds_data_dir', default='', help='its data_dir (may be gs://...)')
+  p.add_argument('--text_key', default='text', help='name of the text feature / JSON field')
+  p.add_argument('--split', default='train')
+  p.add_argument('--max_chars', type=int, default=20_000_000,
+                 help='characters of text read at most (sentencepiece holds them in memory)')
+  args = p.parse_args(argv)
+
+  from configs import common  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import sources, tokenizer  # pylint: disable=g-import-not-at-top
+  dc = common.data_config('clm', 128)
+  dc.update(files=args.files, tfds_name=args.tfds_name, tfds_data_dir=args.tfds_data_dir,
+            text_key=args.text_key)
+  start, chars = time.time(), [0]
+
+  def texts():
+    for t in sources.iter_texts(dc, args.split, args.max_chars):
+      chars[0] += len(t)
+      yield t
+
+  path = tokenizer.train_sentencepiece(texts(), args.output, vocab_size=args.vocab_size,
+                                       model_type=args.type)
+  tok = tokenizer.Tokenizer(path)
+  print(json.dumps({'path': path, 'vocab_size': tok.vocab_size, 'type': args.type,
+                    'learned_pieces': int((~tok.special).sum()), 'chars': chars[0],
+                    'seconds': round(time.time() - start, 2)}), flush=True)
+
+
+if __name__ == '__main__':
+  main()
