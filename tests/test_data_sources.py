@@ -9,6 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import common
+from pretrain_jax import data
 from pretrain_jax.data import local_builder, sources
 
 
@@ -103,11 +104,15 @@ class PjTestText(tfds.core.GeneratorBasedBuilder):
         {'content': tfds.features.Text(), 'id': tfds.features.Scalar(np.int32)}))
 
   def _split_generators(self, dl_manager):
-    return {'train': self._generate_examples(20), 'validation': self._generate_examples(4)}
+    return {'train': self._generate_examples(20, bad=True),
+            'validation': self._generate_examples(4)}
 
-  def _generate_examples(self, n):
+  def _generate_examples(self, n, bad=False):
     for i in range(n):
       yield i, {'content': f'named dataset text {i}', 'id': i}
+    if bad:  # records a named dataset may hold: invalid UTF-8 bytes, an empty text
+      yield n, {'content': b'broken \xff\xfe bytes', 'id': n}
+      yield n + 1, {'content': '', 'id': n + 1}
 
 
 def test_named_tfds_dataset(tmp_path, cache):
@@ -119,6 +124,12 @@ def test_named_tfds_dataset(tmp_path, cache):
   dc.text_key = 'content'
   got = texts(sources.text_dataset(sources.open_source(dc), 'validation'))
   assert sorted(got) == [f'named dataset text {i}' for i in range(4)]
+  # Through the whole pipeline: bad records are skipped and counted, never a TF trace.
+  tokenizer = data.load_tokenizer(dc)
+  it = data.make_dataset(dc, tokenizer, split='train', batch_size=2, repeat=False)
+  batches = list(it)
+  assert batches and it.stats['skipped_invalid_utf8'] == 1 and it.stats['skipped_empty'] == 1
+  assert it.stats['documents'] == 20
   dc.tfds_data_dir = str(tmp_path / 'elsewhere')
   with pytest.raises(ValueError, match='not prepared'):
     sources.open_source(dc)

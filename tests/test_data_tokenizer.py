@@ -115,3 +115,17 @@ def test_load_tokenizer_trains_once_and_caches(cache, monkeypatch):
   assert calls == [1]
   dc.tokenizer = t.path  # an explicit model is loaded as is
   assert tok_lib.load_tokenizer(dc).path == t.path
+
+
+def test_t5_sized_vocabulary_without_extra_ids(tmp_path):
+  """A 32000-piece model without extra ids (like T5's public one): 32099..32000, 32128 ids."""
+  m = sp_model.ModelProto()
+  m.ParseFromString(open(_plain_model(tmp_path), 'rb').read())
+  for k in range(32000 - len(m.pieces)):
+    m.pieces.add(piece=f'▁zz{k}', score=-20.0 - k * 1e-4)
+  path = tmp_path / 't5like.model'
+  path.write_bytes(m.SerializeToString())
+  t = tok_lib.Tokenizer(str(path))
+  assert (t.num_pieces, t.vocab_size) == (32000, 32128)
+  assert t.sentinel_id(0) == 32099 and t.sentinel_id(99) == 32000
+  assert t.special[32000:].all() and not t.special[32000 - 1]

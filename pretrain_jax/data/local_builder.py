@@ -15,12 +15,14 @@ the `validation` split, the rest `train`. The prepared dataset is cached under
 and the split settings.
 """
 import collections
+import contextlib
 import glob
 import gzip
 import hashlib
 import json
 import logging
 import os
+import sys
 
 import tensorflow_datasets as tfds
 
@@ -195,8 +197,10 @@ def prepare(paths: list, data_dir: str, *, text_key: str = 'text',
   if not builder.is_prepared():
     tfds.display_progress_bar(False)
     try:
-      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-          compute_stats=tfds.download.ComputeStatsMode.SKIP))
+      # tfds prints its progress to stdout, which scripts keep for their JSON results.
+      with contextlib.redirect_stdout(sys.stderr):
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+            compute_stats=tfds.download.ComputeStatsMode.SKIP))
     except OSError:  # another process may have prepared the same files concurrently
       builder = LocalTextFiles(paths=paths, text_key=text_key,
                                validation_fraction=validation_fraction, data_dir=data_dir)

@@ -1,0 +1,43 @@
+"""scripts/train_tokenizer.py and scripts/benchmark_data.py run and print their JSON lines."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'scripts', f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture()
+def corpus_file(tmp_path, monkeypatch):
+  monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
+  from pretrain_jax.data import corpus
+  docs = corpus.embedded_documents()[:60]
+  path = tmp_path / 'docs.jsonl'
+  path.write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))
+  return str(path)
+
+
+def test_train_tokenizer_script(tmp_path, corpus_file, capsys):
+  out = str(tmp_path / 'char.model')
+  load('train_tokenizer').main(['--output', out, '--files', corpus_file, '--type', 'char',
+                                '--vocab_size', '300'])
+  line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert line['path'] == out and line['vocab_size'] == 384 and line['type'] == 'char'
+  assert 50 < line['learned_pieces'] < 200 and os.path.isfile(out)
+
+
+def test_benchmark_script(tmp_path, corpus_file, capsys):
+  load('benchmark_data').main(['--files', corpus_file, '--seq_len', '32', '--batch_size', '2',
+                               '--batches', '3', '--warmup', '1',
+                               '--objectives', 'clm,nsp,span_corruption'])
+  lines = [json.loads(l) for l in capsys.readouterr().out.strip().splitlines()]
+  assert [l['objective'] for l in lines] == ['clm', 'nsp', 'span_corruption']
+  assert all(l['tokens_per_s'] > 0 and 0 < l['real_fraction'] <= 1 for l in lines)
