@@ -108,3 +108,14 @@ def test_vocab_json_without_merges_is_an_error(tmp_path):
   (tmp_path / 'vocab.json').write_text('{}')
   with pytest.raises(FileNotFoundError, match='merges.txt'):
     tok_lib.load_tokenizer(str(tmp_path), 'gpt')
+
+
+def test_family_is_inferred_from_the_files(tmp_path):
+  for family, make in (('bert', bert_dir), ('gpt', gpt_dir), ('t5', t5_dir)):
+    path = tmp_path / family
+    path.mkdir()
+    make(path)
+    assert tok_lib.infer_family(str(path)) == family
+    assert tok_lib.load_tokenizer(str(path)).encode('the dog') == tok_lib.load_tokenizer(
+        str(path), family).encode('the dog')
+  assert tok_lib.load_tokenizer(str(tmp_path)) is None

@@ -101,6 +101,15 @@ def load_hf(hf_dir: str, **overrides):
   return cfg, params, tok_lib.load_tokenizer(hf_dir, family)
 
 
+def check_free(target: str) -> str:
+  """abspath of `target`; FileExistsError unless it is absent or an empty directory."""
+  target = os.path.abspath(target)
+  if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+    raise FileExistsError(f'{target} already exists and is not an empty directory; '
+                          'refusing to overwrite it')
+  return target
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str):
   """Yields a temporary directory that becomes `target` when the block succeeds.
@@ -108,21 +117,28 @@ def atomic_directory(target: str):
   `target` must not exist (or be an empty directory); on any error the temporary directory is
   removed and `target` is untouched.
   """
-  target = os.path.abspath(target)
-  if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-    raise FileExistsError(f'{target} already exists and is not an empty directory; '
-                          'refusing to overwrite it')
+  target = check_free(target)
   parent = os.path.dirname(target)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.tmp-', dir=parent)
   try:
     yield tmp
+    _default_permissions(tmp)  # mkdtemp (and safetensors) create owner-only files
     if os.path.isdir(target):
       os.rmdir(target)
     os.rename(tmp, target)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+
+
+def _default_permissions(root: str) -> None:
+  umask = os.umask(0)
+  os.umask(umask)
+  for folder, _, files in os.walk(root):
+    os.chmod(folder, 0o777 & ~umask)
+    for name in files:
+      os.chmod(os.path.join(folder, name), 0o666 & ~umask)
 
 
 def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> None:

@@ -106,8 +106,26 @@ class HFTokenizer:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
-def load_tokenizer(hf_dir: str, family: str):
-  """The tokenizer in `hf_dir` for `family` ('bert' | 'gpt' | 't5'), or None if it has none."""
+def infer_family(hf_dir: str):
+  """'t5' | 'gpt' | 'bert' from the tokenizer files in `hf_dir`, or None."""
+  path = lambda name: os.path.join(hf_dir, name)
+  if os.path.isfile(path('spiece.model')):
+    return 't5'
+  if os.path.isfile(path('tokenizer.json')):
+    with open(path('tokenizer.json')) as f:
+      model_type = json.load(f).get('model', {}).get('type')
+    return {'BPE': 'gpt', 'WordPiece': 'bert'}.get(model_type)
+  if os.path.isfile(path('vocab.json')):
+    return 'gpt'
+  return 'bert' if os.path.isfile(path('vocab.txt')) else None
+
+
+def load_tokenizer(hf_dir: str, family: str = None):
+  """The tokenizer in `hf_dir` for `family` ('bert' | 'gpt' | 't5'; None = guess from the
+  files), or None if the directory has none."""
+  family = family or infer_family(hf_dir)
+  if family is None:
+    return None
   settings = _token_settings(hf_dir)
   path = lambda name: os.path.join(hf_dir, name)
   present = [n for n in TOKENIZER_FILES if os.path.isfile(path(n))]

@@ -1,0 +1,148 @@
+"""Hugging Face directory <-> training workdir (the layout of pretrain_jax.training.checkpoint).
+
+Import writes, into a temporary directory renamed into place at the end:
+
+  config.json             the full training config: the family's base config (configs/) with
+                          the imported model section
+  tokenizer.model         T5: a copy of spiece.model (the project's Tokenizer loads it)
+  hf_tokenizer/           the HF tokenizer files as they came (BERT / GPT-2 / T5)
+  checkpoints/0/          TrainState(step=0, imported params, fresh optimizer state); data
+                          iterator state None ("start of the stream")
+
+so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
+Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory.
+"""
+import dataclasses
+import importlib
+import os
+import shutil
+
+import numpy as np
+
+from pretrain_jax.hf import io as io_lib
+from pretrain_jax.hf import tokenizers as tok_lib
+from pretrain_jax.models import ModelConfig
+
+HF_TOKENIZER_DIR = 'hf_tokenizer'
+
+
+def base_config_name(cfg: ModelConfig) -> str:
+  """The configs/ module whose data/train/mesh sections an imported model starts from."""
+  if cfg.family == 't5':
+    return 't5_small' if cfg.tie_embeddings else 't5_v1_1_base'
+  return {'bert': 'bert_base', 'gpt': 'gpt2_small'}[cfg.family]
+
+
+def model_section(cfg: ModelConfig) -> dict:
+  """ModelConfig -> a config.model dict (dtypes by name; no eval/decode switches)."""
+  out = dataclasses.asdict(cfg)
+  for key in ('dtype', 'param_dtype'):
+    out[key] = np.dtype(out[key]).name
+  for key in ('deterministic', 'decode'):
+    out.pop(key)
+  return out
+
+
+def training_config(cfg: ModelConfig, base: str = None):
+  """(full ml_collections config for `cfg`, name of the base config it started from)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  base = base or base_config_name(cfg)
+  config = importlib.import_module(f'configs.{base}').get_config()
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model = ml_collections.ConfigDict(model_section(cfg))
+  if cfg.family in ('bert', 'gpt'):
+    config.data.seq_len = min(config.data.seq_len, cfg.max_len)
+  if cfg.family == 'bert':
+    config.data.nsp = cfg.nsp
+  return config, base
+
+
+def train_overrides(config, base: str) -> list:
+  """`--config.section.key=value` flags that turn configs/<base>.py into `config`.
+
+  Model fields are compared as ModelConfigs, so a field the base file leaves at its default
+  is only listed when the imported value differs from that default.
+  """
+  reference = importlib.import_module(f'configs.{base}').get_config()
+  ours = model_section(ModelConfig.from_config(config.model))
+  theirs = model_section(ModelConfig.from_config(reference.model))
+  flags = [f'--config.model.{k}={v}' for k, v in sorted(ours.items()) if theirs[k] != v]
+  ref_data = reference.data.to_dict()
+  flags += [f'--config.data.{k}={v}' for k, v in sorted(config.data.to_dict().items())
+            if ref_data.get(k) != v]
+  return flags
+
+
+def import_hf(hf_dir: str, workdir: str, *, base: str = None, **model_overrides) -> dict:
+  """Imports the HF directory `hf_dir` as a new training workdir `workdir` (must not exist).
+
+  Returns a summary: family, parameter count, tokenizer, and the scripts/train.py flags that
+  reproduce the imported model from its base config.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+
+  io_lib.check_free(workdir)  # before the (possibly long) read
+  cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
+  config, base = training_config(cfg, base)
+  final = os.path.abspath(workdir)
+  with io_lib.atomic_directory(final) as tmp:
+    files = tok_lib.tokenizer_files(hf_dir)
+    if files:
+      os.makedirs(os.path.join(tmp, HF_TOKENIZER_DIR))
+      for path in files:
+        shutil.copyfile(path, os.path.join(tmp, HF_TOKENIZER_DIR, os.path.basename(path)))
+    if isinstance(tokenizer, tok_lib.SentencePieceTokenizer):
+      shutil.copyfile(tokenizer.path, os.path.join(tmp, ckpt_lib.TOKENIZER_FILE))
+      config.data.tokenizer = os.path.join(final, ckpt_lib.TOKENIZER_FILE)
+    elif tokenizer is not None:  # not sentencepiece: pretrain_jax.data cannot read it (yet)
+      config.data.tokenizer = os.path.join(final, HF_TOKENIZER_DIR)
+    ckpt_lib.save_workdir_files(config, tmp)
+    state_params = jax.tree.map(jnp.asarray, params)
+    tx = opt_lib.make_optimizer(config.train)
+    state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=state_params,
+                                 opt_state=tx.init(state_params))
+    checkpointer = ckpt_lib.Checkpointer(tmp, keep=0, async_save=False)
+    checkpointer.save(0, state, None)
+    checkpointer.close()
+  return {'workdir': final, 'family': cfg.family, 'base_config': f'configs/{base}.py',
+          'params': int(sum(np.size(x) for x in jax.tree.leaves(params))),
+          'tokenizer': type(tokenizer).__name__ if tokenizer is not None else None,
+          'train_flags': train_overrides(config, base)}
+
+
+def workdir_tokenizer(workdir: str, config):
+  """(tokenizer or None, files to export with the model) of a workdir."""
+  hf_tok = os.path.join(workdir, HF_TOKENIZER_DIR)
+  if os.path.isdir(hf_tok):
+    return tok_lib.load_tokenizer(hf_tok), tok_lib.tokenizer_files(hf_tok)
+  sp_path = config.data.get('tokenizer') or ''
+  if config.model.family == 't5' and sp_path.endswith('.model') and os.path.isfile(sp_path):
+    tokenizer = tok_lib.SentencePieceTokenizer(sp_path)
+    return tokenizer, [sp_path]  # written as spiece.model by export_hf
+  return None, []
+
+
+def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
+  """Writes checkpoint `step` (default latest) of `workdir` as the HF directory `hf_dir`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+
+  io_lib.check_free(hf_dir)
+  config, params, step = ckpt_lib.restore_params(workdir, step)
+  cfg = ModelConfig.from_config(config.model)
+  params = jax.tree.map(np.asarray, nn.unbox(params))
+  tokenizer, files = workdir_tokenizer(workdir, config)
+  with io_lib.atomic_directory(hf_dir) as tmp:
+    io_lib.write_hf(tmp, cfg, params, tokenizer=tokenizer)
+    for path in files:
+      name = os.path.basename(path)
+      if isinstance(tokenizer, tok_lib.SentencePieceTokenizer) and name.endswith('.model'):
+        name = 'spiece.model'
+      shutil.copyfile(path, os.path.join(tmp, name))
+  return {'hf_dir': os.path.abspath(hf_dir), 'family': cfg.family, 'step': int(step),
+          'tokenizer_files': sorted(os.path.basename(p) for p in files)}

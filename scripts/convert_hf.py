@@ -1,0 +1,48 @@
+"""Hugging Face model directory <-> training workdir (BERT, GPT-2, T5 v1.0 / v1.1).
+
+  python scripts/convert_hf.py import --hf_dir ~/hf/gpt2 --workdir runs/gpt2 [--scan_layers]
+  python scripts/convert_hf.py export --workdir runs/gpt2 --hf_dir /tmp/gpt2_out [--step 300]
+
+import: reads config.json + model.safetensors (or pytorch_model.bin, needs torch) and the
+tokenizer files, and writes a workdir with checkpoint 0 (the HF weights, a fresh optimizer
+state), config.json and the tokenizer. Evaluation scripts and pretrain_jax.load_pretrained read
+it like any run; the printed `train_flags` turn the family's base config into the imported model
+for scripts/train.py. export: writes config.json + model.safetensors (+ tokenizer files) that
+transformers' from_pretrained loads. Neither ever writes into an existing non-empty directory,
+and a failure leaves nothing behind. One JSON line of results goes to stdout.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
+_HF_DIR = flags.DEFINE_string('hf_dir', None, 'Hugging Face model directory (read or written)')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (written or read)')
+_STEP = flags.DEFINE_integer('step', None, 'export: checkpoint step (default: the latest)')
+_SCAN = flags.DEFINE_bool('scan_layers', False, 'import: store layers stacked for nn.scan')
+_BASE = flags.DEFINE_string('base_config', None, 'import: configs/ module name for the data, '
+                            'train and mesh sections (default: by family)')
+
+COMMANDS = ('import', 'export')
+
+
+def main(argv):
+  if len(argv) != 2 or argv[1] not in COMMANDS:
+    raise app.UsageError(f'expected one command, {" or ".join(COMMANDS)}; got {argv[1:]}')
+  if not _HF_DIR.value or not _WORKDIR.value:
+    raise app.UsageError('both --hf_dir and --workdir are required')
+  logging.set_verbosity(logging.ERROR)  # orbax logs every save and restore
+  from pretrain_jax.hf import workdir  # pylint: disable=g-import-not-at-top
+  if argv[1] == 'import':
+    result = workdir.import_hf(_HF_DIR.value, _WORKDIR.value, base=_BASE.value,
+                               scan_layers=_SCAN.value)
+  else:
+    result = workdir.export_hf(_WORKDIR.value, _HF_DIR.value, step=_STEP.value)
+  print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,132 @@
+"""HF directory <-> training workdir (pretrain_jax.hf.workdir, scripts/convert_hf.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pretrain_jax import hf
+from pretrain_jax.hf import weights
+from pretrain_jax.hf import workdir as workdir_lib
+from pretrain_jax.models import ModelConfig
+
+import modeling  # pylint: disable=g-bad-import-order
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs'] * 30
+
+
+def hf_dir_with_tokenizer(path, family):
+  """A tiny HF directory of `family` written by our exporter, with tokenizer files."""
+  cfg = modeling.tiny(family, vocab_size=256 if family == 't5' else 300)
+  hf.save_hf(str(path), cfg, modeling.init(cfg))
+  if family == 'gpt':
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXT, vocab_size=300, min_frequency=1,
+                            special_tokens=['<|endoftext|>'])
+    bpe.save_model(str(path))
+  else:
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXT), model_prefix=str(path / 'spiece'), vocab_size=40,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
+  return str(path)
+
+
+def same_params(a, b):
+  fa, fb = weights.flatten(a), weights.flatten(b)
+  return sorted(fa) == sorted(fb) and all(np.array_equal(fa[k], np.asarray(fb[k])) for k in fa)
+
+
+@pytest.mark.parametrize('family', ['gpt', 't5'])
+def test_import_then_export_through_a_workdir(tmp_path, family):
+  from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  src = hf_dir_with_tokenizer(tmp_path / 'hf', family)
+  cfg, params, tokenizer = hf.load_hf(src)
+  work = str(tmp_path / 'work')
+  summary = workdir_lib.import_hf(src, work)
+  assert summary['family'] == family and summary['params'] == modeling_count(params)
+
+  config, restored, step = checkpoint.restore_params(work)
+  assert step == 0
+  assert ModelConfig.from_config(config.model) == cfg
+  assert same_params(params, restored)
+  assert os.path.isdir(os.path.join(work, 'hf_tokenizer'))
+  if family == 't5':  # the project's sentencepiece Tokenizer reads the copied model
+    assert config.data.tokenizer == os.path.join(work, 'tokenizer.model')
+    assert os.path.isfile(config.data.tokenizer)
+
+  out = str(tmp_path / 'export')
+  result = workdir_lib.export_hf(work, out)
+  assert result['step'] == 0
+  files = sorted(os.listdir(out))
+  assert 'model.safetensors' in files and 'config.json' in files
+  assert ('spiece.model' if family == 't5' else 'merges.txt') in files
+  cfg2, params2, tokenizer2 = hf.load_hf(out)
+  assert cfg2 == cfg and same_params(params, params2)
+  assert tokenizer2.encode('the lazy dogs') == tokenizer.encode('the lazy dogs')
+  assert (tokenizer2.pad_id, tokenizer2.eos_id) == (tokenizer.pad_id, tokenizer.eos_id)
+
+
+def modeling_count(params) -> int:
+  return sum(int(np.size(v)) for v in weights.flatten(params).values())
+
+
+def test_train_flags_rebuild_the_imported_model(tmp_path):
+  """The printed scripts/train.py flags applied to the base config give the imported model."""
+  src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
+  summary = workdir_lib.import_hf(src, str(tmp_path / 'work'))
+  from configs import gpt2_small  # pylint: disable=g-import-not-at-top
+  config = gpt2_small.get_config()
+  for flag in summary['train_flags']:
+    key, value = flag.removeprefix('--config.').split('=')
+    section, name = key.split('.')
+    config[section][name] = type(config[section][name])(value)
+  assert ModelConfig.from_config(config.model) == hf.load_hf(src)[0]
+
+
+def test_import_is_all_or_nothing(tmp_path):
+  src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
+  (tmp_path / 'taken').mkdir()
+  (tmp_path / 'taken' / 'notes.txt').write_text('mine')
+  with pytest.raises(FileExistsError, match='taken'):
+    workdir_lib.import_hf(src, str(tmp_path / 'taken'))
+  assert os.listdir(tmp_path / 'taken') == ['notes.txt']
+  with pytest.raises(FileNotFoundError, match='config.json not found'):
+    workdir_lib.import_hf(str(tmp_path / 'taken'), str(tmp_path / 'w'))
+  # a failure after writing has begun (here: a checkpoint write error) removes everything
+  from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+
+  def broken(*a, **k):
+    raise OSError('disk full')
+  original = checkpoint.Checkpointer.save
+  checkpoint.Checkpointer.save = broken
+  try:
+    with pytest.raises(OSError, match='disk full'):
+      workdir_lib.import_hf(src, str(tmp_path / 'w'))
+  finally:
+    checkpoint.Checkpointer.save = original
+  assert sorted(os.listdir(tmp_path)) == ['hf', 'taken']
+
+
+def test_cli_import_scan_layers_and_export(tmp_path):
+  cfg = modeling.tiny('bert', nsp=True)
+  params = modeling.init(cfg)
+  src = hf.save_hf(str(tmp_path / 'hf'), cfg, params)
+  run = lambda *args: subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'scripts', 'convert_hf.py'), *args],
+      capture_output=True, text=True, check=False, cwd=ROOT)
+  done = run('import', f'--hf_dir={src}', f'--workdir={tmp_path / "work"}', '--scan_layers')
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert json.loads(done.stdout.strip().splitlines()[-1])['family'] == 'bert'
+  with open(tmp_path / 'work' / 'config.json') as f:
+    assert json.load(f)['model']['scan_layers'] is True
+  done = run('export', f'--workdir={tmp_path / "work"}', f'--hf_dir={tmp_path / "out"}')
+  assert done.returncode == 0, done.stderr[-2000:]
+  cfg2, params2, _ = hf.load_hf(str(tmp_path / 'out'))
+  assert cfg2 == cfg and same_params(params, params2)
+  done = run('frobnicate', f'--workdir={tmp_path}', f'--hf_dir={tmp_path}')
+  assert done.returncode != 0 and 'import or export' in done.stderr
