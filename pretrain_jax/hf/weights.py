@@ -12,7 +12,7 @@ fused c_attn (E, 3E) is q|k|v along the output axis.
 """
 import dataclasses
 import re
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
