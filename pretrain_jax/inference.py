@@ -1,0 +1,85 @@
+"""Text in, text out, for any loaded checkpoint: GPT continuation, T5 span filling, BERT fill-mask."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pretrain_jax import generate
+
+MASK_TEXT = '[MASK]'
+
+
+def _left_pad(rows, pad_id):
+  width = max(len(r) for r in rows)
+  ids = np.full((len(rows), width), pad_id, np.int32)
+  seg = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, width - len(r):], seg[i, width - len(r):] = r, 1
+  return ids, seg
+
+
+def _right_pad(rows, pad_id):
+  width = max(len(r) for r in rows)
+  ids = np.full((len(rows), width), pad_id, np.int32)
+  seg = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)], seg[i, :len(r)] = r, 1
+  return ids, seg
+
+
+def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
+                  seed=0) -> list:
+  """GPT: continue each prompt. T5: fill the <extra_id_N> spans of each input.
+
+  Returns one dict per prompt: prompt, ids (the new tokens, up to EOS) and text.
+  """
+  tok, cfg = model.tokenizer, model.model_config
+  rows = [tok.encode(p) for p in prompts]
+  if any(not r for r in rows):
+    raise ValueError(f'a prompt tokenizes to nothing: {prompts!r}')
+  kw = dict(max_new_tokens=max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+            temperature=temperature, top_k=top_k, top_p=top_p)
+  rng = jax.random.key(seed)
+  if cfg.family == 'gpt':
+    ids, seg = _left_pad(rows, tok.pad_id)
+    out = generate.gpt_generate(model.params, cfg, ids, seg, rng, **kw)
+  elif cfg.family == 't5':
+    ids, seg = _right_pad([r + [tok.eos_id] for r in rows], tok.pad_id)
+    out = generate.t5_generate(model.params, cfg, ids, seg, rng, **kw)
+  else:
+    raise ValueError(f'generation needs a gpt or t5 model; this one is {cfg.family!r} '
+                     '(use fill_mask for BERT)')
+  results = []
+  for prompt, row in zip(prompts, np.asarray(out)):
+    new = [int(t) for t in row]
+    if tok.eos_id in new:
+      new = new[:new.index(tok.eos_id)]
+    results.append({'prompt': prompt, 'ids': new, 'text': tok.decode(new)})
+  return results
+
+
+def fill_mask(model, text: str, top_k: int = 5) -> list:
+  """BERT: top-k (token, probability) for each [MASK] in `text`, left to right."""
+  if model.family != 'bert':
+    raise ValueError(f'fill_mask needs a BERT model; this one is {model.family!r}')
+  tok = model.tokenizer
+  pieces = text.split(MASK_TEXT)
+  if len(pieces) < 2:
+    raise ValueError(f'{text!r} has no {MASK_TEXT}')
+  ids = [tok.cls_id]
+  for i, piece in enumerate(pieces):
+    if piece.strip():
+      ids += tok.encode(piece.strip())
+    if i < len(pieces) - 1:
+      ids.append(tok.mask_id)
+  ids.append(tok.sep_id)
+  if len(ids) > model.model_config.max_len:
+    raise ValueError(f'{len(ids)} tokens; the model holds at most {model.model_config.max_len}')
+  logits = model(np.array([ids], np.int32)).logits[0]                     # (T, V)
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  out = []
+  for position in [i for i, t in enumerate(ids) if t == tok.mask_id]:
+    p, idx = jax.lax.top_k(probs[position], top_k)
+    out.append({'position': position,
+                'candidates': [{'token': tok.id_to_piece(int(i)), 'id': int(i),
+                                'probability': float(q)} for q, i in zip(p, idx)]})
+  return out

@@ -1,0 +1,48 @@
+"""Evaluate a checkpoint on a split: GPT perplexity, BERT MLM top-1/top-5, T5 span loss.
+
+  python scripts/evaluate.py --workdir runs/tiny/gpt [--files 'my/*.jsonl'] [--split validation]
+                             [--random_init] [--batches 20] [--step 300]
+
+The masking / span noise uses the config's fixed data seed, so two runs print the same numbers.
+Ends with one JSON line of metrics.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+
+from pretrain_jax import data, evaluation
+from pretrain_jax.pretrained import load_pretrained
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (or checkpoint dir)',
+                               required=True)
+_FILES = flags.DEFINE_string('files', '', 'evaluate on these C4-format files instead')
+_SPLIT = flags.DEFINE_string('split', '', 'split to read (default: config.data.eval_split)')
+_RANDOM = flags.DEFINE_bool('random_init', False, 'evaluate the untrained architecture')
+_BATCHES = flags.DEFINE_integer('batches', 20, 'batches to evaluate (0 = the whole split)')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: train batch)')
+_STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)')
+
+
+def main(argv):
+  del argv
+  model = load_pretrained(_WORKDIR.value, _STEP.value)
+  config = model.config
+  if _FILES.value:
+    config.data.update(files=_FILES.value, tfds_name='')
+  split = _SPLIT.value or config.data.eval_split
+  batches = data.make_dataset(config.data, model.tokenizer, split=split,
+                              batch_size=_BATCH_SIZE.value or config.train.batch_size,
+                              repeat=False, model_max_len=model.model_config.max_len)
+  params = (evaluation.random_init_params(model.model_config, config.train.seed)
+            if _RANDOM.value else model.params)
+  metrics = evaluation.evaluate(model.model_config, params, batches, _BATCHES.value)
+  print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': model.step,
+                    'split': split, 'random_init': _RANDOM.value, **metrics}))
+
+
+if __name__ == '__main__':
+  app.run(main)

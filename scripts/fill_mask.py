@@ -1,0 +1,37 @@
+"""BERT fill-mask: top-k tokens with probabilities for each [MASK] in a sentence.
+
+  python scripts/fill_mask.py --workdir runs/tiny/bert --text 'The [MASK] of a list.' [--top_k 5]
+
+Ends with one JSON line.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+
+from pretrain_jax import inference
+from pretrain_jax.pretrained import load_pretrained
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'BERT workdir, checkpoint or HF directory',
+                               required=True)
+_TEXT = flags.DEFINE_string('text', None, 'sentence with one or more [MASK]', required=True)
+_TOP_K = flags.DEFINE_integer('top_k', 5, 'candidates per mask')
+
+
+def main(argv):
+  del argv
+  if _TOP_K.value < 1:
+    raise app.UsageError(f'--top_k={_TOP_K.value}; expected >= 1')
+  model = load_pretrained(_WORKDIR.value)
+  masks = inference.fill_mask(model, _TEXT.value, _TOP_K.value)
+  for m in masks:
+    print(f"[MASK]@{m['position']}: " + ', '.join(
+        f"{c['token']} {c['probability']:.3f}" for c in m['candidates']), file=sys.stderr)
+  print(json.dumps({'text': _TEXT.value, 'step': model.step, 'masks': masks}))
+
+
+if __name__ == '__main__':
+  app.run(main)

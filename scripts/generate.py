@@ -1,0 +1,49 @@
+"""Generate from a GPT (continuation) or T5 (span filling) checkpoint, with the KV cache.
+
+  python scripts/generate.py --workdir runs/tiny/gpt --prompt 'The list' --prompt 'A module'
+  python scripts/generate.py --workdir runs/tiny/t5 --prompt 'The <extra_id_0> of a list.'
+      [--max_new_tokens 32] [--temperature 0.8] [--top_k 40] [--top_p 0.95] [--seed 0]
+
+Greedy by default (temperature 0); the seed makes sampling reproducible. Stops at EOS or
+max_new_tokens. Ends with one JSON line.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+
+from pretrain_jax import inference
+from pretrain_jax.pretrained import load_pretrained
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir, checkpoint or HF directory',
+                               required=True)
+_PROMPT = flags.DEFINE_multi_string('prompt', None, 'prompt (repeat for a batch)', required=True)
+_MAX = flags.DEFINE_integer('max_new_tokens', 32, 'tokens to generate at most')
+_TEMPERATURE = flags.DEFINE_float('temperature', 0.0, '0 = greedy')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'sample from the k most likely tokens (0 = all)')
+_TOP_P = flags.DEFINE_float('top_p', 1.0, 'nucleus sampling mass (1 = all)')
+_SEED = flags.DEFINE_integer('seed', 0, 'sampling seed')
+
+
+def main(argv):
+  del argv
+  for name, value, ok in (('max_new_tokens', _MAX.value, _MAX.value > 0),
+                          ('temperature', _TEMPERATURE.value, _TEMPERATURE.value >= 0),
+                          ('top_k', _TOP_K.value, _TOP_K.value >= 0),
+                          ('top_p', _TOP_P.value, 0 < _TOP_P.value <= 1)):
+    if not ok:
+      raise app.UsageError(f'--{name}={value} is out of range')
+  model = load_pretrained(_WORKDIR.value)
+  results = inference.generate_text(model, _PROMPT.value, max_new_tokens=_MAX.value,
+                                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+                                    top_p=_TOP_P.value, seed=_SEED.value)
+  for r in results:
+    print(f"{r['prompt']!r} -> {r['text']!r}", file=sys.stderr)
+  print(json.dumps({'family': model.family, 'step': model.step, 'results': results}))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,153 @@
+"""Using checkpoints: load_pretrained, evaluate (deterministic, CLI), generate, fill_mask."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import pretrain_jax
+from configs import tiny_bert, tiny_gpt, tiny_t5
+from pretrain_jax import data, evaluation, inference
+from pretrain_jax.objectives import mlm
+from pretrain_jax.training import loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _small(config, steps=6):
+  config.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                      max_len=64)
+  config.data.seq_len = 64
+  config.train.update(batch_size=4, steps=steps, warmup_steps=1, log_every=steps,
+                      eval_every=steps, eval_batches=1, checkpoint_every=steps)
+  return config
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('cache'))
+  old = os.environ.get('PRETRAIN_JAX_CACHE')
+  os.environ['PRETRAIN_JAX_CACHE'] = path
+  yield path
+  if old is None:
+    del os.environ['PRETRAIN_JAX_CACHE']
+  else:
+    os.environ['PRETRAIN_JAX_CACHE'] = old
+
+
+@pytest.fixture(scope='module')
+def gpt_workdir(cache, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('gpt'))
+  loop.train_and_evaluate(_small(tiny_gpt.get_config()), workdir)
+  return workdir
+
+
+def _logged_eval_loss(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  return [r for r in rows if r['split'] == 'eval'][-1]['loss']
+
+
+def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_workdir):
+  model = pretrain_jax.load_pretrained(gpt_workdir)
+  assert model.family == 'gpt' and model.step == 6
+  batches = lambda: data.make_dataset(model.config.data, model.tokenizer,
+                                      split=model.config.data.eval_split,
+                                      batch_size=model.config.train.batch_size, repeat=False)
+  metrics = evaluation.evaluate(model.model_config, model.params, batches(), max_batches=1)
+  assert metrics['loss'] == pytest.approx(_logged_eval_loss(gpt_workdir), abs=1e-5)
+  # The call API gives the same loss from logits.
+  batch = next(batches())
+  logits = np.asarray(model(batch['inputs'], attention_mask=batch['segment_ids'] > 0),
+                      np.float64)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                            keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  nll = -np.take_along_axis(logp, batch['targets'][..., None], -1)[..., 0]
+  w = batch['loss_weights']
+  assert float((nll * w).sum() / w.sum()) == pytest.approx(metrics['loss'], abs=1e-4)
+  # The CLI prints the same numbers, twice.
+  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', gpt_workdir,
+         '--batches', '1']
+  runs = [json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                    env=dict(os.environ)).stdout.strip().splitlines()[-1])
+          for _ in range(2)]
+  assert runs[0] == runs[1]
+  assert runs[0]['loss'] == pytest.approx(metrics['loss'], abs=1e-6)
+
+
+def test_random_init_scores_near_chance(gpt_workdir):
+  model = pretrain_jax.load_pretrained(gpt_workdir)
+  params = evaluation.random_init_params(model.model_config, seed=3)
+  batches = data.make_dataset(model.config.data, model.tokenizer, split='validation',
+                              batch_size=4, repeat=False)
+  metrics = evaluation.evaluate(model.model_config, params, batches, max_batches=2)
+  vocab = model.model_config.vocab_size
+  assert abs(metrics['loss'] - np.log(vocab)) < 0.1       # uniform guessing: log V nats
+  assert metrics['accuracy'] < 10 / vocab
+
+
+def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
+  model = pretrain_jax.load_pretrained(gpt_workdir)
+  out = inference.generate_text(model, ['The list', 'A module is'], max_new_tokens=5)
+  assert [r['prompt'] for r in out] == ['The list', 'A module is']
+  assert all(len(r['ids']) <= 5 for r in out)
+  again = inference.generate_text(model, ['The list', 'A module is'], max_new_tokens=5)
+  assert out == again
+  t5_dir = str(tmp_path / 't5')
+  loop.train_and_evaluate(_small(tiny_t5.get_config(), steps=2), t5_dir)
+  t5 = pretrain_jax.load_pretrained(t5_dir)
+  filled = inference.generate_text(t5, ['The <extra_id_0> of a list.'], max_new_tokens=4)
+  assert len(filled[0]['ids']) <= 4
+  with pytest.raises(ValueError, match='fill_mask'):
+    inference.fill_mask(t5, 'a [MASK]')
+
+
+def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
+  config = _small(tiny_bert.get_config(), steps=2)
+  workdir = str(tmp_path / 'bert')
+  loop.train_and_evaluate(config, workdir)
+  model = pretrain_jax.load_pretrained(workdir)
+  tok = model.tokenizer
+  sentence = 'the function returns a new list of strings'
+  ids = np.array([[tok.cls_id] + tok.encode(sentence) + [tok.sep_id]] * 32, np.int32)
+  # Overfit with the real train step: MLM corruption of the one sentence, 150 steps.
+  from pretrain_jax.models import build  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import task  # pylint: disable=g-import-not-at-top
+  cfg = model.model_config
+  train_model = build(cfg.replace(dropout_rate=0.0, attention_dropout_rate=0.0,
+                                  deterministic=True))
+  tx = optax.adam(3e-3)
+  params, opt = model.params, tx.init(model.params)
+  rng = np.random.default_rng(0)
+  selectable = np.ones(ids.shape, bool)
+  selectable[:, 0] = selectable[:, -1] = False
+
+  @jax.jit
+  def step(params, opt, batch):
+    def loss(p):
+      sums = task.loss_sums(train_model, p, batch)
+      return task.total_loss(sums, task.denominators('bert', batch))
+    grads = jax.grad(loss)(params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt
+
+  for _ in range(150):
+    b = mlm.mask_tokens(ids, rng, selectable=selectable, random_ids=np.arange(10, 2000),
+                        mask_id=tok.mask_id, probability=0.3)
+    batch = {'inputs': b['inputs'], 'targets': b['targets'], 'loss_weights': b['loss_weights'],
+             'segment_ids': np.ones(ids.shape, np.int32)}
+    params, opt = step(params, opt, batch)
+  model.params = params
+  word_ids = tok.encode('list')
+  assert len(word_ids) == 1, 'the test needs a one-piece word'
+  out = inference.fill_mask(model, 'the function returns a new [MASK] of strings', top_k=3)
+  assert len(out) == 1
+  assert out[0]['candidates'][0]['id'] == word_ids[0]
+  assert out[0]['candidates'][0]['probability'] > 0.5
+  with pytest.raises(ValueError, match=r'has no \[MASK\]'):
+    inference.fill_mask(model, 'no mask here')
