@@ -15,8 +15,9 @@ Init = nn.initializers
 
 
 def param_init(cfg: ModelConfig, fan_in: Optional[int] = None, scale: float = 1.0):
-  """Kernel init: BERT/GPT normal(0.02); T5 normal(1/sqrt(fan_in)) as in Mesh TensorFlow."""
-  if cfg.family == 't5' and fan_in is not None:
+  """Kernel init: normal(0.02) (BERT/GPT-2) or normal(1/sqrt(fan_in)) (T5 always, as in Mesh
+  TensorFlow; others with kernel_init='fan_in'). `scale` shrinks residual-output layers."""
+  if fan_in is not None and (cfg.family == 't5' or cfg.kernel_init == 'fan_in'):
     return Init.normal(scale * fan_in ** -0.5)
   return Init.normal(0.02 * scale)
 
@@ -115,7 +116,8 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_q, x_kv, mask, bias=None, decode_index=None):  # (B, T, E), (B, S, E)
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.head_dim)
-    q_init = param_init(cfg, cfg.emb_dim * cfg.head_dim)  # T5: query init folds in 1/sqrt(H)
+    # T5 has no 1/sqrt(H) logit scale: its query init folds it in.
+    q_init = param_init(cfg, cfg.emb_dim * (cfg.head_dim if cfg.family == 't5' else 1))
     kv_init = param_init(cfg, cfg.emb_dim)
     q = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'query', init=q_init)(x_q)   # (B, T, N, H)
     k = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'key', init=kv_init)(x_kv)   # (B, S, N, H)

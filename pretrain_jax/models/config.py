@@ -8,6 +8,7 @@ FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative')
 REMAT_POLICIES = ('none', 'minimal', 'full')
+KERNEL_INITS = ('normal', 'fan_in')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
@@ -27,6 +28,7 @@ class ModelConfig:
   attention_impl: str = 'reference'      # see pretrain_jax.attention.IMPLEMENTATIONS
   activation: str = 'gelu'
   position_embedding: str = 'learned'
+  kernel_init: str = 'normal'            # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in': N(0, 1/fan_in)
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-12
@@ -48,6 +50,8 @@ class ModelConfig:
     check(self.activation in ACTIVATIONS, 'activation', self.activation, f'one of {ACTIVATIONS}')
     check(self.position_embedding in POSITION_EMBEDDINGS, 'position_embedding',
           self.position_embedding, f'one of {POSITION_EMBEDDINGS}')
+    check(self.kernel_init in KERNEL_INITS, 'kernel_init', self.kernel_init,
+          f'one of {KERNEL_INITS}')
     check(self.remat in REMAT_POLICIES, 'remat', self.remat, f'one of {REMAT_POLICIES}')
     for name in ('vocab_size', 'num_layers', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
                  'max_len'):
