@@ -1,6 +1,6 @@
 """Throughput of the input pipeline alone (no model), one JSON line per objective.
 
-  python scripts/benchmark_data.py [--seq_len 128 --batch_size 16 --batches 300]
+  python scripts/benchmark_data.py [--seq_len 128 --batch_size 16 --batches 1000]
       [--files 'data/*.jsonl' | --tfds_name c4/en:3.0.1 --tfds_data_dir gs://...]
       [--tokenizer path.model] [--objectives clm,mlm,nsp,span_corruption]
 
@@ -21,7 +21,7 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--seq_len', type=int, default=128)
   p.add_argument('--batch_size', type=int, default=16, help='rows per host')
-  p.add_argument('--batches', type=int, default=300, help='timed batches per objective')
+  p.add_argument('--batches', type=int, default=1000, help='timed batches per objective')
   p.add_argument('--warmup', type=int, default=20)
   p.add_argument('--objectives', default='clm,mlm,nsp,span_corruption')
   p.add_argument('--files', default='')

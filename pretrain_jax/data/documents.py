@@ -10,6 +10,7 @@ and logged. An epoch that starts at its beginning and yields no token is an erro
 repeating pipeline would spin forever).
 """
 import collections
+import functools
 import itertools
 import logging
 
@@ -20,6 +21,8 @@ from pretrain_jax.data import sources
 
 log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
+CHAIN_BELOW_DOCS = 100_000  # host shares smaller than this chain epochs in one pipeline...
+MAX_CHAINED_EPOCHS = 16     # ...up to this many
 
 
 def _encoder(tokenizer):
@@ -43,7 +46,13 @@ def _encoder(tokenizer):
 
 
 class DocumentStream:
-  """Iterates (epoch, doc, tokens) over one host's share of a split, epoch after epoch."""
+  """Iterates (epoch, doc, tokens) over one host's share of a split, epoch after epoch.
+
+  A small share (the embedded corpus, a validation split) is read as several epochs chained in
+  ONE tf.data pipeline, so TensorFlow prefetches across epoch boundaries instead of the stream
+  stalling on every epoch's start-up (file open, shuffle-buffer fill); each epoch keeps its
+  own seeds, so the documents are the same either way.
+  """
 
   def __init__(self, source, split: str, tokenizer, *, process_index: int, process_count: int,
                seed: int, shuffle_buffer: int, num_parallel_calls: int, repeat: bool, stats):
@@ -53,52 +62,67 @@ class DocumentStream:
     self.encode = _encoder(tokenizer)
     self.parallel = tf.data.AUTOTUNE if num_parallel_calls in (-1, None) else num_parallel_calls
     source.check_split(split)
+    share = source.num_examples(split) // process_count
+    self.chain = max(1, min(MAX_CHAINED_EPOCHS, CHAIN_BELOW_DOCS // max(share, 1))) \
+        if repeat else 1
 
-  def _epoch(self, epoch: int, skip: int, stats=None):
-    stats = self.stats if stats is None else stats
-    ds = sources.text_dataset(self.source, self.split, epoch=epoch, skip=skip, **self.kwargs)
-    ds = ds.batch(DOCS_PER_CALL).map(
-        lambda t: tf.numpy_function(self.encode, [t], (tf.int32, tf.int32, tf.int32),
-                                    stateful=False),
-        num_parallel_calls=self.parallel, deterministic=True).prefetch(tf.data.AUTOTUNE)
-    doc = skip
-    for flat, lengths, status in ds.as_numpy_iterator():
+  def _pipeline(self, epochs: list, skip: int) -> tf.data.Dataset:
+    """(epoch, flat ids, lengths, status) per DOCS_PER_CALL documents of `epochs` in order."""
+    parts = []
+    for i, epoch in enumerate(epochs):
+      ds = sources.text_dataset(self.source, self.split, epoch=epoch, skip=skip if i == 0 else 0,
+                                **self.kwargs)
+      ds = ds.batch(DOCS_PER_CALL).map(
+          lambda t, e=epoch: (e, *tf.numpy_function(self.encode, [t],
+                                                    (tf.int32, tf.int32, tf.int32),
+                                                    stateful=False)),
+          num_parallel_calls=self.parallel, deterministic=True)
+      parts.append(ds)
+    return functools.reduce(lambda a, b: a.concatenate(b), parts).prefetch(tf.data.AUTOTUNE)
+
+  def _read(self, epochs: list, skip: int, stats, produced: dict):
+    doc, current = skip, epochs[0]
+    for epoch, flat, lengths, status in self._pipeline(epochs, skip).as_numpy_iterator():
+      if epoch != current:
+        doc, current = 0, epoch
       ends = np.cumsum(lengths)
       for tokens, length, bad in zip(np.split(flat, ends[:-1]), lengths, status):
         if bad:
+          produced[epoch, 'invalid'] += 1
           stats['skipped_invalid_utf8'] += 1
           if stats['skipped_invalid_utf8'] <= 3:
             log.warning('%s: skipping document %d of epoch %d: invalid UTF-8',
                         self.source.description, doc, epoch)
         elif length == 0:
+          produced[epoch, 'empty'] += 1
           stats['skipped_empty'] += 1
           if stats['skipped_empty'] <= 3:
             log.warning('%s: skipping document %d of epoch %d: it tokenizes to nothing',
                         self.source.description, doc, epoch)
         else:
           stats['documents'] += 1
-          yield doc, tokens
+          produced[epoch, 'documents'] += 1
+          yield int(epoch), doc, tokens
         doc += 1
 
   def documents(self, epoch: int = 0, doc: int = 0):
     """(epoch, doc, tokens (n,) int32) from position (epoch, doc) on."""
     while True:
-      produced = 0
-      for d, tokens in self._epoch(epoch, doc):
-        produced += 1
-        yield epoch, d, tokens
-      if produced == 0 and doc == 0:
-        raise ValueError(
-            f'split {self.split!r} of {self.source.description} (host share '
-            f'{self.kwargs["process_index"]}/{self.kwargs["process_count"]}) has no document '
-            f'with any token: skipped {self.stats["skipped_empty"]} that tokenize to nothing, '
-            f'{self.stats["skipped_invalid_utf8"]} with invalid UTF-8')
+      epochs, produced = list(range(epoch, epoch + self.chain)), collections.Counter()
+      yield from self._read(epochs, doc, self.stats, produced)
+      for e in epochs:
+        if not produced[e, 'documents'] and (e > epoch or doc == 0):
+          raise ValueError(
+              f'split {self.split!r} of {self.source.description} (host share '
+              f'{self.kwargs["process_index"]}/{self.kwargs["process_count"]}) has no document '
+              f'with any token: skipped {produced[e, "empty"]} that tokenize to nothing, '
+              f'{produced[e, "invalid"]} with invalid UTF-8')
       if not self.repeat:
         return
-      epoch, doc = epoch + 1, 0
+      epoch, doc = epoch + self.chain, 0
 
   def first_document(self, epoch: int):
     """(doc, tokens) of the first non-empty document of `epoch` (NSP: the last one's partner)."""
-    for doc, tokens in self._epoch(epoch, 0, stats=collections.Counter()):
+    for _, doc, tokens in self._read([epoch], 0, collections.Counter(), collections.Counter()):
       return doc, tokens
     return None, None
