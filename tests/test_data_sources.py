@@ -90,6 +90,8 @@ def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache):
   assert e0 == texts(sources.text_dataset(source, 'train', seed=5, epoch=0))
   assert e0 != texts(sources.text_dataset(source, 'train', seed=5, epoch=1))
   assert texts(sources.text_dataset(source, 'train', seed=5, epoch=0, skip=7)) == e0[7:]
+  half = texts(sources.text_dataset(source, 'train[:50%]'))  # tfds slices work as splits
+  assert len(half) == len(train) // 2 and set(half) <= set(train)
   with pytest.raises(ValueError, match="no split 'test'"):
     sources.text_dataset(source, 'test')
 

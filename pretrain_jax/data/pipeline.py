@@ -8,8 +8,14 @@ Determinism and resume: everything above is a pure function of (seed, epoch, pos
 state is tiny: the stream position (epoch, doc, token offset) of the first token not yet in a
 consumed batch plus the number of batches consumed (which seeds MLM masking). Restoring skips
 `doc` documents as STRINGS, before tokenization, and `offset` tokens of the first document; no
-earlier batch is rebuilt. A resumed iterator yields exactly the batches an uninterrupted one
-would.
+earlier batch is rebuilt. The skip still reads those records and refills the shuffle buffer
+(tf.data cannot seek into a shuffled stream), so resuming deep into a large epoch costs reading,
+not tokenizing, that many documents. A resumed iterator yields exactly the batches an
+uninterrupted one would.
+
+BERT rows without NSP are packed documents, each piece wrapped as [CLS] ... [SEP] (token type
+0); with NSP each row is one [CLS] A [SEP] B [SEP] pair. CLM and T5 conventions: see
+objectives/clm.py and objectives/span_corruption.py.
 """
 import atexit
 import collections
@@ -220,6 +226,8 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
     raise ValueError(f'batch_size={batch_size!r}; expected a positive integer')
   lengths = check_lengths(data_config, tokenizer, model_max_len)
   seed = data_config.seed if seed is None else seed
+  if not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f'data seed={seed!r}; expected a non-negative integer')
   source = sources.open_source(data_config)
   source.check_split(split)
   salt = (zlib.crc32(split.encode()), process_index)

@@ -35,14 +35,15 @@ class Source:
     self.fingerprint, self.description = fingerprint, description
 
   def num_examples(self, split: str) -> int:
+    """Documents in `split`, which may be a tfds slice such as 'train[:90%]'."""
     return self.builder.info.splits[split].num_examples
 
   def check_split(self, split: str) -> None:
     splits = self.builder.info.splits
-    if split not in splits:
+    if split.split('[')[0] not in splits:
       raise ValueError(f'{self.description} has no split {split!r}; available: '
                        f'{sorted(splits.keys()) or "none (is the dataset prepared?)"}')
-    if splits[split].num_examples == 0:
+    if self.num_examples(split) == 0:
       raise ValueError(f'split {split!r} of {self.description} has no documents; with local '
                        'files add documents or raise config.data.validation_fraction')
 
