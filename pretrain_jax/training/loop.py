@@ -39,7 +39,7 @@ def open_datasets(config, datasets=None):
     tokenizer_path = getattr(tokenizer, 'path', '') or config.data.tokenizer
   host_batch = config.train.batch_size // jax.process_count()
   kw = dict(batch_size=host_batch, process_index=jax.process_index(),
-            process_count=jax.process_count(), repeat=True)
+            process_count=jax.process_count(), repeat=True, model_max_len=config.model.max_len)
   return (datasets(split=config.data.train_split, **kw),
           datasets(split=config.data.eval_split, **kw), tokenizer_path)
 

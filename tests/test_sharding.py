@@ -1,0 +1,159 @@
+"""Meshes on 8 simulated CPU devices give the single-device results (fp32, 3 steps).
+
+XLA_FLAGS must be set before jax is imported, so the checks run in one subprocess (this file,
+run as a script) and the tests below assert on the JSON it prints.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MESHES = {'data': dict(data=8, fsdp=1, tensor=1), 'fsdp': dict(data=1, fsdp=8, tensor=1),
+          'tensor': dict(data=2, fsdp=1, tensor=4), 'mixed': dict(data=2, fsdp=2, tensor=2)}
+
+
+@pytest.fixture(scope='module')
+def report():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
+  proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize('case', ['gpt/data', 'gpt/fsdp', 'gpt/tensor', 'gpt/mixed/micro2',
+                                  'bert/mixed', 't5/mixed'])
+def test_mesh_matches_one_device(report, case):
+  got, single = report['runs'][case], report['runs'][case.split('/')[0] + '/single']
+  assert got['devices'] == 8
+  for a, b in zip(got['losses'], single['losses']):
+    assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got['losses'], single['losses'])
+  assert got['max_param_diff'] <= 1e-5
+
+
+def test_state_is_created_sharded(report):
+  specs = report['specs']
+  assert specs['wte'] == ['tensor', 'fsdp']             # (vocab, embed)
+  assert specs['mlp_wi'] == ['fsdp', 'tensor']          # (embed, mlp)
+  assert specs['adam_mu_wte'] == ['tensor', 'fsdp']     # optimizer state follows its parameter
+  assert report['shard_shape_wte'] == [64, 16]          # 128/2 x 32/2 per device
+
+
+def test_checkpoint_restores_onto_another_mesh(report):
+  moved = report['moved']
+  assert moved['params_equal'] and moved['opt_state_equal']
+  assert moved['restored_spec'] == ['tensor', 'fsdp']
+  assert abs(moved['next_loss_moved'] - moved['next_loss_original']) <= 1e-5
+
+
+@pytest.mark.parametrize('key,expected', [
+    ('batch', 'train.batch_size=6 / train.microbatches=1 = 6 sequences per microbatch is not '
+              'divisible by the data-parallel mesh axes data*fsdp=8'),
+    ('heads', 'model.num_heads=4 is not divisible by mesh.tensor=8'),
+    ('mesh', 'expected the 8 available'),
+])
+def test_bad_configs_fail_before_compiling(report, key, expected):
+  assert expected in report['errors'][key]
+
+
+def _worker():
+  """Runs in the 8-device subprocess; prints one JSON line."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import jax
+  import ml_collections
+  import numpy as np
+  from pretrain_jax.models import ModelConfig, build
+  from pretrain_jax.training import checkpoint, mesh as mesh_lib, state as state_lib
+  from pretrain_jax.training import optimizer as opt_lib
+  from test_train import batches, setup, tiny_config
+  assert jax.device_count() == 8, jax.devices()
+
+  def run(family, mesh, microbatches=1):
+    config = tiny_config(family, microbatches=microbatches,
+                         optimizer='adafactor' if family == 't5' else 'adamw')
+    config.model.update(nsp=family == 'bert', num_layers=1)
+    config.mesh.update(mesh or {})
+    state, step, _ = setup(config, jax.devices() if mesh else jax.devices()[:1])
+    losses = []
+    for batch in batches(config, 3):
+      state, metrics = step(state, batch)
+      losses.append(float(metrics['loss']))
+    return state, losses
+
+  out = {'runs': {}}
+  cases = [('gpt', 'single', None, 1), ('gpt', 'data', MESHES['data'], 1),
+           ('gpt', 'fsdp', MESHES['fsdp'], 1), ('gpt', 'tensor', MESHES['tensor'], 1),
+           ('gpt', 'mixed/micro2', MESHES['mixed'], 2), ('bert', 'single', None, 1),
+      ('bert', 'mixed', MESHES['mixed'], 1), ('t5', 'single', None, 1),
+      ('t5', 'mixed', MESHES['mixed'], 1)]
+  singles = {}
+  for family, name, mesh, micro in cases:
+    state, losses = run(family, mesh, micro)
+    params = jax.device_get(state.params)
+    if name == 'single':
+      singles[family] = params
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(
+        jax.tree.leaves(params), jax.tree.leaves(singles[family])))
+    devices = len(jax.tree.leaves(state.params)[0].sharding.device_set)
+    out['runs'][f'{family}/{name}'] = {'losses': losses, 'max_param_diff': diff,
+                                       'devices': devices}
+    if family == 'gpt' and name == 'mixed/micro2':
+      mu = state.opt_state[1][0].mu
+      out['specs'] = {'wte': list(state.params['wte']['embedding'].sharding.spec),
+                      'mlp_wi': list(state.params['h_0']['mlp']['wi']['kernel'].sharding.spec),
+                      'adam_mu_wte': list(mu['wte']['embedding'].sharding.spec)}
+      out['shard_shape_wte'] = list(
+          state.params['wte']['embedding'].addressable_shards[0].data.shape)
+    if family == 'gpt' and name == 'data':
+      saved = state
+
+  # A checkpoint saved on the data=8 mesh restores onto data=2, fsdp=2, tensor=2.
+  workdir = tempfile.mkdtemp()
+  ckpt = checkpoint.Checkpointer(workdir, async_save=False)
+  ckpt.save(3, saved, {'index': 3})
+  ckpt.wait()
+  config = tiny_config('gpt')
+  config.model.num_layers = 1
+  config.mesh.update(MESHES['mixed'])
+  mesh = mesh_lib.make_mesh(config.mesh)
+  cfg = ModelConfig.from_config(config.model)
+  tx = opt_lib.make_optimizer(config.train)
+  abstract, _ = state_lib.abstract_state(build(cfg), tx, mesh, state_lib.init_batch('gpt', 16))
+  restored, data_state = ckpt.restore(abstract)
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(
+      jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))))
+  _, step, _ = setup(config, jax.devices())
+  batch = batches(config, 4)[3]
+  moved = {'params_equal': same(restored.params, saved.params),
+           'opt_state_equal': same(restored.opt_state, saved.opt_state),
+           'restored_spec': list(restored.params['wte']['embedding'].sharding.spec),
+           'data_state': data_state}
+  moved['next_loss_moved'] = float(step(restored, batch)[1]['loss'])
+  config.mesh.update(MESHES['data'])
+  _, step_data, _ = setup(config, jax.devices())
+  moved['next_loss_original'] = float(step_data(saved, batch)[1]['loss'])
+  out['moved'] = moved
+
+  errors = {}
+  for key, change in [('batch', dict(train=dict(batch_size=6), mesh=MESHES['data'])),
+                      ('heads', dict(mesh=dict(data=1, fsdp=1, tensor=8))),
+                      ('mesh', dict(mesh=dict(data=2, fsdp=2, tensor=1)))]:
+    config = tiny_config('gpt')
+    for section, values in change.items():
+      config[section].update(values)
+    try:
+      mesh_lib.check_config(config, mesh_lib.make_mesh(config.mesh))
+      errors[key] = 'no error'
+    except ValueError as e:
+      errors[key] = str(e)
+  out['errors'] = errors
+  del ml_collections
+  print(json.dumps(out))
+
+
+if __name__ == '__main__':
+  _worker()
