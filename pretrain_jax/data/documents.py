@@ -22,7 +22,7 @@ from pretrain_jax.data import sources
 log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
 CHAIN_BELOW_DOCS = 100_000  # host shares smaller than this chain epochs in one pipeline...
-MAX_CHAINED_EPOCHS = 16     # ...up to this many
+MAX_CHAINED_EPOCHS = 4      # ...up to this many (building one costs ~30 ms)
 
 
 def _encoder(tokenizer):
