@@ -26,7 +26,9 @@ MAX_CHAINED_EPOCHS = 4      # ...up to this many (building one costs ~30 ms)
 
 
 def _encoder(tokenizer):
-  sp = tokenizer.sp
+  # The project's Tokenizer encodes a list in one sentencepiece call; others one by one.
+  encode_list = getattr(tokenizer, 'encode_batch', None) or (
+      lambda strings: [tokenizer.encode(t) for t in strings])
 
   def encode(texts):
     """(n,) bytes -> flat ids, lengths (n,), status (n,) 0 ok / 1 invalid UTF-8."""
@@ -37,7 +39,7 @@ def _encoder(tokenizer):
       except UnicodeDecodeError:
         strings.append('')
         status[i] = 1
-    ids = sp.encode(strings)
+    ids = encode_list(strings)
     lengths = np.fromiter(map(len, ids), np.int32, len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
     return flat, lengths, status

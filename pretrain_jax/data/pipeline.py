@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from pretrain_jax.data import batches, documents, sources
+from pretrain_jax.data import tokenizer as tokenizer_lib
 from pretrain_jax.objectives import clm, mlm, span_corruption
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,10 @@ def check_lengths(data_config, tokenizer, model_max_len: int | None = None) -> d
         seq_len, data_config.noise_density, data_config.mean_noise_span_length)
     spans = span_corruption.max_spans(raw_len, data_config.noise_density,
                                       data_config.mean_noise_span_length)
-    if spans > tokenizer.num_sentinels:
+    num_sentinels = tokenizer_lib.id_tables(tokenizer)[3]
+    if spans > num_sentinels:
       raise ValueError(f'config.data.seq_len={seq_len} makes up to {spans} noise spans but the '
-                       f'tokenizer has {tokenizer.num_sentinels} sentinels; shorten seq_len or '
+                       f'tokenizer has {num_sentinels} sentinels; shorten seq_len or '
                        'raise mean_noise_span_length')
     if model_max_len is not None and target_len > model_max_len:
       raise ValueError(f'T5 target length {target_len} exceeds the model max_len '
@@ -235,8 +237,10 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
                   seq_len=lengths['seq_len'], batch_size=int(batch_size),
                   process_index=int(process_index), process_count=int(process_count))
   objective, nsp = data_config.objective, bool(data_config.nsp)
-  if objective == 'mlm':
-    special = tokenizer.special
+  tables = tokenizer_lib.id_tables(tokenizer)
+  if data_config.objective == 'mlm' and data_config.whole_word_mask and tables[2] is None:
+    raise ValueError('config.data.whole_word_mask needs word boundaries, which this tokenizer '
+                     f'({type(tokenizer).__name__}) does not provide; use a sentencepiece model')
 
   def produce(state, stats):
     stream = documents.DocumentStream(
@@ -268,7 +272,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
       elif objective == 'span_corruption':
         arrays['decoder_loss_weights'] = clm.loss_weights(arrays['decoder_segment_ids'])
       else:
-        arrays = _apply_mlm(arrays, tokenizer, special, data_config,
+        arrays = _apply_mlm(arrays, tokenizer, tables, data_config,
                             batches.rng_at(seed, *salt, batches.SALT_MLM, count))
       count += 1
       epoch, doc, offset = position if position is not None else (0, 0, 0)
@@ -278,14 +282,15 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   return DataIterator(produce, identity, data_config.prefetch)
 
 
-def _apply_mlm(arrays, tokenizer, special, data_config, rng) -> dict:
+def _apply_mlm(arrays, tokenizer, tables, data_config, rng) -> dict:
   """Batch-level MLM corruption on packed/NSP rows; adds token_type_ids when absent."""
+  special, ordinary_ids, word_start, _ = tables
   tokens, segment_ids = arrays['inputs'], arrays['segment_ids']
   selectable = ~special[tokens] & (segment_ids > 0)
   word_starts = None
   if data_config.whole_word_mask:
-    word_starts = tokenizer.word_start[tokens] | (arrays['positions'] == 0)
-  out = mlm.mask_tokens(tokens, rng, selectable=selectable, random_ids=tokenizer.ordinary_ids,
+    word_starts = word_start[tokens] | (arrays['positions'] == 0)
+  out = mlm.mask_tokens(tokens, rng, selectable=selectable, random_ids=ordinary_ids,
                         mask_id=tokenizer.mask_id, probability=data_config.mlm_probability,
                         word_starts=word_starts)
   result = {'inputs': out['inputs'], 'targets': out['targets'], 'segment_ids': segment_ids,

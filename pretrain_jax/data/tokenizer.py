@@ -136,6 +136,33 @@ class Tokenizer:
     return ''.join(out).strip() if len(out) > 1 else out[0]
 
 
+def id_tables(tokenizer) -> tuple:
+  """(special, ordinary_ids, word_start or None, num_sentinels) of any tokenizer.
+
+  A `Tokenizer` has them; another object with the same id attributes (e.g. the Hugging Face
+  adapters in pretrain_jax.hf: `vocab_size`, `pad_id`, `eos_id`, `cls_id`, ... and T5's
+  `sentinel_id`) gets tables built from those ids; it has no word-start table.
+  """
+  if isinstance(tokenizer, Tokenizer):
+    return tokenizer.special, tokenizer.ordinary_ids, tokenizer.word_start, NUM_SENTINELS
+  n = tokenizer.vocab_size
+  special, not_random = np.zeros(n, bool), np.zeros(n, bool)
+  for name in ('pad_id', 'eos_id', 'cls_id', 'sep_id', 'mask_id', 'unk_id'):
+    try:
+      i = getattr(tokenizer, name)
+    except (AttributeError, ValueError):  # a piece this tokenizer lacks
+      continue
+    if i is not None and 0 <= i < n:
+      (not_random if name == 'unk_id' else special)[i] = True
+  num_sentinels = 0
+  if hasattr(tokenizer, 'sentinel_id'):
+    num_sentinels = NUM_SENTINELS
+    special[[tokenizer.sentinel_id(k) for k in range(NUM_SENTINELS)
+             if tokenizer.sentinel_id(k) < n]] = True
+  ordinary = np.flatnonzero(~special & ~not_random).astype(np.int32)
+  return special, ordinary, None, num_sentinels
+
+
 def add_filler_and_sentinels(model_proto: bytes, total: int) -> bytes:
   """Append <unused_k> filler then ▁<extra_id_99> ... ▁<extra_id_0> so the size is `total`."""
   m = sp_model.ModelProto()
