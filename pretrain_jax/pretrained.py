@@ -17,7 +17,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from pretrain_jax.models import ModelConfig, build
 
@@ -98,7 +97,7 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
                             'checkpoint directory or a Hugging Face model directory')
   if hf.is_hf_dir(path):
     cfg, params, tokenizer = hf.load_hf(path, **model_overrides)
-    config = ml_collections.ConfigDict({'model': model_config_dict(cfg)})
+    config = ml_collections.ConfigDict({'model': cfg.to_dict()})
     return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer)
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
@@ -112,12 +111,3 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
     tokenizer = data.load_tokenizer(config.data)
   return Pretrained(config, cfg, nn.unbox(params), tokenizer, step)
 
-
-def model_config_dict(cfg: ModelConfig) -> dict:
-  """ModelConfig -> the plain dict a config.model section holds (dtypes by name)."""
-  out = dataclasses.asdict(cfg)
-  for key in ('dtype', 'param_dtype'):
-    out[key] = np.dtype(out[key]).name
-  for key in ('deterministic', 'decode'):
-    out.pop(key)
-  return out

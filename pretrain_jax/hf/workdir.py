@@ -12,7 +12,6 @@ Import writes, into a temporary directory renamed into place at the end:
 so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
 Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory.
 """
-import dataclasses
 import importlib
 import os
 import shutil
@@ -35,12 +34,7 @@ def base_config_name(cfg: ModelConfig) -> str:
 
 def model_section(cfg: ModelConfig) -> dict:
   """ModelConfig -> a config.model dict (dtypes by name; no eval/decode switches)."""
-  out = dataclasses.asdict(cfg)
-  for key in ('dtype', 'param_dtype'):
-    out[key] = np.dtype(out[key]).name
-  for key in ('deterministic', 'decode'):
-    out.pop(key)
-  return out
+  return cfg.to_dict()
 
 
 def training_config(cfg: ModelConfig, base: str = None):

@@ -71,6 +71,15 @@ class ModelConfig:
   def replace(self, **kw) -> 'ModelConfig':
     return dataclasses.replace(self, **kw)
 
+  def to_dict(self) -> dict:
+    """The inverse of from_config: a plain config.model dict (dtypes by name, no eval/decode
+    switches)."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+           if f.name not in ('deterministic', 'decode')}
+    for key in ('dtype', 'param_dtype'):
+      out[key] = jnp.dtype(out[key]).name
+    return out
+
   @classmethod
   def from_config(cls, model_config) -> 'ModelConfig':
     """ml_collections `config.model` -> ModelConfig; unknown keys are an error."""
