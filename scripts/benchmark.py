@@ -1,0 +1,43 @@
+"""Benchmark the real train step of a config; the last stdout line is one JSON record.
+
+  python scripts/benchmark.py --config configs/bench_gpt.py [--config.model.KEY=VALUE ...]
+      [--steps 10] [--peak_flops 0]
+
+Compiles the train step (donated state, the configured mesh), times `--steps` steps on a
+device-resident synthetic batch of the configured shapes, and prints: family, params, step_s
+(median), tokens_per_s, model_flops_per_step (pretrain_jax.flops.train_flops: matmuls of
+forward + backward), peak_flops (a large jitted matmul measured on the same device and dtype;
+datasheet_peak_flops beside it on TPU/GPU), mfu = model_flops_per_step / step_s / peak_flops,
+compile_s and peak memory where the backend reports it. No XLA flags are set.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=False)
+_STEPS = flags.DEFINE_integer('steps', None, 'timed steps (default: config.benchmark.steps '
+                              'or 10)')
+_WARMUP = flags.DEFINE_integer('warmup', None, 'untimed steps after compiling (default 2)')
+_PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of measuring it')
+
+
+def main(argv):
+  del argv
+  from pretrain_jax import benchmark  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  bench = config.get('benchmark') or {}
+  record = benchmark.benchmark_train_step(
+      config, steps=_STEPS.value or bench.get('steps', 10),
+      warmup=_WARMUP.value if _WARMUP.value is not None else bench.get('warmup', 2),
+      peak_flops=_PEAK.value or None)
+  print(json.dumps(record), flush=True)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main)
