@@ -1,7 +1,9 @@
 """Train-step benchmark: measured matmul peak, compile time, median step time and analytic MFU.
 
-`measure_peak_flops` times a large jitted square matmul on the same device and dtype as the
-model, so MFU is "share of what this machine's matmul achieves", not of a datasheet number.
+`peak_probe` times large jitted square matmuls on the same device and dtype as the model, so
+MFU is "share of what this machine's matmul achieves", not of a datasheet number (printed
+beside it on TPU/GPU); the probe runs after every timed step and MFU is the median of the
+per-step ratios.
 `benchmark_train_step` compiles the real train step (pretrain_jax.training.step, donated state)
 and times it on a device-resident synthetic batch of the configured shapes; the input pipeline
 is benchmarked separately (scripts/benchmark_data.py).
@@ -24,23 +26,39 @@ from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.synthetic import SyntheticDataset
 
 
-def _median_seconds(fn, repeats: int) -> list:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return times
+def peak_probe(dtype=jnp.float32, size: int = None, chain: int = None):
+  """A compiled matmul probe: calling it runs one timed probe and returns its FLOP/s.
 
-
-def measure_peak_flops(dtype=jnp.float32, size: int = 4096, repeats: int = 7) -> float:
-  """FLOP/s of a jitted (size, size) x (size, size) matmul in `dtype`: median of `repeats`."""
+  One probe is `chain` dependent (size, size) x (size, size) matmuls inside one jit, so dispatch
+  and the host clock cost nothing next to the arithmetic: a single 4096^2 bf16 matmul takes
+  ~0.2 ms on an H100, where timing it alone reads half the chip's rate and would double every
+  MFU. Defaults: 4096 x 1 on CPU (about a second of work), 8192 x 20 on accelerators.
+  """
+  on_cpu = jax.devices()[0].platform == 'cpu'
+  size = size or (4096 if on_cpu else 8192)
+  chain = chain or (1 if on_cpu else 20)
   a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-  b = jax.random.normal(jax.random.key(1), (size, size), dtype)
-  matmul = jax.jit(lambda x, y: x @ y)
-  jax.block_until_ready(matmul(a, b))                   # compile + warm caches
-  seconds = statistics.median(_median_seconds(lambda: matmul(a, b), repeats))
-  return 2.0 * size ** 3 / seconds
+  b = (jax.random.normal(jax.random.key(1), (size, size), jnp.float32) * size ** -0.5
+       ).astype(dtype)                                  # keeps x @ b @ b ... at unit scale
+
+  @jax.jit
+  def matmuls(x, y):
+    return jax.lax.fori_loop(0, chain, lambda _, acc: acc @ y, x)
+
+  jax.block_until_ready(matmuls(a, b))                  # compile + warm caches
+
+  def probe() -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(matmuls(a, b))
+    return 2.0 * size ** 3 * chain / (time.perf_counter() - start)
+  return probe
+
+
+def measure_peak_flops(dtype=jnp.float32, size: int = None, repeats: int = 7,
+                       chain: int = None) -> float:
+  """Median FLOP/s of `repeats` matmul probes (see peak_probe) on one device."""
+  probe = peak_probe(dtype, size, chain)
+  return statistics.median(probe() for _ in range(repeats))
 
 
 def datasheet_peak_flops() -> float:
@@ -99,7 +117,11 @@ def peak_memory(compiled) -> dict:
 
 def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
                          peak_flops: float = None) -> dict:
-  """Compile and time the real train step on `config`; returns the benchmark record."""
+  """Compile and time the real train step on `config`; returns the benchmark record.
+
+  `peak_flops` given: MFU = model_flops / median step_s / peak_flops. Otherwise a matmul probe
+  is timed after each step, `peak_flops` is their median and `mfu` the median of the pairs.
+  """
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
@@ -123,23 +145,26 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   for _ in range(warmup):
     state, metrics = compiled(state, batch)
   jax.block_until_ready(state)
-  times = []
+  # With no peak given, a matmul probe runs after every timed step and each step's MFU is taken
+  # against the probe beside it: a shared machine whose speed drifts between runs (seen here:
+  # the same CPU step and matmul both 30% slower minutes apart) then reads the same MFU.
+  probe = None if peak_flops else peak_probe(model_cfg.dtype)
+  tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np)
+  times, peaks = [], []
   for _ in range(steps):
     start = time.perf_counter()
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
-
-  tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np)
+    peaks.append(probe() * jax.device_count() if probe else peak_flops)
   step_s = statistics.median(times)
-  if peak_flops is None:
-    peak_flops = measure_peak_flops(model_cfg.dtype) * jax.device_count()
+  mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks))
   record = {'family': model_cfg.family, 'params': params,
             'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
             'step_s': step_s, 'step_s_min': min(times), 'steps': steps,
             'tokens_per_s': tokens / step_s, 'model_flops_per_step': model_flops,
-            'peak_flops': peak_flops, 'datasheet_peak_flops': datasheet_peak_flops(),
-            'mfu': model_flops / step_s / peak_flops, 'compile_s': compile_s,
+            'peak_flops': statistics.median(peaks),
+            'datasheet_peak_flops': datasheet_peak_flops(), 'mfu': mfu, 'compile_s': compile_s,
             'loss': float(metrics['loss']), 'device': jax.devices()[0].device_kind,
             'num_devices': jax.device_count(), 'dtype': jnp.dtype(model_cfg.dtype).name,
             'attention_impl': model_cfg.attention_impl, 'scan_layers': model_cfg.scan_layers,

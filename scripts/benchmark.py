@@ -6,8 +6,9 @@
 Compiles the train step (donated state, the configured mesh), times `--steps` steps on a
 device-resident synthetic batch of the configured shapes, and prints: family, params, step_s
 (median), tokens_per_s, model_flops_per_step (pretrain_jax.flops.train_flops: matmuls of
-forward + backward), peak_flops (a large jitted matmul measured on the same device and dtype;
-datasheet_peak_flops beside it on TPU/GPU), mfu = model_flops_per_step / step_s / peak_flops,
+forward + backward), peak_flops (large jitted matmuls on the same device and dtype, timed after
+every step; datasheet_peak_flops beside it on TPU/GPU), mfu (the median over steps of
+model_flops_per_step / step time / the probe beside it; with --peak_flops, that fixed peak),
 compile_s and peak memory where the backend reports it. No XLA flags are set.
 """
 import json
