@@ -3,16 +3,16 @@
 `dot_product_attention` is a pure function; the mask and bias are arguments, so the same code
 serves bidirectional, causal, packed, padded, cross and relative-position attention.
 """
-import functools
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from pretrain_jax import masks
+
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn')
 
 
-def dot_product_attention(query, key, value, *, mask=None, bias=None, scale=None,
+def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=None, scale=None,
                           dropout_rng=None, dropout_rate=0.0, deterministic=True,
                           implementation='reference'):
   """softmax(scale * q.k + bias, masked) . v
@@ -22,6 +22,10 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, scale=None
     key: (B, S, N, H) keys.
     value: (B, S, N, H) values.
     mask: bool, broadcastable to (B, N, T, S); True = attend. None = attend everywhere.
+    causal: the caller's causal part of the mask, given in factored form: the effective mask
+      is `mask AND masks.causal_mask(T, S)` (query i sees keys j <= i). Kernels that can skip
+      the hidden blocks (cuDNN) get it as a flag; the other paths materialize it. The core
+      never assumes it: callers that want causality say so.
     bias: float, broadcastable to (B, N, T, S), added to the logits (T5's relative positions).
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
     dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities.
@@ -36,8 +40,11 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, scale=None
                      f'{IMPLEMENTATIONS}')
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   use_dropout = not deterministic and dropout_rate > 0.0
+  full_mask = mask
+  if causal:
+    full_mask = masks.combine_masks(mask, masks.causal_mask(query.shape[1], key.shape[1]))
   if implementation == 'reference':
-    out = _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate,
+    out = _reference(query, key, value, full_mask, bias, scale, dropout_rng, dropout_rate,
                      use_dropout)
   else:
     if use_dropout:
@@ -46,10 +53,15 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, scale=None
                        'attention_dropout_rate=0')
     if bias is not None:
       bias = bias.astype(query.dtype)
-    out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale,
+    # cuDNN skips the blocks above the diagonal when told the mask is causal; XLA's path
+    # materializes the same mask, so it gets the full one.
+    cudnn = implementation == 'cudnn' and query.shape[1] == key.shape[1]
+    out = jax.nn.dot_product_attention(query, key, value, bias=bias,
+                                       mask=mask if cudnn else full_mask,
+                                       is_causal=causal and cudnn, scale=scale,
                                        implementation=implementation)
-  if mask is not None:  # rows that see nothing: zeros, not a uniform average or NaN
-    sees_any = jnp.any(mask, axis=-1)                  # (B|1, N|1, T)
+  if full_mask is not None:  # rows that see nothing: zeros, not a uniform average or NaN
+    sees_any = jnp.any(full_mask, axis=-1)             # (B|1, N|1, T); fused, never stored
     out = out * jnp.swapaxes(sees_any, -1, -2)[..., None].astype(out.dtype)  # (B|1, T, N|1, 1)
   return out
 

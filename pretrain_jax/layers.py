@@ -46,10 +46,24 @@ def norm(cfg: ModelConfig, name: str):
                       bias_init=partitioned(Init.zeros, ('embed',)), name=name)
 
 
-def embed(cfg: ModelConfig, num: int, names, name: str, std: float = 0.02):
-  return nn.Embed(num_embeddings=num, features=cfg.emb_dim, dtype=cfg.dtype,
-                  param_dtype=cfg.param_dtype, embedding_init=partitioned(Init.normal(std), names),
-                  name=name)
+def embed(cfg: ModelConfig, num: int, names, name: str, std: float = 0.02,
+          one_hot: bool = False):
+  """An embedding table (num, emb_dim). `one_hot` looks rows up by a one-hot matmul: for small
+  tables (positions, token types) whose rows every batch hits many times, so the gradient is a
+  matmul rather than a scatter-add of colliding rows (serialized atomics on GPUs)."""
+  cls = OneHotEmbed if one_hot else nn.Embed
+  return cls(num_embeddings=num, features=cfg.emb_dim, dtype=cfg.dtype,
+             param_dtype=cfg.param_dtype, embedding_init=partitioned(Init.normal(std), names),
+             name=name)
+
+
+class OneHotEmbed(nn.Embed):
+  """nn.Embed (same parameter) whose lookup is one_hot(ids) @ table, exact in any dtype."""
+
+  def __call__(self, inputs):                                            # (...) int
+    one_hot = jax.nn.one_hot(inputs, self.num_embeddings, dtype=self.dtype)  # (..., num)
+    return jnp.einsum('...n,ne->...e', one_hot, self.embedding.astype(self.dtype),
+                      precision=jax.lax.Precision.HIGHEST)               # (..., E)
 
 
 def token_embedding(cfg: ModelConfig, name: str):
@@ -108,9 +122,11 @@ class MultiHeadAttention(nn.Module):
 
   In decode mode, self-attention stores this call's keys/values at `decode_index` in the
   `cache` collection and attends over the whole cache (the caller's mask says which keys).
+  `causal` is the causal part of the caller's mask, kept factored (see dot_product_attention).
   """
   cfg: ModelConfig
   out_scale: float = 1.0
+  causal: bool = False
 
   @nn.compact
   def __call__(self, x_q, x_kv, mask, bias=None, decode_index=None):  # (B, T, E), (B, S, E)
@@ -128,7 +144,7 @@ class MultiHeadAttention(nn.Module):
     if not cfg.deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
     out = dot_product_attention(
-        q, k, v, mask=mask, bias=bias, scale=1.0 if cfg.family == 't5' else None,
+        q, k, v, mask=mask, causal=self.causal, bias=bias, scale=1.0 if cfg.family == 't5' else None,
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
         deterministic=cfg.deterministic, implementation=cfg.attention_impl)  # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),

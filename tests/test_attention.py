@@ -73,3 +73,20 @@ def test_scale_and_dropout_arguments():
                           deterministic=False, implementation='xla')
   with pytest.raises(ValueError, match="'flash'"):
     dot_product_attention(q, k, v, implementation='flash')
+
+
+@pytest.mark.parametrize('impl', ['reference', 'xla'])
+@pytest.mark.parametrize('segments', ['none', 'packed'])
+def test_factored_causal_equals_the_materialized_causal_mask(impl, segments):
+  """causal=True is exactly `mask AND causal_mask`: the same output and gradients."""
+  q, k, v = _qkv(4)
+  seg = None if segments == 'none' else masks.segment_mask(SEGMENTS)
+  full = masks.combine_masks(seg, masks.causal_mask(T))
+
+  def run(q, **kw):
+    return dot_product_attention(q, k, v, implementation=impl, **kw)
+  np.testing.assert_array_equal(run(q, mask=seg, causal=True), run(q, mask=full))
+  np.testing.assert_array_equal(jax.grad(lambda q: run(q, mask=seg, causal=True).sum())(q),
+                                jax.grad(lambda q: run(q, mask=full).sum())(q))
+  # and causal=True really hides the future: it differs from the mask alone
+  assert not np.allclose(run(q, mask=seg, causal=True), run(q, mask=seg))

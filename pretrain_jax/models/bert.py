@@ -52,12 +52,12 @@ class BERT(nn.Module):
     wte, scale = layers.token_embedding(cfg, 'word_embeddings')
     x = wte(inputs) * scale                                              # (B, T, E)
     if cfg.position_embedding == 'learned':
-      x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'position_embeddings')(
-          positions)
+      x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'position_embeddings',
+                           one_hot=True)(positions)
     else:
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
     x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
-                         'token_type_embeddings')(token_type_ids)
+                         'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)

@@ -15,8 +15,10 @@ class GPTBlock(nn.Module):
     residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
     drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     h = layers.norm(cfg, 'ln_1')(x)
-    x = x + drop(layers.MultiHeadAttention(cfg, residual_scale, name='attn')(
-        h, h, mask, None, decode_index))
+    # Training: `mask` is the packing/padding mask and the causal part stays factored (cuDNN
+    # skips the blocks it hides). Decode: `mask` is the whole cache mask.
+    attn = layers.MultiHeadAttention(cfg, residual_scale, causal=not cfg.decode, name='attn')
+    x = x + drop(attn(h, h, mask, None, decode_index))
     h = layers.norm(cfg, 'ln_2')(x)
     x = x + drop(layers.MLP(cfg, residual_scale, name='mlp')(h))
     return x, None
@@ -25,7 +27,8 @@ class GPTBlock(nn.Module):
 class GPT(nn.Module):
   """Causal LM. __call__(inputs (B, T), segment_ids, positions) -> logits (B, T, V).
 
-  The causal mask is built here and combined with the packing/padding mask from segment ids.
+  The mask is decided here: the packing/padding mask from segment ids AND causal, the causal
+  part handed to the attention core in factored form (`causal=True`) so cuDNN can skip it.
   In decode mode (cfg.decode) a `cache_index` and the cached keys' segment ids live in the
   `cache` collection: each call appends its T tokens and attends over everything cached.
   """
@@ -41,14 +44,14 @@ class GPT(nn.Module):
       mask, decode_index, cache_positions = layers.decode_cache_mask(self, segment_ids)
       positions = cache_positions if positions is None else positions
     else:
-      mask = masks.combine_masks(masks.causal_mask(inputs.shape[1]),
-                                 masks.segment_mask(segment_ids))        # (B, 1, T, T)
+      mask = masks.segment_mask(segment_ids)     # (B, 1, T, T); AND causal, given factored
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     wte, scale = layers.token_embedding(cfg, 'wte')
     x = wte(inputs) * scale                                               # (B, T, E)
     if cfg.position_embedding == 'learned':
-      x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'wpe', 0.01)(positions)
+      x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'wpe', 0.01,
+                           one_hot=True)(positions)
     else:
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)

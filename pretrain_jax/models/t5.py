@@ -6,6 +6,7 @@ stack (bidirectional in the encoder, causal buckets in the decoder) and handed t
 as the attention core's `bias`.
 """
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,7 +47,11 @@ class RelativePositionBias(nn.Module):
     buckets = relative_position_bucket(key_positions[None, :] - query_positions[:, None],
                                        self.bidirectional, cfg.relative_buckets,
                                        cfg.relative_max_distance)          # (T, S)
-    return jnp.transpose(table[buckets], (2, 0, 1))[None].astype(cfg.dtype)  # (1, N, T, S)
+    # A one-hot matmul, as t5x does: its gradient is a matmul, not a scatter-add of T*S rows
+    # into 32 buckets (serialized atomics on GPUs).
+    one_hot = jax.nn.one_hot(buckets, cfg.relative_buckets, dtype=table.dtype)  # (T, S, R)
+    bias = jnp.einsum('tsr,rn->nts', one_hot, table, precision=jax.lax.Precision.HIGHEST)
+    return bias[None].astype(cfg.dtype)                                  # (1, N, T, S)
 
 
 def _dropout(cfg, x):
@@ -72,7 +77,8 @@ class DecoderBlock(nn.Module):
   def __call__(self, x, encoded, self_mask, bias, cross_mask, decode_index):  # (B, T, E)
     cfg = self.cfg
     h = layers.norm(cfg, 'pre_self_attention_norm')(x)
-    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='self_attention')(
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, causal=not cfg.decode,
+                                                    name='self_attention')(
         h, h, self_mask, bias, decode_index))
     h = layers.norm(cfg, 'pre_cross_attention_norm')(x)
     x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='encoder_decoder_attention')(
@@ -111,7 +117,7 @@ class Decoder(nn.Module):
       q_pos = jnp.arange(length) + decode_index
       bias_args = (q_pos, jnp.arange(cache_len))
     else:
-      self_mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
+      self_mask = masks.segment_mask(segment_ids)  # AND causal, given factored to the core
       bias_args = (jnp.arange(length), jnp.arange(length))
     bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
     x = _dropout(cfg, self.shared(tokens))                               # (B, T, E)
