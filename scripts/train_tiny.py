@@ -3,11 +3,11 @@
   python scripts/train_tiny.py [--workdir /tmp/pretrain_jax_tiny] [--models tiny_gpt,...]
                                [--steps 300]
 
-Each model trains in <workdir>/<name> with checkpoints, TensorBoard and metrics.jsonl, exactly
-as `scripts/train.py --config configs/<name>.py --workdir <workdir>/<name>` would (rerunning
-resumes; pick a new --workdir to start over). Prints a summary table to stderr and one JSON
-line of results to stdout. Load a result with
-`pretrain_jax.training.checkpoint.restore_params('<workdir>/<name>')`.
+Each model trains in <workdir>/<family> (bert, gpt, t5) with checkpoints, TensorBoard and
+metrics.jsonl, exactly as `scripts/train.py --config configs/<name>.py --workdir
+<workdir>/<family>` would (rerunning resumes; pick a new --workdir to start over). Prints a
+summary table to stderr and one JSON line of results to stdout. Use a result with
+`scripts/evaluate.py --workdir <workdir>/<family>` or `pretrain_jax.load_pretrained(...)`.
 """
 import importlib
 import json
@@ -39,7 +39,7 @@ def main(argv):
       config.train.steps = _STEPS.value
       config.train.warmup_steps = min(config.train.warmup_steps, max(_STEPS.value // 10, 1))
     start = time.perf_counter()
-    result = loop.train_and_evaluate(config, os.path.join(_WORKDIR.value, name))
+    result = loop.train_and_evaluate(config, os.path.join(_WORKDIR.value, config.model.family))
     result.update(name=name, wall_sec=time.perf_counter() - start)
     results.append(result)
 
