@@ -158,7 +158,10 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
     times.append(time.perf_counter() - start)
     peaks.append(probe() * jax.device_count() if probe else peak_flops)
   step_s = statistics.median(times)
-  mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks))
+  if probe:
+    mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks))
+  else:
+    mfu = model_flops / step_s / peak_flops
   record = {'family': model_cfg.family, 'params': params,
             'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
             'step_s': step_s, 'step_s_min': min(times), 'steps': steps,
