@@ -5,8 +5,10 @@
 
 The same command runs on CPU, GPU and TPU. On a multi-host TPU VM slice run it on every host
 with --multihost (calls jax.distributed.initialize(), which finds the coordinator itself on
-Cloud TPU / SLURM); each host then reads its share of the global batch. SIGTERM saves a
-checkpoint at the current step and exits cleanly; rerunning the command resumes.
+Cloud TPU / SLURM); each host then reads its share of the global batch. Elsewhere name it:
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I (CPU processes exchange
+collectives over gloo, so N local processes simulate an N-host slice on one machine).
+SIGTERM saves a checkpoint at the current step and exits cleanly; rerunning the command resumes.
 
 Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one JSON line of
 results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
@@ -24,6 +26,10 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', loc
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
 _MULTIHOST = flags.DEFINE_bool('multihost', False,
                                'call jax.distributed.initialize() (multi-process runs)')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
+                                   'with --multihost: HOST:PORT of process 0 (default: detect)')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'with --multihost: process count')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'with --multihost: this process index')
 _SYNTHETIC = flags.DEFINE_bool('synthetic_data', False,
                                'random token batches instead of pretrain_jax.data')
 
@@ -33,7 +39,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   import jax  # pylint: disable=g-import-not-at-top
   if _MULTIHOST.value:
-    jax.distributed.initialize()
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   from pretrain_jax.training import loop, synthetic  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   datasets = synthetic.synthetic_datasets(config) if _SYNTHETIC.value else None
