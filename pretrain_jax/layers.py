@@ -144,7 +144,8 @@ class MultiHeadAttention(nn.Module):
     if not cfg.deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
     out = dot_product_attention(
-        q, k, v, mask=mask, causal=self.causal, bias=bias, scale=1.0 if cfg.family == 't5' else None,
+        q, k, v, mask=mask, causal=self.causal, bias=bias,
+        scale=1.0 if cfg.family == 't5' else None,
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
         deterministic=cfg.deterministic, implementation=cfg.attention_impl)  # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
