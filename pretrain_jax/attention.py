@@ -7,7 +7,7 @@ serves bidirectional, causal, packed, padded, cross and relative-position attent
 import jax
 import jax.numpy as jnp
 
-from pretrain_jax import masks
+from pretrain_jax import dropout, masks
 
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn')
 
@@ -75,6 +75,5 @@ def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, 
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
   if use_dropout:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    probs = dropout.dropout(probs, dropout_rng, dropout_rate)
   return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)

@@ -9,6 +9,7 @@ import numpy as np
 
 from pretrain_jax import masks
 from pretrain_jax.attention import dot_product_attention
+from pretrain_jax.dropout import Dropout
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
@@ -111,7 +112,7 @@ class MLP(nn.Module):
       h = h * dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi_1', init=wi_init)(x)
     else:
       h = act(dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi', init=wi_init)(x))  # (B, T, F)
-    h = nn.Dropout(cfg.dropout_rate if cfg.family == 't5' else 0.0)(
+    h = Dropout(cfg.dropout_rate if cfg.family == 't5' else 0.0)(
         h, deterministic=cfg.deterministic)
     return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo',
                  init=param_init(cfg, cfg.mlp_dim, self.out_scale))(h)  # (B, T, E)

@@ -3,6 +3,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from pretrain_jax import layers, masks
+from pretrain_jax.dropout import Dropout
 from pretrain_jax.models.config import ModelConfig
 
 
@@ -12,7 +13,7 @@ class BertBlock(nn.Module):
   @nn.compact
   def __call__(self, x, mask):                                # (B, T, E)
     cfg = self.cfg
-    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     x = layers.norm(cfg, 'attention_norm')(
         x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask)))
     x = layers.norm(cfg, 'output_norm')(x + drop(layers.MLP(cfg, name='mlp')(x)))
@@ -59,7 +60,7 @@ class BERT(nn.Module):
     x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
 
     bias = self.param('mlm_bias', layers.partitioned(nn.initializers.zeros, ('vocab',)),

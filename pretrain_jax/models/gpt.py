@@ -3,6 +3,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from pretrain_jax import layers, masks
+from pretrain_jax.dropout import Dropout
 from pretrain_jax.models.config import ModelConfig
 
 
@@ -13,7 +14,7 @@ class GPTBlock(nn.Module):
   def __call__(self, x, mask, decode_index):                 # (B, T, E)
     cfg = self.cfg
     residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
-    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     h = layers.norm(cfg, 'ln_1')(x)
     # Training: `mask` is the packing/padding mask and the causal part stays factored (cuDNN
     # skips the blocks it hides). Decode: `mask` is the whole cache mask.
@@ -54,7 +55,7 @@ class GPT(nn.Module):
                            one_hot=True)(positions)
     else:
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
     x = layers.norm(cfg, 'ln_f')(x)
     return wte.attend(x).astype(jnp.float32)                              # (B, T, V)

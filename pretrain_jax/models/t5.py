@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pretrain_jax import layers, masks
+from pretrain_jax.dropout import Dropout
 from pretrain_jax.models.config import ModelConfig
 
 
@@ -55,7 +56,7 @@ class RelativePositionBias(nn.Module):
 
 
 def _dropout(cfg, x):
-  return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+  return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
 class EncoderBlock(nn.Module):

@@ -124,7 +124,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   batch_sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))  # dim 0 of every batch array
   train_step = jax.jit(
       step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
-                               microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh),
+                               microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
+                               prng_impl=t.get('prng_impl')),
       in_shardings=(shardings, batch_sharding),
       out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
   eval_step = jax.jit(step_lib.make_eval_step(eval_model),

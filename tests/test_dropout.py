@@ -1,0 +1,67 @@
+"""16-bit dropout masks: the realised rate, exact mean-preserving scale, flax.linen.Dropout API."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pretrain_jax import dropout
+
+
+def test_keep_mask_rate_and_scale():
+  keep, scale = dropout.keep_mask(jax.random.key(0, impl='philox4x32'), 0.9, (1000, 1000))
+  threshold = round(0.9 * 65536)                                          # 58982
+  assert scale == pytest.approx(65536 / threshold)
+  # 1e6 draws: the kept share has standard deviation 3e-4 around threshold / 2**16
+  assert abs(float(jnp.mean(keep)) - threshold / 65536) < 1.5e-3
+
+
+def test_dropout_values_gradient_and_determinism():
+  x = jnp.linspace(1.0, 2.0, 4096).reshape(64, 64)
+  rng = jax.random.key(3)
+  y = dropout.dropout(x, rng, 0.25)
+  keep, scale = dropout.keep_mask(rng, 0.75, x.shape)
+  np.testing.assert_allclose(y, np.where(keep, np.asarray(x) * scale, 0.0), rtol=1e-6)
+  assert 0 < int(jnp.sum(y == 0)) < x.size                                # some dropped, not all
+  grad = jax.grad(lambda v: jnp.sum(dropout.dropout(v, rng, 0.25)))(x)
+  np.testing.assert_allclose(grad, np.where(keep, scale, 0.0), rtol=1e-6)
+  np.testing.assert_array_equal(dropout.dropout(x, rng, 0.25), y)         # same key, same mask
+  assert not np.array_equal(dropout.dropout(x, jax.random.key(4), 0.25), y)
+
+
+def test_dropout_module_matches_function_and_is_identity_when_deterministic():
+  x = jnp.ones((8, 16))
+  module = dropout.Dropout(0.1)
+  rng = jax.random.key(5)
+  out = module.apply({}, x, deterministic=False, rngs={'dropout': rng})
+  # flax hands the module make_rng('dropout'), a key derived from `rng`
+  values = np.unique(np.asarray(out))
+  np.testing.assert_allclose(values, [0.0, 65536 / round(0.9 * 65536)], rtol=1e-6)
+  np.testing.assert_array_equal(module.apply({}, x, deterministic=True), x)
+  np.testing.assert_array_equal(dropout.Dropout(0.0).apply({}, x, deterministic=False), x)
+  with pytest.raises(ValueError, match='keep_prob=0'):
+    dropout.keep_mask(rng, 0.0, (2,))
+
+
+def test_train_step_dropout_prng_impl():
+  """The dropout key's PRNG is a train-step argument: repeatable per step, and it takes effect."""
+  import jax
+  import optax
+  from pretrain_jax.models import ModelConfig, build
+  from pretrain_jax.training import state as state_lib, step as step_lib
+  cfg = ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
+                    head_dim=8, mlp_dim=32, max_len=6, dropout_rate=0.5,
+                    attention_dropout_rate=0.5, deterministic=False)
+  tx = optax.sgd(0.1)
+  params = build(cfg).init(jax.random.key(0), np.ones((1, 6), np.int32))['params']
+  params = jax.tree.map(lambda x: getattr(x, 'value', x), params,
+                        is_leaf=lambda x: hasattr(x, 'value'))
+  state = state_lib.TrainState(step=np.int32(3), params=params, opt_state=tx.init(params))
+  ids = np.random.default_rng(0).integers(0, 7, (4, 7)).astype(np.int32)
+  batch = {'inputs': ids[:, :-1], 'targets': ids[:, 1:], 'loss_weights': np.ones((4, 6))}
+  loss = lambda impl: float(jax.jit(step_lib.make_train_step(
+      build(cfg), tx, lambda s: 0.1, seed=0, prng_impl=impl))(state, batch)[1]['loss'])
+  assert loss('philox4x32') == loss('philox4x32')
+  assert loss(None) == loss('threefry2x32')   # JAX's default
+  assert loss('philox4x32') != loss('threefry2x32')
+  with pytest.raises(ValueError, match="train.prng_impl='philox'"):
+    loss('philox')
