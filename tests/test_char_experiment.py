@@ -34,3 +34,36 @@ def test_short_protocol_learns(tmp_path):
   with pytest.raises(ValueError, match='needs at least'):
     config.heldout_chars = (10_000, 1_000_000)
     char_lm.run(config)
+
+
+def test_gpt_windows_count_every_target_once():
+  ids = np.arange(20)
+  for stride in (1, 3, 4):
+    batch = char_lm.gpt_windows(ids, 4, stride)
+    scored = batch['targets'][batch['loss_weights'] > 0]
+    np.testing.assert_array_equal(np.sort(scored), np.arange(1, 1 + len(scored)))
+    assert len(scored) > 20 - 1 - stride
+  with pytest.raises(ValueError, match='stride=5'):
+    char_lm.gpt_windows(ids, 4, 5)
+
+
+def test_full_context_perplexity_matches_one_prefix_at_a_time():
+  """stride=1: the loss of character j is -log p(ids[j] | ids[max(0, j - L):j])."""
+  import jax
+  from pretrain_jax.models import ModelConfig, build
+  cfg = ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
+                    head_dim=8, mlp_dim=32, max_len=5, activation='relu',
+                    position_embedding='sinusoidal', kernel_init='fan_in')
+  ids = np.random.default_rng(0).integers(0, 7, 23).astype(np.int32)
+  params = build(cfg).init(jax.random.key(0), ids[None, :5])['params']
+  params = jax.tree.map(lambda x: getattr(x, 'value', x), params,
+                        is_leaf=lambda x: hasattr(x, 'value'))
+  got = char_lm.evaluate_gpt(cfg, params, ids, stride=1)
+  nll = []
+  for j in range(1, len(ids)):
+    context = ids[max(0, j - cfg.max_len):j]
+    logits = build(cfg).apply({'params': params}, context[None])[0, -1]
+    nll.append(float(jax.nn.logsumexp(logits) - logits[ids[j]]))
+  assert got['characters'] == len(nll)
+  np.testing.assert_allclose(got['loss'], np.mean(nll), rtol=1e-5)
+

@@ -61,7 +61,8 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   mesh = mesh_lib.make_mesh(mesh_config)
   example = state_lib.init_batch(cfg.family, length)
   state, abstract = state_lib.create_state(model, tx, mesh, example, t.seed)
-  step_fn = step_lib.make_train_step(model, tx, optimizer.make_schedule(t), seed=t.seed)
+  step_fn = step_lib.make_train_step(model, tx, optimizer.make_schedule(t), seed=t.seed,
+                                     prng_impl=t.get('prng_impl') or None)
   rng = np.random.default_rng(seed)
   make = lambda: (_clm_batch(train_ids, rng.integers(0, len(train_ids) - length - 1, batch),
                              length) if cfg.family == 'gpt' else
@@ -80,15 +81,37 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   return cfg, state.params, time.perf_counter() - start, float(metrics['loss'])
 
 
-def evaluate_gpt(cfg, params, ids) -> dict:
-  length = cfg.max_len
-  windows = _windows(ids, length + 1)
-  batch = {'inputs': windows[:, :-1], 'targets': windows[:, 1:],
-           'loss_weights': np.ones((len(windows), length), np.float32)}
+def gpt_windows(ids: np.ndarray, length: int, stride: int = 0) -> dict:
+  """Evaluation batch covering `ids`: every target character counted exactly once.
+
+  stride=0: non-overlapping windows of `length` inputs (the reading of the protocol: the loss
+  averaged over all positions of a window, as in training, so early positions see little
+  context). 0 < stride <= length: windows start every `stride` characters; the first window
+  scores all its positions, each later one only its last `stride` (which see at least
+  `length - stride` characters of context; stride=1 gives every character the full context).
+  """
+  if not 0 <= stride <= length:
+    raise ValueError(f'stride={stride}; expected 0 (non-overlapping) or 1..{length}')
+  if stride == 0:
+    windows = _windows(ids, length + 1)                                  # (W, L + 1)
+    weights = np.ones((len(windows), length), np.float32)
+  else:
+    starts = np.arange(0, len(ids) - length, stride)                     # (W,)
+    windows = ids[starts[:, None] + np.arange(length + 1)]               # (W, L + 1)
+    weights = np.zeros((len(windows), length), np.float32)
+    weights[0] = 1.0
+    weights[1:, length - stride:] = 1.0
+  return {'inputs': windows[:, :-1], 'targets': windows[:, 1:], 'loss_weights': weights}
+
+
+def evaluate_gpt(cfg, params, ids, stride: int = 0) -> dict:
+  """Per-character loss, perplexity and accuracy of `ids` (see gpt_windows for `stride`)."""
+  batch = gpt_windows(ids, cfg.max_len, stride)
   sums = jax.jit(lambda p, b: task.loss_sums(build(cfg), p, b))(params, batch)
   loss = float(sums['lm'] / sums['lm_weight'])
   return {'loss': loss, 'perplexity': float(np.exp(loss)),
-          'accuracy': float(sums['lm_correct'] / sums['lm_weight'])}
+          'accuracy': float(sums['lm_correct'] / sums['lm_weight']),
+          'characters': int(sums['lm_weight'])}
 
 
 def evaluate_bert(cfg, params, ids, seed, probability) -> dict:
@@ -117,7 +140,9 @@ def run(config) -> dict:
   cut = lambda span: ids[span[0]:span[1]]
   gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(config.gpt, config.mesh,
                                                      cut(config.train_chars), len(vocab))
-  gpt = evaluate_gpt(gpt_cfg.replace(deterministic=True), gpt_params, cut(config.valid_chars))
+  gpt_eval_cfg = gpt_cfg.replace(deterministic=True)
+  gpt = evaluate_gpt(gpt_eval_cfg, gpt_params, cut(config.valid_chars))
+  gpt_full = evaluate_gpt(gpt_eval_cfg, gpt_params, cut(config.valid_chars), stride=1)
   bert_cfg, bert_params, bert_s, bert_train_loss = train(
       config.bert, config.mesh, cut(config.train_chars), len(vocab),
       mlm_probability=config.mlm_probability)
@@ -132,7 +157,9 @@ def run(config) -> dict:
   return {'vocab_size': len(vocab),
           'gpt': {'steps': config.gpt.train.steps, 'train_seconds': round(gpt_s, 2),
                   'final_train_loss': gpt_train_loss, 'valid_perplexity': gpt['perplexity'],
-                  'valid_accuracy': gpt['accuracy']},
+                  'valid_accuracy': gpt['accuracy'],
+                  # every character predicted from its full 48-character context
+                  'valid_perplexity_full_context': gpt_full['perplexity']},
           'bert': {'steps': config.bert.train.steps, 'train_seconds': round(bert_s, 2),
                    'final_train_loss': bert_train_loss, 'heldout_top1': bert['top1'],
                    'heldout_top5': bert['top5'], 'random_init_top1': random_init['top1'],
