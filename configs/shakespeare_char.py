@@ -35,6 +35,7 @@ def _train(steps: int) -> ml_collections.ConfigDict:
   t = common.train_config(batch_size=64, steps=steps, learning_rate=3e-3)
   t.update(warmup_steps=0, schedule='cosine', final_lr_fraction=0.0, optimizer='adamw',
            weight_decay=0.0, grad_clip=1.0)  # plain Adam, cosine to 0, clip at 1.0
+  t.prng_impl = 'philox4x32'        # single-process CPU: dropout masks 5x cheaper than threefry
   return t
 
 

@@ -65,3 +65,18 @@ def test_train_step_dropout_prng_impl():
   assert loss('philox4x32') != loss('threefry2x32')
   with pytest.raises(ValueError, match="train.prng_impl='philox'"):
     loss('philox')
+
+
+def test_philox_is_refused_across_processes(monkeypatch):
+  import jax
+  import optax
+  from pretrain_jax.models import ModelConfig, build
+  from pretrain_jax.training import step as step_lib
+  model = build(ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
+                            head_dim=8, mlp_dim=32, max_len=6))
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(ValueError, match="'philox4x32' does not compile across 2 processes"):
+    step_lib.make_train_step(model, optax.sgd(0.1), lambda s: 0.1, seed=0,
+                             prng_impl='philox4x32')
+  step_lib.make_train_step(model, optax.sgd(0.1), lambda s: 0.1, seed=0,
+                           prng_impl='threefry2x32')

@@ -43,13 +43,18 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   """The pure train step for `model` (built with deterministic=False for dropout).
 
   `prng_impl` names the dropout key's PRNG (`jax.random.key(seed, impl=...)`); None = JAX's
-  default (threefry2x32). On CPU, 'philox4x32' draws dropout masks several times faster.
+  default (threefry2x32). On CPU, 'philox4x32' draws dropout masks 5x faster, but its
+  `chlo.mulhi` has no multi-process lowering (jax 0.10: "failed to legalize mhlo.unknown"),
+  so it is refused when jax.process_count() > 1.
   """
   family = model.cfg.family
   try:
     jax.random.key(seed, impl=prng_impl)
   except ValueError as e:
     raise ValueError(f'train.prng_impl={prng_impl!r}: {e}') from None
+  if prng_impl and prng_impl.startswith('philox') and jax.process_count() > 1:
+    raise ValueError(f'train.prng_impl={prng_impl!r} does not compile across '
+                     f'{jax.process_count()} processes; use threefry2x32 (or rbg) there')
 
   def loss_fn(params, batch, denoms, rng):
     sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, z_loss=z_loss)
