@@ -131,3 +131,26 @@ def test_bad_model_config_names_the_value():
     tiny('gpt', activation='swish')
   with pytest.raises(ValueError, match=r"unknown config.model keys \['hidden'\]"):
     ModelConfig.from_config({'family': 'gpt', 'hidden': 3})
+
+
+@pytest.mark.parametrize('family,head', [('gpt', 'lm_head'), ('bert', 'mlm_decoder')])
+def test_untied_lm_head_is_its_own_layer(family, head):
+  tied, untied = init(tiny(family)), init(tiny(family, tie_embeddings=False))
+  assert head not in tied and untied[head]['kernel'].shape == (32, 97)
+  # A zero kernel (plus GPT's zero-init bias / BERT's mlm_bias) gives the head's bias as logits,
+  # whatever the input: the head no longer reads the token embedding.
+  untied[head]['kernel'] = jnp.zeros_like(untied[head]['kernel'])
+  bias = jnp.arange(97, dtype=jnp.float32) / 97
+  if family == 'gpt':
+    untied[head]['bias'] = bias
+  else:
+    untied['mlm_bias'] = bias
+  logits = forward(tiny(family, tie_embeddings=False), untied, tokens((2, 8)))
+  np.testing.assert_allclose(logits, np.broadcast_to(bias, (2, 8, 97)), atol=1e-6)
+
+
+@pytest.mark.parametrize('family', ['gpt', 'bert'])
+def test_untied_head_is_not_exported_to_hugging_face(family):
+  from pretrain_jax.hf import config as hf_config
+  with pytest.raises(ValueError, match='tie_embeddings=False; Hugging Face'):
+    hf_config.hf_config_from_model(tiny(family, tie_embeddings=False, position_embedding='learned'))

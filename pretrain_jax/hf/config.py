@@ -152,8 +152,9 @@ def _check_exportable(cfg: ModelConfig) -> None:
     if cfg.activation not in HF_ACTIVATIONS:
       raise ValueError(f'model.activation={cfg.activation!r}; exportable for {cfg.family}: '
                        f'{sorted(HF_ACTIVATIONS)}')
-  if cfg.family == 'gpt' and not cfg.tie_embeddings:
-    raise ValueError('model.tie_embeddings=False; GPT-2 ties its LM head')
+  if cfg.family in ('gpt', 'bert') and not cfg.tie_embeddings:
+    raise ValueError(f'model.tie_embeddings=False; Hugging Face {cfg.family.upper()} ties its '
+                     'LM head to the token embedding')
 
 
 def hf_config_from_model(cfg: ModelConfig, *, pad_id=None, eos_id=None) -> dict:

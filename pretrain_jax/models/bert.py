@@ -65,7 +65,12 @@ class BERT(nn.Module):
 
     bias = self.param('mlm_bias', layers.partitioned(nn.initializers.zeros, ('vocab',)),
                       (cfg.vocab_size,), cfg.param_dtype)
-    mlm_logits = wte.attend(MLMTransform(cfg, name='mlm_transform')(x)) + bias  # (B, T, V)
+    h = MLMTransform(cfg, name='mlm_transform')(x)                      # (B, T, E)
+    if cfg.tie_embeddings:
+      mlm_logits = wte.attend(h) + bias                                  # (B, T, V)
+    else:
+      mlm_logits = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'mlm_decoder',
+                                init=layers.param_init(cfg, cfg.emb_dim), use_bias=False)(h) + bias
     nsp_logits = None
     if cfg.nsp:  # pooler: tanh(dense([CLS])), then a 2-way classifier
       pooled = jnp.tanh(layers.dense(cfg, cfg.emb_dim, ['embed'], ['mlp'], 'pooler')(x[:, 0]))

@@ -1,4 +1,5 @@
-"""GPT-2: pre-LN decoder, learned positions, GELU (tanh), final LayerNorm, tied LM head."""
+"""GPT-2: pre-LN decoder, learned positions, GELU (tanh), final LayerNorm, tied LM head
+(`tie_embeddings=False`: a separate `lm_head` dense layer with bias)."""
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -58,4 +59,7 @@ class GPT(nn.Module):
     x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
     x = layers.norm(cfg, 'ln_f')(x)
-    return wte.attend(x).astype(jnp.float32)                              # (B, T, V)
+    if cfg.tie_embeddings:
+      return wte.attend(x).astype(jnp.float32)                            # (B, T, V)
+    return layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
+                        init=layers.param_init(cfg, cfg.emb_dim))(x).astype(jnp.float32)
