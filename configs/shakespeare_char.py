@@ -28,6 +28,7 @@ def _model(family: str) -> ml_collections.ConfigDict:
   m.attention_dropout_rate = 0.1    # attention-probability dropout
   m.layer_norm_eps = 1e-5           # LayerNorm epsilon
   m.nsp = False                     # no next-sentence head
+  m.tie_embeddings = True           # output head = input embedding (GPT below unties it)
   return m
 
 
@@ -49,6 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_seed = 1234                # fixed masking of the held-out windows
   c.gpt = ml_collections.ConfigDict({'model': _model('gpt'), 'train': _train(600)})
   c.gpt.model.kernel_init = 'fan_in'  # measured: val ppl 6.3 vs 8.2 with N(0, 0.02)
+  # An untied output layer (as a PyTorch nn.Linear head would be): val ppl 5.92 / 6.09 over seeds
+  # 0 / 1 vs 6.32 / 6.70 tied. BERT measured no difference (top-1 0.528 / 0.537 vs 0.534).
+  c.gpt.model.tie_embeddings = False
   c.bert = ml_collections.ConfigDict({'model': _model('bert'), 'train': _train(1500)})
   # Post-LN BERT at lr 3e-3 needs a short warmup (measured top-1 0.537 vs 0.514 without); the
   # protocol's cosine decay to 0 follows it.
