@@ -23,7 +23,7 @@ def _model(family: str) -> ml_collections.ConfigDict:
   m.max_len = 48                    # context length
   m.activation = 'relu'             # feed-forward activation
   m.position_embedding = 'sinusoidal'  # fixed sin/cos positions
-  m.kernel_init = 'normal'          # dense init N(0, 0.02); GPT below uses 'fan_in' (N(0, 1/fan_in))
+  m.kernel_init = 'normal'          # dense init N(0, 0.02); GPT below: 'fan_in' (N(0, 1/fan_in))
   m.dropout_rate = 0.1              # hidden dropout
   m.attention_dropout_rate = 0.1    # attention-probability dropout
   m.layer_norm_eps = 1e-5           # LayerNorm epsilon
