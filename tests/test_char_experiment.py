@@ -1,10 +1,13 @@
 """The character-level BERT-vs-GPT protocol, shortened, on text that ships with CPython."""
+import jax
 import numpy as np
 import pytest
 from pydoc_data import topics
 
 from configs import shakespeare_char
+from modeling import init
 from pretrain_jax.experiments import char_lm
+from pretrain_jax.models import ModelConfig, build
 
 
 def test_char_vocab_and_encoding():
@@ -49,15 +52,11 @@ def test_gpt_windows_count_every_target_once():
 
 def test_full_context_perplexity_matches_one_prefix_at_a_time():
   """stride=1: the loss of character j is -log p(ids[j] | ids[max(0, j - L):j])."""
-  import jax
-  from pretrain_jax.models import ModelConfig, build
   cfg = ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
                     head_dim=8, mlp_dim=32, max_len=5, activation='relu',
                     position_embedding='sinusoidal', kernel_init='fan_in')
   ids = np.random.default_rng(0).integers(0, 7, 23).astype(np.int32)
-  params = build(cfg).init(jax.random.key(0), ids[None, :5])['params']
-  params = jax.tree.map(lambda x: getattr(x, 'value', x), params,
-                        is_leaf=lambda x: hasattr(x, 'value'))
+  params = init(cfg, length=5)
   got = char_lm.evaluate_gpt(cfg, params, ids, stride=1)
   nll = []
   for j in range(1, len(ids)):

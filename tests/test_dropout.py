@@ -2,9 +2,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from modeling import init
 from pretrain_jax import dropout
+from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.training import state as state_lib, step as step_lib
 
 
 def test_keep_mask_rate_and_scale():
@@ -44,17 +48,11 @@ def test_dropout_module_matches_function_and_is_identity_when_deterministic():
 
 def test_train_step_dropout_prng_impl():
   """The dropout key's PRNG is a train-step argument: repeatable per step, and it takes effect."""
-  import jax
-  import optax
-  from pretrain_jax.models import ModelConfig, build
-  from pretrain_jax.training import state as state_lib, step as step_lib
   cfg = ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
                     head_dim=8, mlp_dim=32, max_len=6, dropout_rate=0.5,
                     attention_dropout_rate=0.5, deterministic=False)
   tx = optax.sgd(0.1)
-  params = build(cfg).init(jax.random.key(0), np.ones((1, 6), np.int32))['params']
-  params = jax.tree.map(lambda x: getattr(x, 'value', x), params,
-                        is_leaf=lambda x: hasattr(x, 'value'))
+  params = init(cfg, length=6)
   state = state_lib.TrainState(step=np.int32(3), params=params, opt_state=tx.init(params))
   ids = np.random.default_rng(0).integers(0, 7, (4, 7)).astype(np.int32)
   batch = {'inputs': ids[:, :-1], 'targets': ids[:, 1:], 'loss_weights': np.ones((4, 6))}
@@ -68,10 +66,6 @@ def test_train_step_dropout_prng_impl():
 
 
 def test_philox_is_refused_across_processes(monkeypatch):
-  import jax
-  import optax
-  from pretrain_jax.models import ModelConfig, build
-  from pretrain_jax.training import step as step_lib
   model = build(ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
                             head_dim=8, mlp_dim=32, max_len=6))
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
