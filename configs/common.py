@@ -54,6 +54,9 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
   t.grad_clip = 1.0                 # global-norm clip; 0 disables
   t.microbatches = 1                # gradient accumulation: batch_size splits into this many
   t.z_loss = 0.0                    # coefficient of log(Z)^2 in the loss (0 disables)
+  t.loss_chunk_len = 0              # LM head + cross-entropy this many positions at a time,
+                                    # recomputed in the backward pass: saves the (B, T, V)
+                                    # logits' memory for one more head matmul; 0 = all at once
   t.seed = 0                        # parameter init and dropout randomness
   t.prng_impl = 'threefry2x32'      # dropout key's PRNG (jax.random.key impl): 'threefry2x32'
                                     # (JAX's default, works everywhere), 'philox4x32' (5x faster

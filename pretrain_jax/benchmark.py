@@ -135,7 +135,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   train_step = step_lib.jit_train_step(
       step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
                                microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
-                               prng_impl=t.get('prng_impl')),
+                               prng_impl=t.get('prng_impl'),
+                               loss_chunk_len=t.get('loss_chunk_len', 0)),
       state_lib.shardings_of(abstract), mesh, batch_np)
   shardings = step_lib.batch_shardings(mesh, batch_np)
   batch = {k: jax.device_put(v, shardings[k]) for k, v in batch_np.items()}
@@ -172,7 +173,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'loss': float(metrics['loss']), 'device': jax.devices()[0].device_kind,
             'num_devices': jax.device_count(), 'dtype': jnp.dtype(model_cfg.dtype).name,
             'attention_impl': model_cfg.attention_impl, 'scan_layers': model_cfg.scan_layers,
-            'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl')}
+            'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl'),
+            'loss_chunk_len': int(t.get('loss_chunk_len', 0))}
   if model_cfg.family == 't5':
     record['target_len'] = int(batch_np['decoder_input_tokens'].shape[1])
   record.update(peak_memory(compiled))

@@ -26,3 +26,44 @@ def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0):
           'z_loss': z_loss * jnp.sum(jnp.square(log_z) * weights),
           'correct': jnp.sum(correct * weights),
           'weight': jnp.sum(weights)}
+
+
+def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0.0,
+                               chunk_len: int = 0):
+  """cross_entropy_sums(head(hidden), ...) without holding all the logits at once.
+
+  The head (hidden -> logits) and the cross-entropy run over `chunk_len` sequence positions
+  at a time, under jax.checkpoint: the backward pass recomputes each chunk's logits instead of
+  storing the (B, T, V) logits and their softmax, so memory for them drops by T / chunk_len
+  at the cost of one more head matmul. Chunks are cut along the sequence, never the batch,
+  so a batch-sharded input stays where it is. T is padded up to a multiple of chunk_len with
+  zero-weight positions. chunk_len 0 (or >= T) runs the head once.
+
+  Args:
+    head: (B, C, E) -> (B, C, V) logits.
+    hidden: (B, T, E); targets, weights: (B, T).
+  """
+  if not isinstance(chunk_len, int) or chunk_len < 0:
+    raise ValueError(f'loss_chunk_len={chunk_len!r}; expected 0 (the whole sequence at once) '
+                     'or a positive number of positions')
+  length = hidden.shape[1]
+  if chunk_len == 0 or chunk_len >= length:
+    return cross_entropy_sums(head(hidden), targets, weights, z_loss)
+  chunks = -(-length // chunk_len)
+  pad = chunks * chunk_len - length
+
+  def split(x):                                             # (B, T, ...) -> (n, B, C, ...)
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    x = x.reshape((x.shape[0], chunks, chunk_len) + x.shape[2:])
+    return jnp.swapaxes(x, 0, 1)
+
+  @jax.checkpoint
+  def chunk_sums(h, t, w):
+    return cross_entropy_sums(head(h), t, w, z_loss)
+
+  def body(total, xs):
+    return jax.tree.map(jnp.add, total, chunk_sums(*xs)), None
+
+  zeros = {k: jnp.zeros((), jnp.float32) for k in ('loss', 'z_loss', 'correct', 'weight')}
+  total, _ = jax.lax.scan(body, zeros, (split(hidden), split(targets), split(weights)))
+  return total

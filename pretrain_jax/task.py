@@ -39,16 +39,24 @@ def denominators(family: str, batch) -> dict:
   return out
 
 
-def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0) -> dict:
-  """Forward pass and summed loss terms: lm, lm_z, lm_correct, lm_weight (+ nsp_*)."""
+def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
+              loss_chunk_len: int = 0) -> dict:
+  """Forward pass and summed loss terms: lm, lm_z, lm_correct, lm_weight (+ nsp_*).
+
+  loss_chunk_len > 0 runs the LM head and cross-entropy that many positions at a time
+  (losses.chunked_cross_entropy_sums): the same sums, without the whole (B, T, V) logits.
+  """
   family = model.cfg.family
   args, kwargs = model_inputs(family, batch)
-  out = model.apply({'params': params}, *args, **kwargs, rngs=rngs)
-  logits, nsp_logits = out if family == 'bert' else (out, None)
+  variables = {'params': params}
+  hidden = model.apply(variables, *args, **kwargs, rngs=rngs, method='hidden')  # (B, T, E)
+  head = lambda h: model.apply(variables, h, method='logits')
   target_key, weight_key = TARGET_KEYS[family]
-  lm = losses.cross_entropy_sums(logits, batch[target_key], batch[weight_key], z_loss)
+  lm = losses.chunked_cross_entropy_sums(head, hidden, batch[target_key], batch[weight_key],
+                                         z_loss, loss_chunk_len)
   sums = {f'lm_{k}' if k != 'loss' else 'lm': v for k, v in lm.items()}
-  if nsp_logits is not None and 'nsp_labels' in batch:
+  if family == 'bert' and model.cfg.nsp and 'nsp_labels' in batch:
+    nsp_logits = model.apply(variables, hidden, method='nsp_logits')
     nsp = losses.cross_entropy_sums(nsp_logits, batch['nsp_labels'],
                                     jnp.ones(batch['nsp_labels'].shape, jnp.float32))
     sums.update(nsp=nsp['loss'], nsp_correct=nsp['correct'])

@@ -36,12 +36,27 @@ class BERT(nn.Module):
 
   __call__(inputs (B, T), token_type_ids, segment_ids, positions) ->
   (mlm_logits (B, T, V) float32, nsp_logits (B, 2) float32 or None).
+  `hidden` (same arguments) -> the encoder's output (B, T, E); `logits(hidden)` is the MLM head
+  and `nsp_logits(hidden)` the NSP head, so a loss can run the MLM head a chunk at a time.
   The bidirectional mask comes from segment ids alone (packing + padding).
   """
   cfg: ModelConfig
 
+  def setup(self):
+    cfg = self.cfg
+    self.word_embeddings, self.embed_scale = layers.token_embedding(cfg, 'word_embeddings')
+    self.mlm_bias = self.param('mlm_bias', layers.partitioned(nn.initializers.zeros, ('vocab',)),
+                               (cfg.vocab_size,), cfg.param_dtype)
+    self.mlm_transform = MLMTransform(cfg)
+    if not cfg.tie_embeddings:
+      self.mlm_decoder = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'mlm_decoder',
+                                      init=layers.param_init(cfg, cfg.emb_dim), use_bias=False)
+    if cfg.nsp:  # pooler: tanh(dense([CLS])), then a 2-way classifier
+      self.pooler = layers.dense(cfg, cfg.emb_dim, ['embed'], ['mlp'], 'pooler')
+      self.nsp = layers.dense(cfg, 2, ['mlp'], ['classes'], 'nsp')
+
   @nn.compact
-  def __call__(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
+  def hidden(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
     cfg = self.cfg
     if segment_ids is None:
       segment_ids = jnp.ones_like(inputs)
@@ -50,8 +65,7 @@ class BERT(nn.Module):
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     mask = masks.segment_mask(segment_ids)                               # (B, 1, T, T)
-    wte, scale = layers.token_embedding(cfg, 'word_embeddings')
-    x = wte(inputs) * scale                                              # (B, T, E)
+    x = self.word_embeddings(inputs) * self.embed_scale                  # (B, T, E)
     if cfg.position_embedding == 'learned':
       x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'position_embeddings',
                            one_hot=True)(positions)
@@ -61,19 +75,20 @@ class BERT(nn.Module):
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)
     x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
-    x = layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
+    return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
 
-    bias = self.param('mlm_bias', layers.partitioned(nn.initializers.zeros, ('vocab',)),
-                      (cfg.vocab_size,), cfg.param_dtype)
-    h = MLMTransform(cfg, name='mlm_transform')(x)                      # (B, T, E)
-    if cfg.tie_embeddings:
-      mlm_logits = wte.attend(h) + bias                                  # (B, T, V)
-    else:
-      mlm_logits = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'mlm_decoder',
-                                init=layers.param_init(cfg, cfg.emb_dim), use_bias=False)(h) + bias
-    nsp_logits = None
-    if cfg.nsp:  # pooler: tanh(dense([CLS])), then a 2-way classifier
-      pooled = jnp.tanh(layers.dense(cfg, cfg.emb_dim, ['embed'], ['mlp'], 'pooler')(x[:, 0]))
-      nsp_logits = layers.dense(cfg, 2, ['mlp'], ['classes'], 'nsp')(pooled)  # (B, 2)
-      nsp_logits = nsp_logits.astype(jnp.float32)
-    return mlm_logits.astype(jnp.float32), nsp_logits
+  def logits(self, hidden):                                              # (..., E)
+    h = self.mlm_transform(hidden)
+    decoder = self.word_embeddings.attend if self.cfg.tie_embeddings else self.mlm_decoder
+    return (decoder(h) + self.mlm_bias).astype(jnp.float32)              # (..., V)
+
+  def nsp_logits(self, hidden):                                          # (B, T, E)
+    if not self.cfg.nsp:
+      return None
+    pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+    return self.nsp(pooled).astype(jnp.float32)                          # (B, 2)
+
+  def __call__(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
+    x = self.hidden(inputs, token_type_ids=token_type_ids, segment_ids=segment_ids,
+                    positions=positions)
+    return self.logits(x), self.nsp_logits(x)

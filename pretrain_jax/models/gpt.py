@@ -29,6 +29,8 @@ class GPTBlock(nn.Module):
 class GPT(nn.Module):
   """Causal LM. __call__(inputs (B, T), segment_ids, positions) -> logits (B, T, V).
 
+  `hidden` (same arguments) -> the final LayerNorm's output (B, T, E) and `logits(hidden)` is
+  the LM head, so a loss can run the head a chunk of positions at a time.
   The mask is decided here: the packing/padding mask from segment ids AND causal, the causal
   part handed to the attention core in factored form (`causal=True`) so cuDNN can skip it.
   In decode mode (cfg.decode) a `cache_index` and the cached keys' segment ids live in the
@@ -36,8 +38,15 @@ class GPT(nn.Module):
   """
   cfg: ModelConfig
 
+  def setup(self):
+    cfg = self.cfg
+    self.wte, self.embed_scale = layers.token_embedding(cfg, 'wte')
+    if not cfg.tie_embeddings:
+      self.lm_head = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
+                                  init=layers.param_init(cfg, cfg.emb_dim))
+
   @nn.compact
-  def __call__(self, inputs, *, segment_ids=None, positions=None):
+  def hidden(self, inputs, *, segment_ids=None, positions=None):
     cfg = self.cfg
     if segment_ids is None:
       segment_ids = jnp.ones_like(inputs)
@@ -49,8 +58,7 @@ class GPT(nn.Module):
       mask = masks.segment_mask(segment_ids)     # (B, 1, T, T); AND causal, given factored
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    wte, scale = layers.token_embedding(cfg, 'wte')
-    x = wte(inputs) * scale                                               # (B, T, E)
+    x = self.wte(inputs) * self.embed_scale                               # (B, T, E)
     if cfg.position_embedding == 'learned':
       x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'wpe', 0.01,
                            one_hot=True)(positions)
@@ -58,8 +66,11 @@ class GPT(nn.Module):
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
     x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
-    x = layers.norm(cfg, 'ln_f')(x)
-    if cfg.tie_embeddings:
-      return wte.attend(x).astype(jnp.float32)                            # (B, T, V)
-    return layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
-                        init=layers.param_init(cfg, cfg.emb_dim))(x).astype(jnp.float32)
+    return layers.norm(cfg, 'ln_f')(x)                                    # (B, T, E)
+
+  def logits(self, hidden):                                               # (..., E)
+    head = self.wte.attend if self.cfg.tie_embeddings else self.lm_head
+    return head(hidden).astype(jnp.float32)                               # (..., V)
+
+  def __call__(self, inputs, *, segment_ids=None, positions=None):
+    return self.logits(self.hidden(inputs, segment_ids=segment_ids, positions=positions))

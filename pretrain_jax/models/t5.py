@@ -104,8 +104,14 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+  """__call__ -> the final norm's output (B, T, E); `logits` is the LM head."""
   cfg: ModelConfig
   shared: nn.Module
+
+  def setup(self):
+    if not self.cfg.tie_embeddings:
+      self.lm_head = layers.dense(self.cfg, self.cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
+                                  init=nn.initializers.normal(self.cfg.emb_dim ** -0.5))
 
   @nn.compact
   def __call__(self, tokens, encoded, segment_ids, encoder_segment_ids):  # (B, T), (B, S, E)
@@ -125,17 +131,20 @@ class Decoder(nn.Module):
     x = layers.apply_stack(DecoderBlock, cfg, cfg.decoder_layers, 'layers', x, encoded,
                            self_mask, bias, masks.cross_mask(segment_ids, encoder_segment_ids),
                            decode_index)
-    x = _dropout(cfg, layers.norm(cfg, 'final_norm')(x))
-    if cfg.tie_embeddings:
-      return self.shared.attend(x * cfg.emb_dim ** -0.5).astype(jnp.float32)  # (B, T, V)
-    return layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
-                        init=nn.initializers.normal(cfg.emb_dim ** -0.5))(x).astype(jnp.float32)
+    return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
+
+  def logits(self, x):                                                   # (..., E)
+    if self.cfg.tie_embeddings:
+      return self.shared.attend(x * self.cfg.emb_dim ** -0.5).astype(jnp.float32)  # (..., V)
+    return self.lm_head(x).astype(jnp.float32)
 
 
 class T5(nn.Module):
   """__call__(encoder_input_tokens (B, S), decoder_input_tokens (B, T), ...) -> (B, T, V).
 
-  `encode` and `decode` are separate methods so generation runs the encoder once.
+  `encode` and `decode` are separate methods so generation runs the encoder once. `hidden`
+  (same arguments as __call__) -> the decoder's final states (B, T, E) and `logits(hidden)` is
+  the LM head, so a loss can run the head a chunk of positions at a time.
   """
   cfg: ModelConfig
 
@@ -151,8 +160,8 @@ class T5(nn.Module):
       encoder_segment_ids = jnp.ones_like(encoder_input_tokens)
     return self.encoder(encoder_input_tokens, encoder_segment_ids)
 
-  def decode(self, encoded, decoder_input_tokens, *, encoder_segment_ids=None,
-             decoder_segment_ids=None, decoder_positions=None):
+  def decoder_hidden(self, encoded, decoder_input_tokens, *, encoder_segment_ids=None,
+                     decoder_segment_ids=None, decoder_positions=None):
     del decoder_positions
     if encoder_segment_ids is None:
       encoder_segment_ids = jnp.ones(encoded.shape[:2], jnp.int32)
@@ -160,10 +169,21 @@ class T5(nn.Module):
       decoder_segment_ids = jnp.ones_like(decoder_input_tokens)
     return self.decoder(decoder_input_tokens, encoded, decoder_segment_ids, encoder_segment_ids)
 
-  def __call__(self, encoder_input_tokens, decoder_input_tokens, *, encoder_segment_ids=None,
-               decoder_segment_ids=None, encoder_positions=None, decoder_positions=None):
+  def logits(self, hidden):                                              # (..., E)
+    return self.decoder.logits(hidden)                                   # (..., V)
+
+  def decode(self, encoded, decoder_input_tokens, **kwargs):
+    """Logits (B, T, V) of the decoder given the encoder's output (kwargs: decoder_hidden's)."""
+    return self.logits(self.decoder_hidden(encoded, decoder_input_tokens, **kwargs))
+
+  def hidden(self, encoder_input_tokens, decoder_input_tokens, *, encoder_segment_ids=None,
+             decoder_segment_ids=None, encoder_positions=None, decoder_positions=None):
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids=encoder_segment_ids,
                           encoder_positions=encoder_positions)
-    return self.decode(encoded, decoder_input_tokens, encoder_segment_ids=encoder_segment_ids,
-                       decoder_segment_ids=decoder_segment_ids,
-                       decoder_positions=decoder_positions)
+    return self.decoder_hidden(encoded, decoder_input_tokens,
+                               encoder_segment_ids=encoder_segment_ids,
+                               decoder_segment_ids=decoder_segment_ids,
+                               decoder_positions=decoder_positions)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, **kwargs):
+    return self.logits(self.hidden(encoder_input_tokens, decoder_input_tokens, **kwargs))

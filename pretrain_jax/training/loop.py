@@ -125,10 +125,11 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   train_step = jax.jit(
       step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
                                microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
-                               prng_impl=t.get('prng_impl')),
+                               prng_impl=t.get('prng_impl'),
+                               loss_chunk_len=t.get('loss_chunk_len', 0)),
       in_shardings=(shardings, batch_sharding),
       out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
-  eval_step = jax.jit(step_lib.make_eval_step(eval_model),
+  eval_step = jax.jit(step_lib.make_eval_step(eval_model, t.get('loss_chunk_len', 0)),
                       in_shardings=(shardings.params, batch_sharding),
                       out_shardings=NamedSharding(mesh, P()))
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()

@@ -39,13 +39,14 @@ def metrics_from_sums(sums: dict, denoms: dict) -> dict:
 
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
-                    z_loss: float = 0.0, mesh=None, prng_impl=None):
+                    z_loss: float = 0.0, mesh=None, prng_impl=None, loss_chunk_len: int = 0):
   """The pure train step for `model` (built with deterministic=False for dropout).
 
   `prng_impl` names the dropout key's PRNG (`jax.random.key(seed, impl=...)`); None = JAX's
   default (threefry2x32). On CPU, 'philox4x32' draws dropout masks 5x faster, but its
   `chlo.mulhi` has no multi-process lowering (jax 0.10: "failed to legalize mhlo.unknown"),
-  so it is refused when jax.process_count() > 1.
+  so it is refused when jax.process_count() > 1. `loss_chunk_len` > 0 runs the LM head and
+  cross-entropy that many positions at a time (task.loss_sums).
   """
   family = model.cfg.family
   try:
@@ -57,7 +58,8 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
                      f'{jax.process_count()} processes; use threefry2x32 (or rbg) there')
 
   def loss_fn(params, batch, denoms, rng):
-    sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, z_loss=z_loss)
+    sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, z_loss=z_loss,
+                          loss_chunk_len=loss_chunk_len)
     return task.total_loss(sums, denoms), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -97,12 +99,13 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   return train_step
 
 
-def make_eval_step(model):
+def make_eval_step(model, loss_chunk_len: int = 0):
   """eval_step(params, batch) -> (sums, denominators) with a deterministic model."""
   family = model.cfg.family
 
   def eval_step(params, batch):
-    return task.loss_sums(model, params, batch), task.denominators(family, batch)
+    return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len),
+            task.denominators(family, batch))
   return eval_step
 
 

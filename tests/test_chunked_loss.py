@@ -1,0 +1,92 @@
+"""Chunked LM head + cross-entropy: the same sums and gradients as the whole-sequence loss."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from modeling import VOCAB, init, tiny
+from pretrain_jax import losses, task
+from pretrain_jax.models import build
+from pretrain_jax.training.synthetic import SyntheticDataset
+
+CASES = [('gpt', {}), ('gpt', dict(tie_embeddings=False)), ('bert', dict(nsp=True)),
+         ('t5', {}), ('t5', dict(tie_embeddings=True, activation='relu'))]
+
+
+def _batch(family, seq_len=12):
+  batch = SyntheticDataset(family, vocab_size=VOCAB, seq_len=seq_len, batch_size=3,
+                           nsp=family == 'bert').batch(0)
+  key = task.TARGET_KEYS[family][1]
+  weights = batch[key].copy()
+  weights[0, -3:] = 0.0                          # some ignored positions, near a chunk edge
+  batch[key] = weights
+  return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def _sums_and_grads(cfg, params, batch, chunk):
+  model = build(cfg)
+
+  def loss(p):
+    sums = task.loss_sums(model, p, batch, rngs={'dropout': jax.random.key(3)}, z_loss=1e-3,
+                          loss_chunk_len=chunk)
+    return task.total_loss(sums, task.denominators(cfg.family, batch)), sums
+  (_, sums), grads = jax.value_and_grad(loss, has_aux=True)(params)
+  return sums, grads
+
+
+@pytest.mark.parametrize('family,kw', CASES)
+def test_chunked_loss_matches_whole_sequence_with_dropout(family, kw):
+  cfg = tiny(family, dropout_rate=0.1, attention_dropout_rate=0.1, deterministic=False, **kw)
+  params = init(cfg, length=12)
+  batch = _batch(family)
+  whole, whole_grads = _sums_and_grads(cfg, params, batch, 0)
+  # 5 does not divide the target length (12, or 6 for T5): the last chunk is padded.
+  sums, grads = _sums_and_grads(cfg, params, batch, 5)
+  assert sums.keys() == whole.keys()
+  for k in whole:
+    np.testing.assert_allclose(sums[k], whole[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               grads, whole_grads)
+  assert float(whole['lm_weight']) == float(jnp.sum(batch[task.TARGET_KEYS[family][1]]))
+
+
+@pytest.mark.parametrize('family,kw', CASES)
+def test_hidden_then_logits_is_the_model_call(family, kw):
+  cfg = tiny(family, **kw)
+  params = init(cfg, length=12)
+  batch = _batch(family)
+  args, kwargs = task.model_inputs(family, batch)
+  model = build(cfg)
+  out = model.apply({'params': params}, *args, **kwargs)
+  logits = out[0] if family == 'bert' else out
+  sums = task.loss_sums(model, params, batch, loss_chunk_len=5)
+  ref = losses.cross_entropy_sums(logits, batch[task.TARGET_KEYS[family][0]],
+                                  batch[task.TARGET_KEYS[family][1]])
+  np.testing.assert_allclose(sums['lm'], ref['loss'], rtol=1e-5)
+  np.testing.assert_allclose(sums['lm_correct'], ref['correct'])
+  if family == 'bert':
+    nsp = losses.cross_entropy_sums(out[1], batch['nsp_labels'], jnp.ones((3,)))
+    np.testing.assert_allclose(sums['nsp'], nsp['loss'], rtol=1e-5)
+
+
+def test_chunking_shrinks_the_compiled_step_memory():
+  cfg = tiny('gpt', vocab_size=8192, max_len=256)
+  params = init(cfg, length=256)
+  batch = SyntheticDataset('gpt', vocab_size=8192, seq_len=256, batch_size=4).batch(0)
+  model = build(cfg)
+
+  def temp_bytes(chunk):
+    grad = jax.grad(lambda p, b: task.total_loss(
+        task.loss_sums(model, p, b, loss_chunk_len=chunk), task.denominators('gpt', b)))
+    return jax.jit(grad).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+  logits_bytes = 4 * 256 * 8192 * 4                         # one f32 (B, T, V) array: 32 MiB
+  whole, chunked = temp_bytes(0), temp_bytes(32)
+  assert whole > logits_bytes
+  assert chunked < whole - logits_bytes
+
+
+def test_negative_chunk_is_refused():
+  with pytest.raises(ValueError, match='loss_chunk_len=-1'):
+    losses.chunked_cross_entropy_sums(lambda h: h, jnp.zeros((1, 4, 2)),
+                                      jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4)),
+                                      chunk_len=-1)
