@@ -79,16 +79,21 @@ def target_length(config) -> int:
 
 
 def synthetic_batch(config) -> dict:
-  """One global batch of the configured shapes (numpy), as the data pipeline lays it out."""
+  """One global batch of the configured shapes (numpy), as the data pipeline lays it out.
+
+  Token ids follow Zipf(1.1) as natural text's do: uniform ids never repeat enough to show what
+  a repeated id costs (a bf16 embedding-gradient scatter-add took 312 ms on an H100 for
+  GPT-2 small at batch 96 with Zipf ids, 0.6 ms with uniform ones).
+  """
   m, d = config.model, config.data
-  batch = SyntheticDataset(m.family, vocab_size=m.vocab_size, seq_len=d.seq_len,
-                           batch_size=config.train.batch_size,
-                           nsp=bool(m.get('nsp', False))).batch(0)
+  data = SyntheticDataset(m.family, vocab_size=m.vocab_size, seq_len=d.seq_len,
+                          batch_size=config.train.batch_size, nsp=bool(m.get('nsp', False)),
+                          zipf=1.1)
+  batch = data.batch(0)
   if m.family == 't5':
     t = target_length(config)
     if t > d.seq_len // 2:
-      rng = np.random.default_rng(1)
-      tokens = rng.integers(3, m.vocab_size, (config.train.batch_size, t), dtype=np.int32)
+      tokens = data.tokens(np.random.default_rng(1), (config.train.batch_size, t))
       ones = np.ones_like(tokens)
       batch.update(decoder_input_tokens=np.pad(tokens[:, :-1], [(0, 0), (1, 0)]),
                    decoder_target_tokens=tokens, decoder_segment_ids=ones,

@@ -4,10 +4,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from configs import tiny_gpt, tiny_t5
 from pretrain_jax import benchmark
+from pretrain_jax.training.synthetic import SyntheticDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ('family', 'params', 'step_s', 'tokens_per_s', 'model_flops_per_step', 'peak_flops',
@@ -51,3 +53,17 @@ def test_script_prints_json_last_line():
   assert record['family'] == 'gpt' and record['seq_len'] == 16
   assert record['mfu'] == pytest.approx(
       record['model_flops_per_step'] / record['step_s'] / record['peak_flops'])
+
+
+def test_benchmark_batch_repeats_ids_like_text():
+  config = tiny_gpt.get_config()
+  config.train.batch_size, config.data.seq_len = 8, 128
+  batch = benchmark.synthetic_batch(config)
+  ids = batch['inputs']
+  vocab = config.model.vocab_size
+  assert ids.min() >= 3 and ids.max() < vocab
+  counts = np.bincount(ids.ravel(), minlength=vocab)
+  assert counts.max() / ids.size > 0.05      # Zipf(1.1): the top id is ~9% of the tokens
+  assert np.count_nonzero(counts) > 50       # ... and the tail is long
+  with pytest.raises(ValueError, match='zipf=1.0'):
+    SyntheticDataset('gpt', vocab_size=vocab, seq_len=8, batch_size=1, zipf=1.0)

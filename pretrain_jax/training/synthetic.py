@@ -2,7 +2,9 @@
 
 For tests and benchmarks that must not depend on the data pipeline: batch i is a pure function
 of (seed, i), so a restored iterator repeats exactly. `fixed=True` repeats batch 0 forever (a
-loss that must go down).
+loss that must go down). Token ids are uniform, or with `zipf=a` (> 1) ranked by a Zipf law like
+natural text's (a = 1.1: the most frequent id is ~9% of tokens), so costs that depend on
+repeated ids (an embedding gradient's scatter-add) show up as they do on real data.
 """
 import numpy as np
 
@@ -10,8 +12,10 @@ import numpy as np
 class SyntheticDataset:
 
   def __init__(self, family: str, *, vocab_size: int, seq_len: int, batch_size: int,
-               seed: int = 0, nsp: bool = False, fixed: bool = False):
-    self.family, self.vocab_size, self.seq_len = family, vocab_size, seq_len
+               seed: int = 0, nsp: bool = False, fixed: bool = False, zipf: float = 0.0):
+    if zipf and zipf <= 1.0:
+      raise ValueError(f'zipf={zipf}; expected 0 (uniform ids) or an exponent > 1')
+    self.family, self.vocab_size, self.seq_len, self.zipf = family, vocab_size, seq_len, zipf
     self.batch_size, self.seed, self.nsp, self.fixed = batch_size, seed, nsp, fixed
     self.index = 0
 
@@ -29,10 +33,16 @@ class SyntheticDataset:
   def set_state(self, state: dict) -> None:
     self.index = int(state['index'])
 
+  def tokens(self, rng, shape) -> np.ndarray:
+    """Ids in [3, vocab_size): uniform, or 3 + Zipf rank (clipped to the vocabulary)."""
+    if self.zipf:
+      return (3 + np.minimum(rng.zipf(self.zipf, shape) - 1, self.vocab_size - 4)).astype(np.int32)
+    return rng.integers(3, self.vocab_size, shape, dtype=np.int32)
+
   def batch(self, index: int) -> dict:
     rng = np.random.default_rng([self.seed, index])
-    b, t, v = self.batch_size, self.seq_len, self.vocab_size
-    tokens = rng.integers(3, v, (b, t + 1), dtype=np.int32)
+    b, t = self.batch_size, self.seq_len
+    tokens = self.tokens(rng, (b, t + 1))
     ones = np.ones((b, t), np.int32)
     positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
     if self.family == 'gpt':
