@@ -11,5 +11,8 @@ def get_config():
   c.data.update(seq_len=256, nsp=False)
   c.train.update(batch_size=8, steps=20, warmup_steps=1,
                  prng_impl='philox4x32')  # single-process CPU: 5x cheaper dropout masks
+  # The MLM head on all 256 positions, as the Hugging Face Flax reference computes it (the MFU
+  # target's terms). The default (-1: 80 positions) ran 1,147 vs 800 tokens/s here.
+  c.train.max_predictions_per_seq = 0
   c.benchmark = bench_section()
   return c

@@ -57,6 +57,10 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
   t.loss_chunk_len = 0              # LM head + cross-entropy this many positions at a time,
                                     # recomputed in the backward pass: saves the (B, T, V)
                                     # logits' memory for one more head matmul; 0 = all at once
+  t.max_predictions_per_seq = -1    # LM head only on this many loss-weighted positions per row
+                                    # (BERT: ~15% carry the loss); a batch with a fuller row
+                                    # runs the head on every position (exact). -1 = the MLM
+                                    # objective's bound (128 for 512 tokens), 0 = every position
   t.seed = 0                        # parameter init and dropout randomness
   t.prng_impl = 'threefry2x32'      # dropout key's PRNG (jax.random.key impl): 'threefry2x32'
                                     # (JAX's default, works everywhere), 'philox4x32' (5x faster

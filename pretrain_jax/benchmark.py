@@ -141,7 +141,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
       step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
                                microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
                                prng_impl=t.get('prng_impl'),
-                               loss_chunk_len=t.get('loss_chunk_len', 0)),
+                               loss_chunk_len=t.get('loss_chunk_len', 0),
+                               max_predictions=step_lib.max_predictions(config)),
       state_lib.shardings_of(abstract), mesh, batch_np)
   shardings = step_lib.batch_shardings(mesh, batch_np)
   batch = {k: jax.device_put(v, shardings[k]) for k, v in batch_np.items()}
@@ -156,7 +157,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   # against the probe beside it: a shared machine whose speed drifts between runs (seen here:
   # the same CPU step and matmul both 30% slower minutes apart) then reads the same MFU.
   probe = None if peak_flops else peak_probe(model_cfg.dtype)
-  tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np)
+  tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np,
+                                                step_lib.max_predictions(config))
   times, peaks = [], []
   for _ in range(steps):
     start = time.perf_counter()
@@ -179,7 +181,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'num_devices': jax.device_count(), 'dtype': jnp.dtype(model_cfg.dtype).name,
             'attention_impl': model_cfg.attention_impl, 'scan_layers': model_cfg.scan_layers,
             'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl'),
-            'loss_chunk_len': int(t.get('loss_chunk_len', 0))}
+            'loss_chunk_len': int(t.get('loss_chunk_len', 0)),
+            'max_predictions_per_seq': step_lib.max_predictions(config)}
   if model_cfg.family == 't5':
     record['target_len'] = int(batch_np['decoder_input_tokens'].shape[1])
   record.update(peak_memory(compiled))

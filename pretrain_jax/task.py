@@ -4,6 +4,7 @@ The model is objective-agnostic; this file knows which batch keys each family co
 (see DESIGN.md) and how its losses add up. A loss is `sum / denominator`, with denominators
 taken from the WHOLE global batch (`denominators`) so that microbatches and hosts add sums.
 """
+import jax
 import jax.numpy as jnp
 
 from pretrain_jax import losses
@@ -39,21 +40,49 @@ def denominators(family: str, batch) -> dict:
   return out
 
 
+def gather_predictions(hidden, targets, weights, count: int):
+  """The `count` positions of each row with the largest weights: (B, K, E), (B, K), (B, K).
+
+  Rows with at most `count` nonzero weights keep every weighted position (the rest of the K
+  are zero-weight positions), so the loss over the gathered positions is the row's loss.
+  """
+  index = jax.lax.top_k(weights.astype(jnp.float32), count)[1]                  # (B, K)
+  return (jnp.take_along_axis(hidden, index[..., None], axis=1),
+          jnp.take_along_axis(targets, index, axis=1),
+          jnp.take_along_axis(weights, index, axis=1))
+
+
 def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
-              loss_chunk_len: int = 0) -> dict:
+              loss_chunk_len: int = 0, max_predictions: int = 0) -> dict:
   """Forward pass and summed loss terms: lm, lm_z, lm_correct, lm_weight (+ nsp_*).
 
   loss_chunk_len > 0 runs the LM head and cross-entropy that many positions at a time
   (losses.chunked_cross_entropy_sums): the same sums, without the whole (B, T, V) logits.
+  max_predictions > 0 runs the LM head only on that many positions per row, those with loss
+  weight (BERT's max_predictions_per_seq: 15% of positions carry the MLM loss). A batch with a
+  row of more weighted positions runs the head on every position instead (lax.cond), so the
+  sums are always exact; size it so that this is rare.
   """
+  if not isinstance(max_predictions, int) or max_predictions < 0:
+    raise ValueError(f'max_predictions_per_seq={max_predictions!r}; expected 0 (every '
+                     'position) or a positive number of positions per row')
   family = model.cfg.family
   args, kwargs = model_inputs(family, batch)
   variables = {'params': params}
   hidden = model.apply(variables, *args, **kwargs, rngs=rngs, method='hidden')  # (B, T, E)
   head = lambda h: model.apply(variables, h, method='logits')
   target_key, weight_key = TARGET_KEYS[family]
-  lm = losses.chunked_cross_entropy_sums(head, hidden, batch[target_key], batch[weight_key],
-                                         z_loss, loss_chunk_len)
+  targets, weights = batch[target_key], batch[weight_key]
+
+  def lm_sums(h, t, w):
+    return losses.chunked_cross_entropy_sums(head, h, t, w, z_loss, loss_chunk_len)
+  if 0 < max_predictions < targets.shape[1]:
+    overflow = jnp.any(jnp.sum(weights != 0, axis=1) > max_predictions)
+    lm = jax.lax.cond(overflow, lm_sums,
+                      lambda *a: lm_sums(*gather_predictions(*a, max_predictions)),
+                      hidden, targets, weights)
+  else:
+    lm = lm_sums(hidden, targets, weights)
   sums = {f'lm_{k}' if k != 'loss' else 'lm': v for k, v in lm.items()}
   if family == 'bert' and model.cfg.nsp and 'nsp_labels' in batch:
     nsp_logits = model.apply(variables, hidden, method='nsp_logits')

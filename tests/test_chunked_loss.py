@@ -1,12 +1,15 @@
-"""Chunked LM head + cross-entropy: the same sums and gradients as the whole-sequence loss."""
+"""The LM head run in chunks or on the weighted positions only: the same sums and gradients as
+the whole-sequence loss."""
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from modeling import VOCAB, init, tiny
 from pretrain_jax import losses, task
 from pretrain_jax.models import build
+from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.synthetic import SyntheticDataset
 
 CASES = [('gpt', {}), ('gpt', dict(tie_embeddings=False)), ('bert', dict(nsp=True)),
@@ -90,3 +93,59 @@ def test_negative_chunk_is_refused():
     losses.chunked_cross_entropy_sums(lambda h: h, jnp.zeros((1, 4, 2)),
                                       jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4)),
                                       chunk_len=-1)
+
+
+@pytest.mark.parametrize('count', [6, 2])
+def test_head_on_weighted_positions_only_is_exact(count):
+  """BERT's max_predictions_per_seq: rows have <= 4 weighted positions here, so 6 gathers and
+  2 overflows (the whole-row fallback); both must give the whole-sequence sums and gradients."""
+  cfg = tiny('bert', nsp=True, dropout_rate=0.1, deterministic=False)
+  params = init(cfg, length=12)
+  batch = _batch('bert')
+  weights = np.zeros((3, 12), np.float32)
+  weights[0, [1, 4, 5, 11]] = 1.0
+  weights[1, [0, 7]] = 1.0
+  weights[2, 9] = 0.5                              # any nonzero weight is a prediction
+  batch['loss_weights'] = jnp.asarray(weights)
+  model = build(cfg)
+
+  def run(**kw):
+    def loss(p):
+      sums = task.loss_sums(model, p, batch, rngs={'dropout': jax.random.key(3)}, **kw)
+      return task.total_loss(sums, task.denominators('bert', batch)), sums
+    return jax.value_and_grad(loss, has_aux=True)(params)
+  (_, whole), whole_grads = run()
+  (_, sums), grads = run(max_predictions=count, loss_chunk_len=5 if count == 6 else 0)
+  for k in whole:
+    np.testing.assert_allclose(sums[k], whole[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               grads, whole_grads)
+  assert float(sums['lm_weight']) == 6.5
+
+
+def test_gather_predictions_keeps_every_weighted_position():
+  hidden = jnp.arange(2 * 5 * 1, dtype=jnp.float32).reshape(2, 5, 1)
+  targets = jnp.arange(10).reshape(2, 5)
+  weights = jnp.array([[0., 1., 0., 1., 0.], [0., 0., 0., 0., 1.]])
+  h, t, w = task.gather_predictions(hidden, targets, weights, 2)
+  assert sorted(t[0].tolist()) == [1, 3] and w[0].tolist() == [1.0, 1.0]
+  assert 9 in t[1].tolist() and float(jnp.sum(w[1])) == 1.0
+  np.testing.assert_array_equal(h[..., 0], t.astype(jnp.float32))
+  with pytest.raises(ValueError, match='max_predictions_per_seq=-2'):
+    task.loss_sums(None, None, {}, max_predictions=-2)
+
+
+def test_max_predictions_resolves_from_the_objective():
+  def config(value, objective='mlm', seq_len=512):
+    return ml_collections.ConfigDict({
+        'train': {'max_predictions_per_seq': value},
+        'data': {'objective': objective, 'seq_len': seq_len, 'mlm_probability': 0.15}})
+  assert step_lib.max_predictions(config(-1)) == 128       # 76.8 + 6 sd = 125.3, to 8s
+  assert step_lib.max_predictions(config(-1, seq_len=48)) == 24
+  assert step_lib.max_predictions(config(-1, objective='clm')) == 0
+  assert step_lib.max_predictions(config(7)) == 7
+  with pytest.raises(ValueError, match='max_predictions_per_seq=-3'):
+    step_lib.max_predictions(config(-3))
+  # the bound is rarely exceeded: 15% Bernoulli rows of 512 positions
+  counts = np.random.default_rng(0).binomial(512, 0.15, 200_000)
+  assert counts.max() <= 128

@@ -44,3 +44,12 @@ def test_t5_counts_cross_attention_on_encoder_length():
   cross = lambda s: 2 * 4 * 2 * 8 * s * 32
   assert longer - short == 2 * 16 * per_enc_token + enc_attention(32) - enc_attention(16) \
       + cross(32) - cross(16)
+
+
+def test_head_counted_on_max_predictions_positions():
+  cfg = ModelConfig(family='bert', vocab_size=1000, num_layers=1, emb_dim=8, num_heads=2,
+                    head_dim=4, mlp_dim=16)
+  whole, gathered = flops.forward_flops(cfg, 2, 16), flops.forward_flops(cfg, 2, 16,
+                                                                         head_positions=4)
+  assert whole - gathered == 2 * (16 - 4) * (2 * 8 * 1000 + 2 * 8 * 8)   # unembedding + transform
+  assert flops.forward_flops(cfg, 2, 16, head_positions=32) == whole

@@ -51,3 +51,17 @@ def mask_tokens(tokens: np.ndarray, rng, *, selectable: np.ndarray, random_ids: 
   inputs = np.where(to_mask, mask_id, np.where(to_random, random_tokens, tokens))
   return {'inputs': inputs.astype(np.int32), 'targets': tokens.astype(np.int32),
           'loss_weights': selected.astype(np.float32), 'selected': selected}
+
+
+def max_predictions_per_seq(seq_len: int, probability: float = 0.15) -> int:
+  """A per-row bound on the selected positions, for running the MLM head only on those.
+
+  Selection is Bernoulli(probability) per position, so the count is binomial: the bound is its
+  mean + 6 standard deviations, rounded up to a multiple of 8 (at most seq_len). A row beyond it
+  (about 1e-9 of rows; more often with whole-word masking, whose count varies more) is still
+  exact: the loss then runs the head on every position of that batch (task.loss_sums).
+  E.g. 512 -> 128, 128 -> 48, 48 -> 24.
+  """
+  mean = probability * seq_len
+  bound = mean + 6.0 * np.sqrt(seq_len * probability * (1.0 - probability))
+  return int(min(seq_len, 8 * np.ceil(bound / 8)))

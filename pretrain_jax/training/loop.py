@@ -126,10 +126,12 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
       step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
                                microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
                                prng_impl=t.get('prng_impl'),
-                               loss_chunk_len=t.get('loss_chunk_len', 0)),
+                               loss_chunk_len=t.get('loss_chunk_len', 0),
+                               max_predictions=step_lib.max_predictions(config)),
       in_shardings=(shardings, batch_sharding),
       out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
-  eval_step = jax.jit(step_lib.make_eval_step(eval_model, t.get('loss_chunk_len', 0)),
+  eval_step = jax.jit(step_lib.make_eval_step(eval_model, t.get('loss_chunk_len', 0),
+                                             step_lib.max_predictions(config)),
                       in_shardings=(shardings.params, batch_sharding),
                       out_shardings=NamedSharding(mesh, P()))
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
@@ -142,7 +144,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
     while step < t.steps:
       batch = global_batch(next(train_iter), batch_sharding)
       if step == start:
-        tokens_per_step, flops_per_step = metrics_lib.batch_cost(model_cfg, batch)
+        tokens_per_step, flops_per_step = metrics_lib.batch_cost(
+            model_cfg, batch, step_lib.max_predictions(config))
       state, metrics = train_step(state, batch)
       step += 1
       history.append((step, metrics))

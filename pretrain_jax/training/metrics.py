@@ -43,14 +43,16 @@ def _cpu_flops_per_cycle() -> int:
     return 32
 
 
-def batch_cost(model_cfg, batch: dict) -> tuple:
+def batch_cost(model_cfg, batch: dict, max_predictions: int = 0) -> tuple:
   """(tokens, model FLOPs) of one train step on `batch`. Tokens are input positions (T5:
-  encoder + decoder); FLOPs are pretrain_jax.flops' analytic matmul count (PaLM-style MFU)."""
+  encoder + decoder); FLOPs are pretrain_jax.flops' analytic matmul count (PaLM-style MFU),
+  the LM head counted on `max_predictions` positions per row when that is set."""
   if model_cfg.family == 't5':
     enc, dec = batch['encoder_input_tokens'].shape, batch['decoder_input_tokens'].shape
-    return enc[0] * (enc[1] + dec[1]), flops.train_flops(model_cfg, enc[0], enc[1], dec[1])
+    return enc[0] * (enc[1] + dec[1]), flops.train_flops(model_cfg, enc[0], enc[1], dec[1],
+                                                         max_predictions)
   b, t = batch['inputs'].shape
-  return b * t, flops.train_flops(model_cfg, b, t)
+  return b * t, flops.train_flops(model_cfg, b, t, head_positions=max_predictions)
 
 
 class MetricWriter:

@@ -12,6 +12,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from pretrain_jax import task
+from pretrain_jax.objectives import mlm
 from pretrain_jax.training import mesh as mesh_lib
 
 
@@ -27,6 +28,20 @@ def split_microbatches(batch: dict, microbatches: int) -> dict:
   return jax.tree.map(split, batch)
 
 
+def max_predictions(config) -> int:
+  """train.max_predictions_per_seq resolved: -1 = the MLM objective's bound for data.seq_len
+  (objectives.mlm.max_predictions_per_seq; 0 = every position for the other objectives)."""
+  value = config.train.get('max_predictions_per_seq', 0)
+  if value == -1:
+    d = config.data
+    return mlm.max_predictions_per_seq(d.seq_len, d.mlm_probability) if d.objective == 'mlm' \
+        else 0
+  if not isinstance(value, int) or value < 0:
+    raise ValueError(f'train.max_predictions_per_seq={value!r}; expected -1 (the MLM bound), '
+                     '0 (every position) or a positive number of positions per row')
+  return value
+
+
 def metrics_from_sums(sums: dict, denoms: dict) -> dict:
   """Summed loss terms -> averages (the same arithmetic for train and eval)."""
   lm_weight = jnp.maximum(denoms['lm'], 1.0)
@@ -39,14 +54,16 @@ def metrics_from_sums(sums: dict, denoms: dict) -> dict:
 
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
-                    z_loss: float = 0.0, mesh=None, prng_impl=None, loss_chunk_len: int = 0):
+                    z_loss: float = 0.0, mesh=None, prng_impl=None, loss_chunk_len: int = 0,
+                    max_predictions: int = 0):
   """The pure train step for `model` (built with deterministic=False for dropout).
 
   `prng_impl` names the dropout key's PRNG (`jax.random.key(seed, impl=...)`); None = JAX's
   default (threefry2x32). On CPU, 'philox4x32' draws dropout masks 5x faster, but its
   `chlo.mulhi` has no multi-process lowering (jax 0.10: "failed to legalize mhlo.unknown"),
   so it is refused when jax.process_count() > 1. `loss_chunk_len` > 0 runs the LM head and
-  cross-entropy that many positions at a time (task.loss_sums).
+  cross-entropy that many positions at a time; `max_predictions` > 0 runs the head only on
+  that many weighted positions per row (both: task.loss_sums).
   """
   family = model.cfg.family
   try:
@@ -59,7 +76,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
 
   def loss_fn(params, batch, denoms, rng):
     sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, z_loss=z_loss,
-                          loss_chunk_len=loss_chunk_len)
+                          loss_chunk_len=loss_chunk_len, max_predictions=max_predictions)
     return task.total_loss(sums, denoms), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -99,12 +116,13 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   return train_step
 
 
-def make_eval_step(model, loss_chunk_len: int = 0):
+def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0):
   """eval_step(params, batch) -> (sums, denominators) with a deterministic model."""
   family = model.cfg.family
 
   def eval_step(params, batch):
-    return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len),
+    return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len,
+                           max_predictions=max_predictions),
             task.denominators(family, batch))
   return eval_step
 
