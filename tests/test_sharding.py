@@ -26,7 +26,7 @@ def report():
 
 
 @pytest.mark.parametrize('case', ['gpt/data', 'gpt/fsdp', 'gpt/tensor', 'gpt/mixed/micro2',
-                                  'gpt/mixed/chunk5',
+                                  'gpt/mixed/chunk5', 'bert/mixed/pred4',
                                   'bert/mixed', 't5/mixed'])
 def test_mesh_matches_one_device(report, case):
   got, single = report['runs'][case], report['runs'][case.split('/')[0] + '/single']
@@ -73,8 +73,8 @@ def _worker():
   from test_train import batches, setup, tiny_config
   assert jax.device_count() == 8, jax.devices()
 
-  def run(family, mesh, microbatches=1, chunk=0):
-    config = tiny_config(family, microbatches=microbatches, loss_chunk_len=chunk,
+  def run(family, mesh, microbatches=1, **train):
+    config = tiny_config(family, microbatches=microbatches, **train,
                          optimizer='adafactor' if family == 't5' else 'adamw')
     config.model.update(nsp=family == 'bert', num_layers=1)
     config.mesh.update(mesh or {})
@@ -90,12 +90,17 @@ def _worker():
            ('gpt', 'fsdp', MESHES['fsdp'], 1), ('gpt', 'tensor', MESHES['tensor'], 1),
            ('gpt', 'mixed/micro2', MESHES['mixed'], 2), ('gpt', 'mixed/chunk5', MESHES['mixed'], 1),
            ('bert', 'single', None, 1),
-      ('bert', 'mixed', MESHES['mixed'], 1), ('t5', 'single', None, 1),
+      ('bert', 'mixed', MESHES['mixed'], 1), ('bert', 'mixed/pred4', MESHES['mixed'], 1),
+      ('t5', 'single', None, 1),
       ('t5', 'mixed', MESHES['mixed'], 1)]
   singles = {}
   for family, name, mesh, micro in cases:
-    # chunk5: the LM head and loss 5 positions at a time (a ragged tail), vocab split on tensor
-    state, losses = run(family, mesh, micro, 5 if name.endswith('chunk5') else 0)
+    # chunk5: the LM head and loss 5 positions at a time (a ragged tail), vocab split on tensor;
+    # pred4: the MLM head on 4 gathered positions per row (or all, in a batch with a fuller row)
+    train = {'loss_chunk_len': 5} if name.endswith('chunk5') else {}
+    if name.endswith('pred4'):
+      train['max_predictions_per_seq'] = 4
+    state, losses = run(family, mesh, micro, **train)
     params = jax.device_get(state.params)
     if name == 'single':
       singles[family] = params

@@ -43,7 +43,8 @@ def setup(config, devices=None):
                                            state_lib.init_batch(cfg.family, SEQ), seed=0)
   step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
                                   seed=0, microbatches=config.train.microbatches, mesh=mesh,
-                                  loss_chunk_len=config.train.get('loss_chunk_len', 0))
+                                  loss_chunk_len=config.train.get('loss_chunk_len', 0),
+                                  max_predictions=step_lib.max_predictions(config))
   return state, jax.jit(step, donate_argnums=(0,)), mesh
 
 
