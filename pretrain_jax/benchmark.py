@@ -128,6 +128,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   is timed after each step, `peak_flops` is their median and `mfu` the median of the pairs.
   """
   t = config.train
+  max_predictions = step_lib.max_predictions(config)  # LM head positions per row (0 = all)
   mesh = mesh_lib.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
   train_model = build(model_cfg.replace(deterministic=False))
@@ -142,7 +143,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
                                microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
                                prng_impl=t.get('prng_impl'),
                                loss_chunk_len=t.get('loss_chunk_len', 0),
-                               max_predictions=step_lib.max_predictions(config)),
+                               max_predictions=max_predictions),
       state_lib.shardings_of(abstract), mesh, batch_np)
   shardings = step_lib.batch_shardings(mesh, batch_np)
   batch = {k: jax.device_put(v, shardings[k]) for k, v in batch_np.items()}
@@ -158,7 +159,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   # the same CPU step and matmul both 30% slower minutes apart) then reads the same MFU.
   probe = None if peak_flops else peak_probe(model_cfg.dtype)
   tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np,
-                                                step_lib.max_predictions(config))
+                                                max_predictions)
   times, peaks = [], []
   for _ in range(steps):
     start = time.perf_counter()
@@ -182,7 +183,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'attention_impl': model_cfg.attention_impl, 'scan_layers': model_cfg.scan_layers,
             'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl'),
             'loss_chunk_len': int(t.get('loss_chunk_len', 0)),
-            'max_predictions_per_seq': step_lib.max_predictions(config)}
+            'max_predictions_per_seq': max_predictions}
   if model_cfg.family == 't5':
     record['target_len'] = int(batch_np['decoder_input_tokens'].shape[1])
   record.update(peak_memory(compiled))

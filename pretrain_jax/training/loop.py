@@ -93,6 +93,7 @@ def evaluate(eval_step, params, eval_iter, start_state, num_batches, sharding) -
 def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint); returns a summary."""
   t = config.train
+  max_predictions = step_lib.max_predictions(config)  # LM head positions per row (0 = all)
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
   model_cfg = ModelConfig.from_config(config.model)
@@ -127,11 +128,11 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
                                microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
                                prng_impl=t.get('prng_impl'),
                                loss_chunk_len=t.get('loss_chunk_len', 0),
-                               max_predictions=step_lib.max_predictions(config)),
+                               max_predictions=max_predictions),
       in_shardings=(shardings, batch_sharding),
       out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
   eval_step = jax.jit(step_lib.make_eval_step(eval_model, t.get('loss_chunk_len', 0),
-                                             step_lib.max_predictions(config)),
+                                             max_predictions),
                       in_shardings=(shardings.params, batch_sharding),
                       out_shardings=NamedSharding(mesh, P()))
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
@@ -145,7 +146,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
       batch = global_batch(next(train_iter), batch_sharding)
       if step == start:
         tokens_per_step, flops_per_step = metrics_lib.batch_cost(
-            model_cfg, batch, step_lib.max_predictions(config))
+            model_cfg, batch, max_predictions)
       state, metrics = train_step(state, batch)
       step += 1
       history.append((step, metrics))
