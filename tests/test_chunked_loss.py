@@ -26,12 +26,12 @@ def _batch(family, seq_len=12):
   return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
-def _sums_and_grads(cfg, params, batch, chunk):
+def _sums_and_grads(cfg, params, batch, **loss_kw):
+  """(loss sums, gradients) of the total loss with dropout on; loss_kw go to task.loss_sums."""
   model = build(cfg)
 
   def loss(p):
-    sums = task.loss_sums(model, p, batch, rngs={'dropout': jax.random.key(3)}, z_loss=1e-3,
-                          loss_chunk_len=chunk)
+    sums = task.loss_sums(model, p, batch, rngs={'dropout': jax.random.key(3)}, **loss_kw)
     return task.total_loss(sums, task.denominators(cfg.family, batch)), sums
   (_, sums), grads = jax.value_and_grad(loss, has_aux=True)(params)
   return sums, grads
@@ -42,9 +42,9 @@ def test_chunked_loss_matches_whole_sequence_with_dropout(family, kw):
   cfg = tiny(family, dropout_rate=0.1, attention_dropout_rate=0.1, deterministic=False, **kw)
   params = init(cfg, length=12)
   batch = _batch(family)
-  whole, whole_grads = _sums_and_grads(cfg, params, batch, 0)
+  whole, whole_grads = _sums_and_grads(cfg, params, batch, z_loss=1e-3)
   # 5 does not divide the target length (12, or 6 for T5): the last chunk is padded.
-  sums, grads = _sums_and_grads(cfg, params, batch, 5)
+  sums, grads = _sums_and_grads(cfg, params, batch, z_loss=1e-3, loss_chunk_len=5)
   assert sums.keys() == whole.keys()
   for k in whole:
     np.testing.assert_allclose(sums[k], whole[k], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -107,15 +107,9 @@ def test_head_on_weighted_positions_only_is_exact(count):
   weights[1, [0, 7]] = 1.0
   weights[2, 9] = 0.5                              # any nonzero weight is a prediction
   batch['loss_weights'] = jnp.asarray(weights)
-  model = build(cfg)
-
-  def run(**kw):
-    def loss(p):
-      sums = task.loss_sums(model, p, batch, rngs={'dropout': jax.random.key(3)}, **kw)
-      return task.total_loss(sums, task.denominators('bert', batch)), sums
-    return jax.value_and_grad(loss, has_aux=True)(params)
-  (_, whole), whole_grads = run()
-  (_, sums), grads = run(max_predictions=count, loss_chunk_len=5 if count == 6 else 0)
+  whole, whole_grads = _sums_and_grads(cfg, params, batch)
+  sums, grads = _sums_and_grads(cfg, params, batch, max_predictions=count,
+                                loss_chunk_len=5 if count == 6 else 0)
   for k in whole:
     np.testing.assert_allclose(sums[k], whole[k], rtol=1e-5, atol=1e-6, err_msg=k)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
