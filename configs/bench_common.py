@@ -1,4 +1,4 @@
-"""The `benchmark` section of the configs/bench_*.py shapes (read by pretrain_jax.benchmark)."""
+"""The `benchmark` section of the configs/bench_*.py shapes (read by pretrain_jax.perf.benchmark)."""
 import ml_collections
 
 

@@ -6,8 +6,8 @@
 
 
 def load_pretrained(path, step=None, **model_overrides):
-  """See pretrain_jax.pretrained.load_pretrained (imported lazily: no TensorFlow at import)."""
-  from pretrain_jax.pretrained import load_pretrained as load  # pylint: disable=g-import-not-at-top
+  """See pretrain_jax.inference.load_pretrained (imported lazily: no TensorFlow at import)."""
+  from pretrain_jax.inference.load import load_pretrained as load  # pylint: disable=g-import-not-at-top
   return load(path, step, **model_overrides)
 
 

@@ -5,7 +5,7 @@
 
 Compiles the train step (donated state, the configured mesh), times `--steps` steps on a
 device-resident synthetic batch of the configured shapes, and prints: family, params, step_s
-(median), tokens_per_s, model_flops_per_step (pretrain_jax.flops.train_flops: matmuls of
+(median), tokens_per_s, model_flops_per_step (pretrain_jax.models.flops.train_flops: matmuls of
 forward + backward), peak_flops (large jitted matmuls on the same device and dtype, timed after
 every step; datasheet_peak_flops beside it on TPU/GPU), mfu (the median over steps of
 model_flops_per_step / step time / the probe beside it; with --peak_flops, that fixed peak),
@@ -29,7 +29,7 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
 
 def main(argv):
   del argv
-  from pretrain_jax import benchmark  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.perf import benchmark  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   bench = config.get('benchmark') or {}
   record = benchmark.benchmark_train_step(

@@ -37,8 +37,9 @@ def main(argv):
   logging.set_verbosity(logging.ERROR)  # orbax logs every save and restore
   from pretrain_jax.hf import workdir  # pylint: disable=g-import-not-at-top
   if argv[1] == 'import':
-    result = workdir.import_hf(_HF_DIR.value, _WORKDIR.value, base=_BASE.value,
-                               scan_layers=_SCAN.value)
+    import configs  # pylint: disable=g-import-not-at-top
+    result = workdir.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
+                               base=_BASE.value, scan_layers=_SCAN.value)
   else:
     result = workdir.export_hf(_WORKDIR.value, _HF_DIR.value, step=_STEP.value)
   print(json.dumps(result), flush=True)

@@ -1,4 +1,7 @@
-"""Evaluate a checkpoint on a split: GPT perplexity, BERT MLM top-1/top-5, T5 span loss.
+"""Evaluate a checkpoint on a split with the train loop's evaluator (training/evaluate.py).
+
+Metric names are the train loop's: loss (the training objective: LM + z-loss + NSP), lm_loss,
+lm_perplexity, lm_accuracy, lm_top5_accuracy, z_loss, nsp_loss, nsp_accuracy.
 
   python scripts/evaluate.py --workdir runs/tiny/gpt [--files 'my/*.jsonl'] [--split validation]
                              [--random_init] [--batches 20] [--step 300]
@@ -14,8 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 
-from pretrain_jax import data, evaluation
-from pretrain_jax.pretrained import load_pretrained
+from pretrain_jax import data
+from pretrain_jax.inference import load_pretrained
+from pretrain_jax.training import evaluate as eval_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (or checkpoint dir)',
                                required=True)
@@ -37,9 +41,9 @@ def main(argv):
   batches = data.make_dataset(config.data, model.tokenizer, split=split,
                               batch_size=_BATCH_SIZE.value or config.train.batch_size,
                               repeat=False, model_max_len=model.model_config.max_len)
-  params = (evaluation.random_init_params(model.model_config, config.train.seed)
+  params = (eval_lib.random_init_params(model.model_config, config.train.seed)
             if _RANDOM.value else model.params)
-  metrics = evaluation.evaluate(model.model_config, params, batches, _BATCHES.value)
+  metrics = model.evaluate(batches, _BATCHES.value, params=params)
   print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': model.step,
                     'split': split, 'random_init': _RANDOM.value, **metrics}))
 

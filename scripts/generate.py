@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 
 from pretrain_jax import inference
-from pretrain_jax.pretrained import load_pretrained
+from pretrain_jax.inference import load_pretrained
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir, checkpoint or HF directory',
                                required=True)

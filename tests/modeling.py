@@ -1,9 +1,8 @@
 """Tiny model configs and helpers shared by the model tests."""
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.models import ModelConfig, build, family_of
 
 VOCAB = 97
 
@@ -22,9 +21,8 @@ def tiny(family: str, **kw) -> ModelConfig:
 
 
 def init(cfg: ModelConfig, length: int = 8, seed: int = 0):
-  tokens = jnp.ones((1, length), jnp.int32)
-  args = (tokens, tokens) if cfg.family == 't5' else (tokens,)
-  return nn.unbox(build(cfg).init(jax.random.key(seed), *args)['params'])
+  args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(length))
+  return nn.unbox(build(cfg).init(jax.random.key(seed), *args, **kwargs)['params'])
 
 
 def tokens(shape, seed=1):
@@ -32,5 +30,6 @@ def tokens(shape, seed=1):
 
 
 def forward(cfg, params, *args, **kw):
+  """The LM logits (BERT's first output; its NSP logits are dropped)."""
   out = build(cfg).apply({'params': params}, *args, **kw)
-  return out[0] if cfg.family == 'bert' else out
+  return out[0] if isinstance(out, tuple) else out

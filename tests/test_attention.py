@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax import masks
-from pretrain_jax.attention import dot_product_attention
+from pretrain_jax.models import masks
+from pretrain_jax.models.attention import dot_product_attention
 
 B, T, N, H = 2, 6, 3, 8
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import tiny_gpt, tiny_t5
-from pretrain_jax import benchmark
+from pretrain_jax.perf import benchmark
 from pretrain_jax.training.synthetic import SyntheticDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

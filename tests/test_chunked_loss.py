@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from modeling import VOCAB, init, tiny
-from pretrain_jax import losses, task
-from pretrain_jax.models import build
+from pretrain_jax.training import losses, task
+from pretrain_jax.models import build, family_of
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.synthetic import SyntheticDataset
 
@@ -19,7 +19,7 @@ CASES = [('gpt', {}), ('gpt', dict(tie_embeddings=False)), ('bert', dict(nsp=Tru
 def _batch(family, seq_len=12):
   batch = SyntheticDataset(family, vocab_size=VOCAB, seq_len=seq_len, batch_size=3,
                            nsp=family == 'bert').batch(0)
-  key = task.TARGET_KEYS[family][1]
+  key = family_of(family).weight_key
   weights = batch[key].copy()
   weights[0, -3:] = 0.0                          # some ignored positions, near a chunk edge
   batch[key] = weights
@@ -50,7 +50,7 @@ def test_chunked_loss_matches_whole_sequence_with_dropout(family, kw):
     np.testing.assert_allclose(sums[k], whole[k], rtol=1e-5, atol=1e-6, err_msg=k)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                grads, whole_grads)
-  assert float(whole['lm_weight']) == float(jnp.sum(batch[task.TARGET_KEYS[family][1]]))
+  assert float(whole['lm_weight']) == float(jnp.sum(batch[family_of(family).weight_key]))
 
 
 @pytest.mark.parametrize('family,kw', CASES)
@@ -58,13 +58,13 @@ def test_hidden_then_logits_is_the_model_call(family, kw):
   cfg = tiny(family, **kw)
   params = init(cfg, length=12)
   batch = _batch(family)
-  args, kwargs = task.model_inputs(family, batch)
+  args, kwargs = family_of(family).model_inputs(batch)
   model = build(cfg)
   out = model.apply({'params': params}, *args, **kwargs)
   logits = out[0] if family == 'bert' else out
   sums = task.loss_sums(model, params, batch, loss_chunk_len=5)
-  ref = losses.cross_entropy_sums(logits, batch[task.TARGET_KEYS[family][0]],
-                                  batch[task.TARGET_KEYS[family][1]])
+  ref = losses.cross_entropy_sums(logits, batch[family_of(family).target_key],
+                                  batch[family_of(family).weight_key])
   np.testing.assert_allclose(sums['lm'], ref['loss'], rtol=1e-5)
   np.testing.assert_allclose(sums['lm_correct'], ref['correct'])
   if family == 'bert':

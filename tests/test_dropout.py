@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from modeling import init
-from pretrain_jax import dropout
+from pretrain_jax.models import dropout
 from pretrain_jax.models import ModelConfig, build
 from pretrain_jax.training import state as state_lib, step as step_lib
 

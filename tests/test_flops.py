@@ -2,7 +2,7 @@
 import pytest
 
 from modeling import tiny
-from pretrain_jax import flops
+from pretrain_jax.models import flops
 from pretrain_jax.models import ModelConfig
 
 

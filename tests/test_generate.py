@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from modeling import init, tiny, tokens
-from pretrain_jax.generate import gpt_generate, sample_logits, t5_generate
+from pretrain_jax.inference.sampling import gpt_generate, sample_logits, t5_generate
 
 
 def test_sample_logits_filters():

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+import configs
 from pretrain_jax import hf
 from pretrain_jax.hf import weights
 from pretrain_jax.hf import workdir as workdir_lib
@@ -47,7 +48,7 @@ def test_import_then_export_through_a_workdir(tmp_path, family):
   src = hf_dir_with_tokenizer(tmp_path / 'hf', family)
   cfg, params, tokenizer = hf.load_hf(src)
   work = str(tmp_path / 'work')
-  summary = workdir_lib.import_hf(src, work)
+  summary = workdir_lib.import_hf(src, work, configs.base_config)
   assert summary['family'] == family and summary['params'] == modeling_count(params)
 
   config, restored, step = checkpoint.restore_params(work)
@@ -78,7 +79,7 @@ def modeling_count(params) -> int:
 def test_train_flags_rebuild_the_imported_model(tmp_path):
   """The printed scripts/train.py flags applied to the base config give the imported model."""
   src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
-  summary = workdir_lib.import_hf(src, str(tmp_path / 'work'))
+  summary = workdir_lib.import_hf(src, str(tmp_path / 'work'), configs.base_config)
   from configs import gpt2_small  # pylint: disable=g-import-not-at-top
   config = gpt2_small.get_config()
   for flag in summary['train_flags']:
@@ -93,10 +94,10 @@ def test_import_is_all_or_nothing(tmp_path):
   (tmp_path / 'taken').mkdir()
   (tmp_path / 'taken' / 'notes.txt').write_text('mine')
   with pytest.raises(FileExistsError, match='taken'):
-    workdir_lib.import_hf(src, str(tmp_path / 'taken'))
+    workdir_lib.import_hf(src, str(tmp_path / 'taken'), configs.base_config)
   assert os.listdir(tmp_path / 'taken') == ['notes.txt']
   with pytest.raises(FileNotFoundError, match='config.json not found'):
-    workdir_lib.import_hf(str(tmp_path / 'taken'), str(tmp_path / 'w'))
+    workdir_lib.import_hf(str(tmp_path / 'taken'), str(tmp_path / 'w'), configs.base_config)
   # a failure after writing has begun (here: a checkpoint write error) removes everything
   from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
 
@@ -106,7 +107,7 @@ def test_import_is_all_or_nothing(tmp_path):
   checkpoint.Checkpointer.save = broken
   try:
     with pytest.raises(OSError, match='disk full'):
-      workdir_lib.import_hf(src, str(tmp_path / 'w'))
+      workdir_lib.import_hf(src, str(tmp_path / 'w'), configs.base_config)
   finally:
     checkpoint.Checkpointer.save = original
   assert sorted(os.listdir(tmp_path)) == ['hf', 'taken']

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax import layers
+from pretrain_jax.models import layers
 from pretrain_jax.models.t5 import RelativePositionBias, relative_position_bucket
 from modeling import tiny
 

@@ -2,7 +2,7 @@
 import numpy as np
 import jax.numpy as jnp
 
-from pretrain_jax import masks
+from pretrain_jax.models import masks
 
 
 def test_causal_mask_literal():

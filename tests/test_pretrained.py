@@ -10,7 +10,8 @@ import pytest
 
 import pretrain_jax
 from configs import tiny_bert, tiny_gpt, tiny_t5
-from pretrain_jax import data, evaluation, inference
+from pretrain_jax import data, inference
+from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.objectives import mlm
 from pretrain_jax.training import loop
 
@@ -57,7 +58,7 @@ def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_w
   batches = lambda: data.make_dataset(model.config.data, model.tokenizer,
                                       split=model.config.data.eval_split,
                                       batch_size=model.config.train.batch_size, repeat=False)
-  metrics = evaluation.evaluate(model.model_config, model.params, batches(), max_batches=1)
+  metrics = model.evaluate(batches(), max_batches=1)
   assert metrics['loss'] == pytest.approx(_logged_eval_loss(gpt_workdir), abs=1e-5)
   # The call API gives the same loss from logits.
   batch = next(batches())
@@ -81,13 +82,13 @@ def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_w
 
 def test_random_init_scores_near_chance(gpt_workdir):
   model = pretrain_jax.load_pretrained(gpt_workdir)
-  params = evaluation.random_init_params(model.model_config, seed=3)
+  params = eval_lib.random_init_params(model.model_config, seed=3)
   batches = data.make_dataset(model.config.data, model.tokenizer, split='validation',
                               batch_size=4, repeat=False)
-  metrics = evaluation.evaluate(model.model_config, params, batches, max_batches=2)
+  metrics = model.evaluate(batches, max_batches=2, params=params)
   vocab = model.model_config.vocab_size
   assert abs(metrics['loss'] - np.log(vocab)) < 0.1       # uniform guessing: log V nats
-  assert metrics['accuracy'] < 10 / vocab
+  assert metrics['lm_accuracy'] < 10 / vocab
 
 
 def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
@@ -117,7 +118,7 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
   # Overfit with the real train step: MLM corruption of the one sentence, 150 steps.
   from pretrain_jax.models import build  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from pretrain_jax import task  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import task  # pylint: disable=g-import-not-at-top
   cfg = model.model_config
   train_model = build(cfg.replace(dropout_rate=0.0, attention_dropout_rate=0.0,
                                   deterministic=True))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import common
-from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
@@ -40,7 +40,7 @@ def setup(config, devices=None):
   cfg = ModelConfig.from_config(config.model)
   tx, schedule = opt_lib.make_optimizer(config.train), opt_lib.make_schedule(config.train)
   state, abstract = state_lib.create_state(build(cfg), tx, mesh,
-                                           state_lib.init_batch(cfg.family, SEQ), seed=0)
+                                           family_of(cfg.family).init_batch(SEQ), seed=0)
   step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
                                   seed=0, microbatches=config.train.microbatches, mesh=mesh,
                                   loss_chunk_len=config.train.get('loss_chunk_len', 0),

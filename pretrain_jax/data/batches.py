@@ -17,7 +17,7 @@ Document splitting (documents longer than the room left in a row):
 """
 import numpy as np
 
-from pretrain_jax.objectives import clm, nsp, packing, span_corruption
+from pretrain_jax.objectives import clm, mlm, nsp, packing, span_corruption
 
 SALT_MLM, SALT_NSP, SALT_SPANS = 1, 2, 3
 
@@ -75,13 +75,13 @@ class _BertPieces:
   features = {'inputs': ''}
 
   def __init__(self, cls_id, sep_id):
-    self.cls, self.sep = np.array([cls_id], np.int32), np.array([sep_id], np.int32)
+    self.cls, self.sep = cls_id, sep_id
 
   def prepare(self, tokens):
     return (tokens,)
 
   def __call__(self, arrays, o, n):
-    return {'inputs': np.concatenate([self.cls, arrays[0][o:o + n], self.sep])}
+    return {'inputs': mlm.wrap_cls_sep(arrays[0][o:o + n], self.cls, self.sep)}
 
 
 def clm_batches(docs, offset, *, batch_size, seq_len, pack, eos_id):
@@ -103,8 +103,7 @@ def span_corruption_batches(docs, offset, *, batch_size, seq_len, pack, seed, sa
   """Packed T5 batches; chunk randomness seeded by (seed, salt, epoch, doc, chunk offset)."""
   raw_len, target_len = span_corruption.target_length(seq_len, noise_density,
                                                       mean_noise_span_length)
-  features = {'encoder_input_tokens': 'encoder', 'decoder_target_tokens': 'decoder',
-              'decoder_input_tokens': 'decoder'}
+  features = {'encoder_input_tokens': 'encoder', 'decoder_target_tokens': 'decoder'}
   new = _emitter(batch_size, {'encoder': seq_len, 'decoder': target_len}, features)
   packer, first = new(), True
   for epoch, doc, tokens in docs:
@@ -115,36 +114,15 @@ def span_corruption_batches(docs, offset, *, batch_size, seq_len, pack, seed, sa
       inputs, targets = span_corruption.span_corruption(
           tokens[start:start + raw_len], rng, first_sentinel=first_sentinel, eos_id=eos_id,
           noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
-      example = {'encoder_input_tokens': inputs, 'decoder_target_tokens': targets,
-                 'decoder_input_tokens': np.concatenate([[0], targets[:-1]]).astype(np.int32)}
+      example = {'encoder_input_tokens': inputs, 'decoder_target_tokens': targets}
       row = packer.first_fit(example) if pack else packer.empty_row()
       if row is None:  # no row has room: the batch is done, this example opens the next one
-        yield packer.arrays, (epoch, doc, start)
+        yield span_corruption.with_decoder_inputs(packer.arrays), (epoch, doc, start)
         packer = new()
         row = 0
       packer.add(example, row)
   if not packer.empty:
-    yield packer.arrays, None
-
-
-def _with_partner(docs, first_document):
-  """(epoch, doc, tokens, partner): partner = next document of the epoch, else its first one."""
-  prev = None
-  for cur in docs:
-    if prev is not None:
-      yield (*prev, cur[2] if cur[0] == prev[0] else _first(first_document, prev))
-    prev = cur
-  if prev is not None:
-    yield (*prev, _first(first_document, prev))
-
-
-def _first(first_document, current):
-  epoch, doc, _ = current
-  first_doc, tokens = first_document(epoch)
-  if first_doc == doc:
-    raise ValueError('NSP needs at least 2 documents with tokens in each host share; '
-                     f'epoch {epoch} has only one')
-  return tokens
+    yield span_corruption.with_decoder_inputs(packer.arrays), None
 
 
 def nsp_batches(docs, offset, *, batch_size, seq_len, seed, salt, cls_id, sep_id,
@@ -158,7 +136,7 @@ def nsp_batches(docs, offset, *, batch_size, seq_len, seed, salt, cls_id, sep_id
   new = _emitter(batch_size, {'': seq_len}, features)
   packer, labels, first = new(), [], True
   epoch_of_last_pair, current_epoch, epoch_start = None, None, None
-  for epoch, doc, tokens, partner in _with_partner(docs, first_document):
+  for epoch, doc, tokens, partner in nsp.with_partners(docs, first_document):
     if epoch != current_epoch:
       if current_epoch is not None and epoch_start == 0 and epoch_of_last_pair != current_epoch:
         raise ValueError(f'epoch {current_epoch} gave no NSP pair: every document has fewer '

@@ -82,7 +82,7 @@ def check_lengths(data_config, tokenizer, model_max_len: int | None = None) -> d
         seq_len, data_config.noise_density, data_config.mean_noise_span_length)
     spans = span_corruption.max_spans(raw_len, data_config.noise_density,
                                       data_config.mean_noise_span_length)
-    num_sentinels = tokenizer_lib.id_tables(tokenizer)[3]
+    num_sentinels = tokenizer_lib.id_tables(tokenizer).num_sentinels
     if spans > num_sentinels:
       raise ValueError(f'config.data.seq_len={seq_len} makes up to {spans} noise spans but the '
                        f'tokenizer has {num_sentinels} sentinels; shorten seq_len or '
@@ -238,7 +238,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
                   process_index=int(process_index), process_count=int(process_count))
   objective, nsp = data_config.objective, bool(data_config.nsp)
   tables = tokenizer_lib.id_tables(tokenizer)
-  if data_config.objective == 'mlm' and data_config.whole_word_mask and tables[2] is None:
+  if data_config.objective == 'mlm' and data_config.whole_word_mask and tables.word_start is None:
     raise ValueError('config.data.whole_word_mask needs word boundaries, which this tokenizer '
                      f'({type(tokenizer).__name__}) does not provide; use a sentencepiece model')
 
@@ -284,7 +284,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
 
 def _apply_mlm(arrays, tokenizer, tables, data_config, rng) -> dict:
   """Batch-level MLM corruption on packed/NSP rows; adds token_type_ids when absent."""
-  special, ordinary_ids, word_start, _ = tables
+  special, ordinary_ids, word_start = tables.special, tables.ordinary_ids, tables.word_start
   tokens, segment_ids = arrays['inputs'], arrays['segment_ids']
   selectable = ~special[tokens] & (segment_ids > 0)
   word_starts = None

@@ -13,6 +13,7 @@ virtual ids after its pieces counting down from the end (T5's public 32000-piece
 <extra_id_0> = 32099 ... <extra_id_99> = 32000, vocab_size 32128), as seqio does.
 """
 import os
+from typing import NamedTuple, Optional
 
 import numpy as np
 import sentencepiece as spm
@@ -136,15 +137,24 @@ class Tokenizer:
     return ''.join(out).strip() if len(out) > 1 else out[0]
 
 
-def id_tables(tokenizer) -> tuple:
-  """(special, ordinary_ids, word_start or None, num_sentinels) of any tokenizer.
+class IdTables(NamedTuple):
+  """What the objectives need to know about a tokenizer's ids."""
+  special: np.ndarray           # (V,) bool: pad, eos, cls, sep, mask, sentinels
+  ordinary_ids: np.ndarray      # ids MLM may draw as random replacements
+  word_start: Optional[np.ndarray]  # (V,) bool: piece starts a word (whole-word masking)
+  num_sentinels: int            # T5 sentinels at the end of the vocabulary
+
+
+def id_tables(tokenizer) -> IdTables:
+  """The IdTables of any tokenizer.
 
   A `Tokenizer` has them; another object with the same id attributes (e.g. the Hugging Face
   adapters in pretrain_jax.hf: `vocab_size`, `pad_id`, `eos_id`, `cls_id`, ... and T5's
   `sentinel_id`) gets tables built from those ids; it has no word-start table.
   """
   if isinstance(tokenizer, Tokenizer):
-    return tokenizer.special, tokenizer.ordinary_ids, tokenizer.word_start, NUM_SENTINELS
+    return IdTables(tokenizer.special, tokenizer.ordinary_ids, tokenizer.word_start,
+                    NUM_SENTINELS)
   n = tokenizer.vocab_size
   special, not_random = np.zeros(n, bool), np.zeros(n, bool)
   for name in ('pad_id', 'eos_id', 'cls_id', 'sep_id', 'mask_id', 'unk_id'):
@@ -160,7 +170,7 @@ def id_tables(tokenizer) -> tuple:
     special[[tokenizer.sentinel_id(k) for k in range(NUM_SENTINELS)
              if tokenizer.sentinel_id(k) < n]] = True
   ordinary = np.flatnonzero(~special & ~not_random).astype(np.int32)
-  return special, ordinary, None, num_sentinels
+  return IdTables(special, ordinary, None, num_sentinels)
 
 
 def add_filler_and_sentinels(model_proto: bytes, total: int) -> bytes:

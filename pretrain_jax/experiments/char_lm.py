@@ -8,13 +8,11 @@ non-overlapping window of the validation / held-out slice, with a fixed masking 
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax import task
-from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.objectives import mlm
-from pretrain_jax.training import mesh as mesh_lib, optimizer, state as state_lib, step as step_lib
+from pretrain_jax.training import mesh as mesh_lib, step as step_lib, task
 
 MASK = '[MASK]'
 
@@ -56,22 +54,18 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   cfg = ModelConfig.from_config({**family_config.model.to_dict(), 'vocab_size': vocab_size})
   t = family_config.train
   length, batch = cfg.max_len, t.batch_size
-  model = build(cfg.replace(deterministic=False))
-  tx = optimizer.make_optimizer(t)
   mesh = mesh_lib.make_mesh(mesh_config)
-  example = state_lib.init_batch(cfg.family, length)
-  state, abstract = state_lib.create_state(model, tx, mesh, example, t.seed)
-  step_fn = step_lib.make_train_step(model, tx, optimizer.make_schedule(t), seed=t.seed,
-                                     prng_impl=t.get('prng_impl') or None)
+  trainer = step_lib.make_steps(cfg, t, mesh, init_length=length)
+  state = trainer.create_state(t.seed)
   rng = np.random.default_rng(seed)
-  make = lambda: (_clm_batch(train_ids, rng.integers(0, len(train_ids) - length - 1, batch),
-                             length) if cfg.family == 'gpt' else
-                  _mlm_batch(train_ids[rng.integers(0, len(train_ids) - length, batch)[:, None]
-                                       + np.arange(length)], rng, vocab_size, vocab_size - 1,
-                             mlm_probability))
+  make = {  # random training windows for the family's objective
+      'clm': lambda: _clm_batch(train_ids, rng.integers(0, len(train_ids) - length - 1, batch),
+                                length),
+      'mlm': lambda: _mlm_batch(train_ids[rng.integers(0, len(train_ids) - length, batch)[:, None]
+                                          + np.arange(length)], rng, vocab_size, vocab_size - 1,
+                                mlm_probability)}[family_of(cfg).objective]
   first = make()
-  jitted = step_lib.jit_train_step(step_fn, state_lib.shardings_of(abstract), mesh,
-                                   {k: v for k, v in first.items()})
+  jitted = trainer.train_step
   start = time.perf_counter()
   batch_data = first
   for _ in range(t.steps):

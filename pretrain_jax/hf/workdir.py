@@ -12,7 +12,6 @@ Import writes, into a temporary directory renamed into place at the end:
 so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
 Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory.
 """
-import importlib
 import os
 import shutil
 
@@ -25,39 +24,30 @@ from pretrain_jax.models import ModelConfig
 HF_TOKENIZER_DIR = 'hf_tokenizer'
 
 
-def base_config_name(cfg: ModelConfig) -> str:
-  """The configs/ module whose data/train/mesh sections an imported model starts from."""
-  if cfg.family == 't5':
-    return 't5_small' if cfg.tie_embeddings else 't5_v1_1_base'
-  return {'bert': 'bert_base', 'gpt': 'gpt2_small'}[cfg.family]
-
-
 def model_section(cfg: ModelConfig) -> dict:
   """ModelConfig -> a config.model dict (dtypes by name; no eval/decode switches)."""
   return cfg.to_dict()
 
 
-def training_config(cfg: ModelConfig, base: str = None):
-  """(full ml_collections config for `cfg`, name of the base config it started from)."""
+def training_config(cfg: ModelConfig, base):
+  """The full ml_collections config for `cfg`: the base config's data, train and mesh sections
+  with `cfg` as the model section."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  base = base or base_config_name(cfg)
-  config = importlib.import_module(f'configs.{base}').get_config()
-  config = ml_collections.ConfigDict(config.to_dict())
+  config = ml_collections.ConfigDict(base.to_dict())
   config.model = ml_collections.ConfigDict(model_section(cfg))
   if cfg.family in ('bert', 'gpt'):
     config.data.seq_len = min(config.data.seq_len, cfg.max_len)
   if cfg.family == 'bert':
     config.data.nsp = cfg.nsp
-  return config, base
+  return config
 
 
-def train_overrides(config, base: str) -> list:
-  """`--config.section.key=value` flags that turn configs/<base>.py into `config`.
+def train_overrides(config, reference) -> list:
+  """`--config.section.key=value` flags that turn the `reference` config into `config`.
 
   Model fields are compared as ModelConfigs, so a field the base file leaves at its default
   is only listed when the imported value differs from that default.
   """
-  reference = importlib.import_module(f'configs.{base}').get_config()
   ours = model_section(ModelConfig.from_config(config.model))
   theirs = model_section(ModelConfig.from_config(reference.model))
   flags = [f'--config.model.{k}={v}' for k, v in sorted(ours.items()) if theirs[k] != v]
@@ -67,11 +57,14 @@ def train_overrides(config, base: str) -> list:
   return flags
 
 
-def import_hf(hf_dir: str, workdir: str, *, base: str = None, **model_overrides) -> dict:
+def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
+              **model_overrides) -> dict:
   """Imports the HF directory `hf_dir` as a new training workdir `workdir` (must not exist).
 
-  Returns a summary: family, parameter count, tokenizer, and the scripts/train.py flags that
-  reproduce the imported model from its base config.
+  `base_config(model_config, base) -> (name, ConfigDict)` gives the config whose data, train
+  and mesh sections the workdir starts from (scripts pass configs.base_config: the library
+  never imports configs/). Returns a summary: family, parameter count, tokenizer, and the
+  scripts/train.py flags that reproduce the imported model from its base config.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -81,7 +74,8 @@ def import_hf(hf_dir: str, workdir: str, *, base: str = None, **model_overrides)
 
   io_lib.check_free(workdir)  # before the (possibly long) read
   cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
-  config, base = training_config(cfg, base)
+  base, reference = base_config(cfg, base)
+  config = training_config(cfg, reference)
   final = os.path.abspath(workdir)
   with io_lib.atomic_directory(final) as tmp:
     files = tok_lib.tokenizer_files(hf_dir)
@@ -105,7 +99,7 @@ def import_hf(hf_dir: str, workdir: str, *, base: str = None, **model_overrides)
   return {'workdir': final, 'family': cfg.family, 'base_config': f'configs/{base}.py',
           'params': int(sum(np.size(x) for x in jax.tree.leaves(params))),
           'tokenizer': type(tokenizer).__name__ if tokenizer is not None else None,
-          'train_flags': train_overrides(config, base)}
+          'train_flags': train_overrides(config, reference)}
 
 
 def workdir_tokenizer(workdir: str, config):

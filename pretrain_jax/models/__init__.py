@@ -1,14 +1,27 @@
-"""Model families. `build(ModelConfig)` returns the Linen module for the config's family."""
-import importlib
+"""Model families: config, masks, the attention core, shared layers, BERT / GPT / T5.
 
+`build(ModelConfig)` returns the Linen module of the config's family; `family_of(cfg)` its
+record (pretrain_jax.models.family.Family): batch keys, example batch, heads, FLOPs.
+"""
+from pretrain_jax.models import bert, gpt, t5
 from pretrain_jax.models.config import ModelConfig
+from pretrain_jax.models.family import Family, Head
 
-_CLASSES = {'bert': ('bert', 'BERT'), 'gpt': ('gpt', 'GPT'), 't5': ('t5', 'T5')}
+FAMILIES = {f.name: f for f in (bert.FAMILY, gpt.FAMILY, t5.FAMILY)}
+
+
+def family_of(cfg_or_name) -> Family:
+  """The record of a ModelConfig's family (or of a family name, or the record itself)."""
+  if isinstance(cfg_or_name, Family):
+    return cfg_or_name
+  name = getattr(cfg_or_name, 'family', cfg_or_name)
+  if name not in FAMILIES:
+    raise ValueError(f'model family {name!r}; expected one of {sorted(FAMILIES)}')
+  return FAMILIES[name]
 
 
 def build(cfg: ModelConfig):
-  module, cls = _CLASSES[cfg.family]
-  return getattr(importlib.import_module(f'pretrain_jax.models.{module}'), cls)(cfg)
+  return family_of(cfg).model(cfg)
 
 
-__all__ = ['ModelConfig', 'build']
+__all__ = ['FAMILIES', 'Family', 'Head', 'ModelConfig', 'build', 'family_of']

@@ -1,10 +1,12 @@
 """BERT: post-LN encoder, learned positions + token types, GELU (erf), MLM and NSP heads."""
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
-from pretrain_jax import layers, masks
-from pretrain_jax.dropout import Dropout
+from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
+from pretrain_jax.models.dropout import Dropout
+from pretrain_jax.models.family import Family, Head
 
 
 class BertBlock(nn.Module):
@@ -92,3 +94,45 @@ class BERT(nn.Module):
     x = self.hidden(inputs, token_type_ids=token_type_ids, segment_ids=segment_ids,
                     positions=positions)
     return self.logits(x), self.nsp_logits(x)
+
+
+MASK_ID = 2  # the [MASK] id of example batches (any id > 2 is an ordinary token there)
+
+
+def example_batch(tokens, rng=None, *, nsp=False, target_len=None) -> dict:
+  """An MLM batch from (B, T + 1) ids (the last column unused): with `rng` (numpy Generator)
+  15% of positions are selected and replaced by MASK_ID, with NSP labels when `nsp`."""
+  del target_len
+  b, t = tokens.shape[0], tokens.shape[1] - 1
+  selected = rng.random((b, t)) < 0.15 if rng is not None else np.zeros((b, t), bool)
+  batch = {'inputs': np.where(selected, MASK_ID, tokens[:, :-1]).astype(np.int32),
+           'targets': tokens[:, :-1], 'segment_ids': np.ones((b, t), np.int32),
+           'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+           'token_type_ids': np.zeros((b, t), np.int32),
+           'loss_weights': selected.astype(np.float32)}
+  if nsp:
+    batch['nsp_labels'] = (rng.integers(0, 2, (b,), dtype=np.int32) if rng is not None
+                           else np.zeros((b,), np.int32))
+  return batch
+
+
+def forward_flops(cfg, batch, seq_len, target_len=0, head_positions=0):
+  """The stack, the MLM transform on the head's positions and the NSP pooler + classifier."""
+  del target_len
+  e = cfg.emb_dim
+  total = flops.stack_flops(cfg, batch, seq_len, False, head_positions)
+  total += batch * flops.head_length(seq_len, head_positions) * 2 * e * e
+  if cfg.nsp:
+    total += batch * (2 * e * e + 2 * e * 2)
+  return total
+
+
+FAMILY = Family(hf_inputs=(('input_ids', 'inputs'), ('attention_mask', 'segment_ids'),
+                           ('token_type_ids', 'token_type_ids')),
+                name='bert', model=BERT, objective='mlm', input_keys=('inputs',),
+                kwarg_keys=('token_type_ids', 'segment_ids', 'positions'), target_key='targets',
+                weight_key='loss_weights', example_batch=example_batch,
+                forward_flops=forward_flops,
+                heads=(Head(name='nsp', method='nsp_logits', label_key='nsp_labels',
+                            enabled='nsp'),),
+                fills_masks=True)

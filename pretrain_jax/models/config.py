@@ -1,6 +1,6 @@
 """The frozen model dataclass: the one boundary between ml_collections configs and modules."""
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import jax.numpy as jnp
 
@@ -9,6 +9,18 @@ ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative')
 REMAT_POLICIES = ('none', 'minimal', 'full')
 KERNEL_INITS = ('normal', 'fan_in')
+NORMS = ('layernorm', 'rmsnorm')
+# The layer choices of each family's published architecture, used where a config leaves a field
+# None (configs/ set them explicitly; this keeps older config.json files and short test configs
+# meaning what they meant). Shared layers read only these fields, never the family name.
+FAMILY_LAYER_DEFAULTS = {
+    'bert': dict(norm='layernorm', dense_bias=True, kernel_init='normal',
+                 fold_query_scale=False, mlp_dropout=False),
+    'gpt': dict(norm='layernorm', dense_bias=True, kernel_init='normal',
+                fold_query_scale=False, mlp_dropout=False),
+    't5': dict(norm='rmsnorm', dense_bias=False, kernel_init='fan_in',
+               fold_query_scale=True, mlp_dropout=True),
+}
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
@@ -25,10 +37,15 @@ class ModelConfig:
   num_decoder_layers: int = 0           # T5 only; 0 = same as num_layers
   dtype: Any = jnp.float32               # compute dtype
   param_dtype: Any = jnp.float32         # storage dtype
-  attention_impl: str = 'reference'      # see pretrain_jax.attention.IMPLEMENTATIONS
+  attention_impl: str = 'reference'      # see pretrain_jax.models.attention.IMPLEMENTATIONS
   activation: str = 'gelu'
   position_embedding: str = 'learned'
-  kernel_init: str = 'normal'            # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in': N(0, 1/fan_in)
+  kernel_init: Optional[str] = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in': N(0, 1/fan_in)
+  norm: Optional[str] = None             # 'layernorm' (BERT/GPT) or 'rmsnorm' (T5: no bias)
+  dense_bias: Optional[bool] = None      # biases on dense layers (T5: none)
+  fold_query_scale: Optional[bool] = None  # no 1/sqrt(head_dim) on logits; the query init
+                                         # carries it (T5)
+  mlp_dropout: Optional[bool] = None     # dropout on the feed-forward activations (T5)
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-12
@@ -43,6 +60,9 @@ class ModelConfig:
   decode: bool = False                   # key/value cache, one new token per call
 
   def __post_init__(self):
+    for name, value in FAMILY_LAYER_DEFAULTS.get(self.family, {}).items():
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, value)
     def check(ok, what, value, expected):
       if not ok:
         raise ValueError(f'model.{what}={value!r}; expected {expected}')
@@ -52,6 +72,7 @@ class ModelConfig:
           self.position_embedding, f'one of {POSITION_EMBEDDINGS}')
     check(self.kernel_init in KERNEL_INITS, 'kernel_init', self.kernel_init,
           f'one of {KERNEL_INITS}')
+    check(self.norm in NORMS, 'norm', self.norm, f'one of {NORMS}')
     check(self.remat in REMAT_POLICIES, 'remat', self.remat, f'one of {REMAT_POLICIES}')
     for name in ('vocab_size', 'num_layers', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
                  'max_len'):

@@ -1,22 +1,17 @@
 """Shapes and logical axes of a model's parameters, via jax.eval_shape (no weights allocated)."""
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax.models import build
+from pretrain_jax.models import build, family_of
 from pretrain_jax.models.config import ModelConfig
 
 
-def dummy_inputs(cfg: ModelConfig, batch: int = 1, length: int = 8) -> tuple:
-  tokens = jnp.ones((batch, length), jnp.int32)
-  return (tokens, tokens) if cfg.family == 't5' else (tokens,)
-
-
-def abstract_variables(cfg: ModelConfig):
+def abstract_variables(cfg: ModelConfig, length: int = 8):
   """ShapeDtypeStruct tree of the model's variables, with logical-partitioning metadata."""
   model = build(cfg)
-  return jax.eval_shape(lambda: model.init(jax.random.key(0), *dummy_inputs(cfg)))
+  args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(length, cfg.nsp))
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), *args, **kwargs))
 
 
 def parameter_table(cfg: ModelConfig):

@@ -2,14 +2,18 @@
 (`tie_embeddings=False`: a separate `lm_head` dense layer with bias)."""
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
-from pretrain_jax import layers, masks
-from pretrain_jax.dropout import Dropout
+from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
+from pretrain_jax.models.dropout import Dropout
+from pretrain_jax.models.family import Family
 
 
 class GPTBlock(nn.Module):
+  """`causal`: the causal part of `mask`, kept factored for the core (decided by the top)."""
   cfg: ModelConfig
+  causal: bool = True
 
   @nn.compact
   def __call__(self, x, mask, decode_index):                 # (B, T, E)
@@ -17,9 +21,7 @@ class GPTBlock(nn.Module):
     residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
     drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     h = layers.norm(cfg, 'ln_1')(x)
-    # Training: `mask` is the packing/padding mask and the causal part stays factored (cuDNN
-    # skips the blocks it hides). Decode: `mask` is the whole cache mask.
-    attn = layers.MultiHeadAttention(cfg, residual_scale, causal=not cfg.decode, name='attn')
+    attn = layers.MultiHeadAttention(cfg, residual_scale, causal=self.causal, name='attn')
     x = x + drop(attn(h, h, mask, None, decode_index))
     h = layers.norm(cfg, 'ln_2')(x)
     x = x + drop(layers.MLP(cfg, residual_scale, name='mlp')(h))
@@ -33,8 +35,9 @@ class GPT(nn.Module):
   the LM head, so a loss can run the head a chunk of positions at a time.
   The mask is decided here: the packing/padding mask from segment ids AND causal, the causal
   part handed to the attention core in factored form (`causal=True`) so cuDNN can skip it.
-  In decode mode (cfg.decode) a `cache_index` and the cached keys' segment ids live in the
-  `cache` collection: each call appends its T tokens and attends over everything cached.
+  In decode mode (cfg.decode) the `decode_cache` (layers.DecodeCache) keeps the cache index and
+  the cached keys' segment ids: each call appends its T tokens and attends over everything
+  cached, with the whole causal cache mask given explicitly.
   """
   cfg: ModelConfig
 
@@ -44,18 +47,22 @@ class GPT(nn.Module):
     if not cfg.tie_embeddings:
       self.lm_head = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
                                   init=layers.param_init(cfg, cfg.emb_dim))
+    if cfg.decode:
+      self.decode_cache = layers.DecodeCache()
 
   @nn.compact
   def hidden(self, inputs, *, segment_ids=None, positions=None):
     cfg = self.cfg
     if segment_ids is None:
       segment_ids = jnp.ones_like(inputs)
-    decode_index = None
+    # Training: the packing/padding mask, AND causal kept factored (cuDNN skips the blocks it
+    # hides). Decode: the whole mask over the cache.
+    decode_index, causal = None, not cfg.decode
     if cfg.decode:
-      mask, decode_index, cache_positions = layers.decode_cache_mask(self, segment_ids)
+      mask, decode_index, cache_positions = self.decode_cache(segment_ids)
       positions = cache_positions if positions is None else positions
     else:
-      mask = masks.segment_mask(segment_ids)     # (B, 1, T, T); AND causal, given factored
+      mask = masks.segment_mask(segment_ids)     # (B, 1, T, T)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     x = self.wte(inputs) * self.embed_scale                               # (B, T, E)
@@ -65,7 +72,8 @@ class GPT(nn.Module):
     else:
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
     x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
-    x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
+    x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index,
+                           causal=causal)
     return layers.norm(cfg, 'ln_f')(x)                                    # (B, T, E)
 
   def logits(self, hidden):                                               # (..., E)
@@ -74,3 +82,25 @@ class GPT(nn.Module):
 
   def __call__(self, inputs, *, segment_ids=None, positions=None):
     return self.logits(self.hidden(inputs, segment_ids=segment_ids, positions=positions))
+
+
+def example_batch(tokens, rng=None, *, nsp=False, target_len=None) -> dict:
+  """A CLM batch from (B, T + 1) ids: inputs, next-token targets, one document per row."""
+  del rng, nsp, target_len
+  b, t = tokens.shape[0], tokens.shape[1] - 1
+  return {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:],
+          'segment_ids': np.ones((b, t), np.int32),
+          'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+          'loss_weights': np.ones((b, t), np.float32)}
+
+
+def forward_flops(cfg, batch, seq_len, target_len=0, head_positions=0):
+  del target_len
+  return flops.stack_flops(cfg, batch, seq_len, True, head_positions)
+
+
+FAMILY = Family(hf_inputs=(('input_ids', 'inputs'), ('attention_mask', 'segment_ids')),
+                name='gpt', model=GPT, objective='clm', input_keys=('inputs',),
+                kwarg_keys=('segment_ids', 'positions'), target_key='targets',
+                weight_key='loss_weights', example_batch=example_batch,
+                forward_flops=forward_flops, generation='continue')

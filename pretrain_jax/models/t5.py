@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax import layers, masks
-from pretrain_jax.dropout import Dropout
+from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
+from pretrain_jax.models.dropout import Dropout
+from pretrain_jax.models.family import Family
 
 
 def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
@@ -72,13 +73,15 @@ class EncoderBlock(nn.Module):
 
 
 class DecoderBlock(nn.Module):
+  """`causal`: the causal part of `self_mask`, kept factored for the core (decided by the top)."""
   cfg: ModelConfig
+  causal: bool = True
 
   @nn.compact
   def __call__(self, x, encoded, self_mask, bias, cross_mask, decode_index):  # (B, T, E)
     cfg = self.cfg
     h = layers.norm(cfg, 'pre_self_attention_norm')(x)
-    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, causal=not cfg.decode,
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, causal=self.causal,
                                                     name='self_attention')(
         h, h, self_mask, bias, decode_index))
     h = layers.norm(cfg, 'pre_cross_attention_norm')(x)
@@ -112,25 +115,28 @@ class Decoder(nn.Module):
     if not self.cfg.tie_embeddings:
       self.lm_head = layers.dense(self.cfg, self.cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
                                   init=nn.initializers.normal(self.cfg.emb_dim ** -0.5))
+    if self.cfg.decode:
+      self.decode_cache = layers.DecodeCache()
 
   @nn.compact
   def __call__(self, tokens, encoded, segment_ids, encoder_segment_ids):  # (B, T), (B, S, E)
     cfg = self.cfg
     length = tokens.shape[1]
-    decode_index = None
+    # Training: packing/padding mask AND causal kept factored. Decode: the whole cache mask.
+    decode_index, causal = None, not cfg.decode
     if cfg.decode:
-      self_mask, decode_index, _ = layers.decode_cache_mask(self, segment_ids)
+      self_mask, decode_index, _ = self.decode_cache(segment_ids)
       cache_len = self_mask.shape[-1]
       q_pos = jnp.arange(length) + decode_index
       bias_args = (q_pos, jnp.arange(cache_len))
     else:
-      self_mask = masks.segment_mask(segment_ids)  # AND causal, given factored to the core
+      self_mask = masks.segment_mask(segment_ids)
       bias_args = (jnp.arange(length), jnp.arange(length))
     bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
     x = _dropout(cfg, self.shared(tokens))                               # (B, T, E)
     x = layers.apply_stack(DecoderBlock, cfg, cfg.decoder_layers, 'layers', x, encoded,
                            self_mask, bias, masks.cross_mask(segment_ids, encoder_segment_ids),
-                           decode_index)
+                           decode_index, causal=causal)
     return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
 
   def logits(self, x):                                                   # (..., E)
@@ -187,3 +193,33 @@ class T5(nn.Module):
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, **kwargs):
     return self.logits(self.hidden(encoder_input_tokens, decoder_input_tokens, **kwargs))
+
+
+def example_batch(tokens, rng=None, *, nsp=False, target_len=None) -> dict:
+  """A span-corruption-shaped batch from (B, T + 1) ids: encoder inputs are the first T,
+  targets the first `target_len` (default T // 2), decoder inputs the targets shifted right."""
+  del rng, nsp
+  b, t = tokens.shape[0], tokens.shape[1] - 1
+  target_len = target_len or t // 2
+  targets = tokens[:, :target_len]
+  ones, dec_ones = np.ones((b, t), np.int32), np.ones_like(targets)
+  positions = lambda n: np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)).copy()
+  return {'encoder_input_tokens': tokens[:, :-1], 'encoder_segment_ids': ones,
+          'encoder_positions': positions(t),
+          'decoder_input_tokens': np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
+          'decoder_target_tokens': targets, 'decoder_segment_ids': dec_ones,
+          'decoder_positions': positions(target_len),
+          'decoder_loss_weights': dec_ones.astype(np.float32)}
+
+
+FAMILY = Family(hf_inputs=(('input_ids', 'encoder_input_tokens'),
+                           ('attention_mask', 'encoder_segment_ids'),
+                           ('decoder_input_ids', 'decoder_input_tokens'),
+                           ('decoder_attention_mask', 'decoder_segment_ids')),
+                name='t5', model=T5, objective='span_corruption',
+                input_keys=('encoder_input_tokens', 'decoder_input_tokens'),
+                kwarg_keys=('encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions',
+                            'decoder_positions'),
+                target_key='decoder_target_tokens', weight_key='decoder_loss_weights',
+                example_batch=example_batch, forward_flops=flops.encoder_decoder_flops,
+                generation='fill_spans')

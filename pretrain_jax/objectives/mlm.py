@@ -65,3 +65,8 @@ def max_predictions_per_seq(seq_len: int, probability: float = 0.15) -> int:
   mean = probability * seq_len
   bound = mean + 6.0 * np.sqrt(seq_len * probability * (1.0 - probability))
   return int(min(seq_len, 8 * np.ceil(bound / 8)))
+
+
+def wrap_cls_sep(tokens: np.ndarray, cls_id: int, sep_id: int) -> np.ndarray:
+  """BERT's input format for one piece of text: [CLS] tokens [SEP]."""
+  return np.concatenate([[cls_id], tokens, [sep_id]]).astype(np.int32)

@@ -53,3 +53,25 @@ def nsp_row(a: np.ndarray, b: np.ndarray, *, cls_id: int, sep_id: int) -> dict:
   types = np.zeros(inputs.shape, np.int32)
   types[len(a) + 2:] = 1
   return {'inputs': inputs, 'token_type_ids': types}
+
+
+def with_partners(docs, first_document):
+  """(epoch, doc, tokens) -> (epoch, doc, tokens, partner): a document's NotNext partner is the
+  next document of the epoch, else (for the last one) the epoch's first document, which
+  `first_document(epoch) -> (doc, tokens)` gives."""
+  prev = None
+  for cur in docs:
+    if prev is not None:
+      yield (*prev, cur[2] if cur[0] == prev[0] else _first(first_document, prev))
+    prev = cur
+  if prev is not None:
+    yield (*prev, _first(first_document, prev))
+
+
+def _first(first_document, current):
+  epoch, doc, _ = current
+  first_doc, tokens = first_document(epoch)
+  if first_doc == doc:
+    raise ValueError('NSP needs at least 2 documents with tokens in each host share; '
+                     f'epoch {epoch} has only one')
+  return tokens

@@ -102,25 +102,6 @@ class BatchPacker:
     return not self.segments.any()
 
 
-def pack_examples(examples: list, lengths: dict, features: dict,
-                  first_fit: bool = False) -> dict:
-  """Pure packing of `examples` into as many rows as needed: dict of (R, L) arrays.
-
-  Next-fit by default (order kept row by row); `first_fit` puts each example in the first row
-  with room (fewer rows, order kept within each row).
-  """
-  packer = BatchPacker(max(len(examples), 1), lengths, features)
-  for example in examples:
-    if first_fit:
-      packer.add(example, packer.first_fit(example))
-    else:
-      if not packer.fits(example):
-        packer.next_row()
-      packer.add(example)
-  rows = int(np.count_nonzero(packer.segments))
-  return {k: v[:rows] for k, v in packer.arrays.items()}
-
-
 def shift_right_by_segment(targets: np.ndarray, segment_ids: np.ndarray,
                            start_id: int = 0) -> np.ndarray:
   """(B, T) decoder inputs: targets shifted right by one within each segment, `start_id` first."""

@@ -14,6 +14,8 @@ EOS is appended to both. Spans interleave non-noise first and end with noise. Wo
 """
 import numpy as np
 
+from pretrain_jax.objectives import packing
+
 
 def _noise_counts(length: int, noise_density: float, mean_noise_span_length: float):
   """(num_noise_tokens, num_noise_spans) for a chunk, clamped exactly like T5's mask."""
@@ -111,3 +113,10 @@ def span_corruption(tokens: np.ndarray, rng, *, first_sentinel: int, eos_id: int
   inputs = noise_span_to_unique_sentinel(tokens, mask, first_sentinel)
   targets = noise_span_to_unique_sentinel(tokens, ~mask, first_sentinel)
   return np.concatenate([inputs, eos]), np.concatenate([targets, eos])
+
+
+def with_decoder_inputs(arrays: dict) -> dict:
+  """Packed T5 arrays + `decoder_input_tokens`: the targets shifted right within each segment
+  (document), 0 first (packing.shift_right_by_segment), as t5x feeds the decoder."""
+  return dict(arrays, decoder_input_tokens=packing.shift_right_by_segment(
+      arrays['decoder_target_tokens'], arrays['decoder_segment_ids']))

@@ -5,18 +5,16 @@ Side effects (files, logs, signals, checkpoints) happen here; the step itself is
 import functools
 import math
 import signal
-import time
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.models import ModelConfig
 from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import metrics as metrics_lib
-from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 
@@ -80,26 +78,14 @@ def check_finite(history: list) -> None:
           'train.learning_rate, train.grad_clip > 0 or float32 compute')
 
 
-def evaluate(eval_step, params, eval_iter, start_state, num_batches, sharding) -> dict:
-  """Validation metrics over `num_batches` batches (the same ones every time)."""
-  eval_iter.set_state(start_state)
-  totals = None
-  for _ in range(num_batches):
-    sums = jax.device_get(eval_step(params, global_batch(next(eval_iter), sharding)))
-    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
-  return {k: float(v) for k, v in step_lib.metrics_from_sums(*totals).items()}
-
-
 def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint); returns a summary."""
   t = config.train
-  max_predictions = step_lib.max_predictions(config)  # LM head positions per row (0 = all)
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
   model_cfg = ModelConfig.from_config(config.model)
-  train_model = build(model_cfg.replace(deterministic=False))
-  eval_model = build(model_cfg.replace(deterministic=True))
-  schedule, tx = opt_lib.make_schedule(t), opt_lib.make_optimizer(t)
+  steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(config),
+                              init_length=config.data.seq_len)
 
   train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets)
   eval_start = eval_iter.get_state()
@@ -107,54 +93,35 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   writer = metrics_lib.MetricWriter(workdir)
 
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
-  abstract, init_state = state_lib.abstract_state(
-      eval_model, tx, mesh, state_lib.init_batch(model_cfg.family, config.data.seq_len))
-  shardings = state_lib.shardings_of(abstract)
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
                                        async_save=t.async_checkpoints)
   if checkpointer.latest_step() is not None:
-    state, data_state = checkpointer.restore(abstract)
+    state, data_state = checkpointer.restore(steps.abstract_state)
     train_iter.set_state(data_state)
     writer.line(f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}')
   else:
-    state = jax.jit(init_state, out_shardings=shardings)(jax.random.key(t.seed))
+    state = steps.create_state(t.seed)
   start = int(state.step)
   writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')
 
-  batch_sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))  # dim 0 of every batch array
-  train_step = jax.jit(
-      step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
-                               microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
-                               prng_impl=t.get('prng_impl'),
-                               loss_chunk_len=t.get('loss_chunk_len', 0),
-                               max_predictions=max_predictions),
-      in_shardings=(shardings, batch_sharding),
-      out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
-  eval_step = jax.jit(step_lib.make_eval_step(eval_model, t.get('loss_chunk_len', 0),
-                                             max_predictions),
-                      in_shardings=(shardings.params, batch_sharding),
-                      out_shardings=NamedSharding(mesh, P()))
+  batch_sharding = steps.batch_sharding
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
 
   stop = StopRequest()
   history, last, eval_metrics = [], {}, {}
-  window_start, window_steps, train_time, timed_steps = None, 0, 0.0, 0
+  clock = metrics_lib.StepClock()
   step = start
   try:
     while step < t.steps:
       batch = global_batch(next(train_iter), batch_sharding)
       if step == start:
         tokens_per_step, flops_per_step = metrics_lib.batch_cost(
-            model_cfg, batch, max_predictions)
-      state, metrics = train_step(state, batch)
+            model_cfg, batch, steps.max_predictions)
+      state, metrics = steps.train_step(state, batch)
       step += 1
       history.append((step, metrics))
-      if window_start is None:  # the clock starts after the first step
-        jax.block_until_ready(metrics)
-        window_start = time.perf_counter()
-      else:
-        window_steps += 1
+      clock.stepped(metrics)
       stopping = stop.agreed()
       log_now = step % t.log_every == 0 or step == t.steps or stopping
       eval_now = t.eval_every > 0 and (step % t.eval_every == 0 or step == t.steps)
@@ -165,26 +132,25 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
         last = {k: float(v) for k, v in history[-1][1].items()}
         history = []
       if log_now:
-        if window_steps:  # none right after the first (compiling) step
-          elapsed = time.perf_counter() - window_start
-          step_time = elapsed / window_steps
-          train_time, timed_steps = train_time + elapsed, timed_steps + window_steps
+        step_time = clock.lap()                  # None right after the first (compiling) step
+        if step_time:
           last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
                       mfu=flops_per_step / step_time / peak_flops,
                       eta_sec=(t.steps - step) * step_time)
         writer.write(step, last)
         writer.line(metrics_lib.progress_line(step, t.steps, last))
-        window_start, window_steps = time.perf_counter(), 0
       if eval_now:
-        eval_metrics = evaluate(eval_step, state.params, eval_iter, eval_start,
-                                t.eval_batches, batch_sharding)
+        eval_iter.set_state(eval_start)          # the same batches every time
+        eval_metrics = eval_lib.evaluate(
+            steps.eval_step, state.params,
+            (global_batch(b, batch_sharding) for b in eval_iter), t.eval_batches)
         writer.write(step, eval_metrics, prefix='eval')
         writer.line(f'step {step}/{t.steps} | eval loss {eval_metrics["loss"]:.4f} | '
                     f'accuracy {eval_metrics["lm_accuracy"]:.3f}')
       if save_now:
         checkpointer.save(step, state, train_iter.get_state())
       if eval_now or save_now:
-        window_start = time.perf_counter()     # not training throughput
+        clock.pause()                            # not training throughput
       if stopping:
         writer.line(f'SIGTERM: saved step {step}; exiting')
         break
@@ -193,7 +159,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
     checkpointer.close()                         # waits for the last asynchronous save
     writer.close()
 
-  step_time = train_time / timed_steps if timed_steps else None
+  step_time = clock.mean_step_time()
   return {'family': model_cfg.family, 'workdir': workdir, 'start_step': start, 'step': step,
           'steps': t.steps, 'preempted': stop.requested and step < t.steps,
           'train_loss': last.get('loss'), 'eval_loss': eval_metrics.get('loss'),

@@ -12,7 +12,7 @@ import time
 
 import jax
 
-from pretrain_jax import flops
+from pretrain_jax.models import family_of, flops
 
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
 PEAK_TFLOPS = {'tpu v2': 45.0, 'tpu v3': 123.0, 'tpu v4': 275.0, 'tpu v5 lite': 197.0,
@@ -45,14 +45,48 @@ def _cpu_flops_per_cycle() -> int:
 
 def batch_cost(model_cfg, batch: dict, max_predictions: int = 0) -> tuple:
   """(tokens, model FLOPs) of one train step on `batch`. Tokens are input positions (T5:
-  encoder + decoder); FLOPs are pretrain_jax.flops' analytic matmul count (PaLM-style MFU),
-  the LM head counted on `max_predictions` positions per row when that is set."""
-  if model_cfg.family == 't5':
-    enc, dec = batch['encoder_input_tokens'].shape, batch['decoder_input_tokens'].shape
-    return enc[0] * (enc[1] + dec[1]), flops.train_flops(model_cfg, enc[0], enc[1], dec[1],
-                                                         max_predictions)
-  b, t = batch['inputs'].shape
-  return b * t, flops.train_flops(model_cfg, b, t, head_positions=max_predictions)
+  encoder + decoder); FLOPs are pretrain_jax.models.flops' analytic matmul count (PaLM-style
+  MFU), the LM head counted on `max_predictions` positions per row when that is set."""
+  batch_size, length, target_len = family_of(model_cfg).lengths(batch)
+  return (batch_size * (length + target_len),
+          flops.train_flops(model_cfg, batch_size, length, target_len, max_predictions))
+
+
+class StepClock:
+  """Training throughput: wall time of train steps only, the first (compiling) step excluded.
+
+  `stepped(metrics)` after each step (the first one blocks, then starts the clock); `lap()` at
+  a log point returns the mean step time since the last lap (None if no step was timed);
+  `pause()` after evaluation or a save so their time is not counted; `mean_step_time()` over
+  the whole run.
+  """
+
+  def __init__(self):
+    self.start, self.steps, self.total_time, self.total_steps = None, 0, 0.0, 0
+
+  def stepped(self, metrics) -> None:
+    if self.start is None:
+      jax.block_until_ready(metrics)
+      self.start = time.perf_counter()
+    else:
+      self.steps += 1
+
+  def lap(self):
+    if not self.steps:
+      self.pause()
+      return None
+    elapsed = time.perf_counter() - self.start
+    step_time = elapsed / self.steps
+    self.total_time, self.total_steps = self.total_time + elapsed, self.total_steps + self.steps
+    self.pause()
+    return step_time
+
+  def pause(self) -> None:
+    if self.start is not None:
+      self.start, self.steps = time.perf_counter(), 0
+
+  def mean_step_time(self):
+    return self.total_time / self.total_steps if self.total_steps else None
 
 
 class MetricWriter:

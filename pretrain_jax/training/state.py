@@ -1,6 +1,6 @@
 """The train state and its shardings; the state is created already sharded.
 
-Parameters carry logical axis names (pretrain_jax.layers); `mesh.LOGICAL_RULES` maps them onto
+Parameters carry logical axis names (pretrain_jax.models.layers); `mesh.LOGICAL_RULES` maps them onto
 the mesh. Optimizer-state leaves that mirror a parameter (Adam's mu/nu, Adafactor's unfactored
 v) take that parameter's sharding; everything else in the optimizer state (counts, Adafactor's
 factored row/column statistics, O(rows + cols)) is replicated.
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from pretrain_jax import task
+from pretrain_jax.models import family_of
 from pretrain_jax.training import mesh as mesh_lib
 
 
@@ -22,22 +22,10 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: optax.OptState
 
 
-def init_batch(family: str, seq_len: int, nsp: bool = False) -> dict:
-  """A (1, seq_len) batch of ones: enough for model.init to size every parameter."""
-  ones = jnp.ones((1, seq_len), jnp.int32)
-  if family == 't5':
-    return {k: ones for k in ('encoder_input_tokens', 'decoder_input_tokens',
-                              'encoder_segment_ids', 'decoder_segment_ids')}
-  batch = {'inputs': ones, 'segment_ids': ones, 'positions': ones * 0}
-  if family == 'bert':
-    batch['token_type_ids'] = ones * 0
-  return batch
-
-
 def boxed_abstract_params(model, batch: dict = None):
   """ShapeDtypeStructs of the parameters, still boxed with their logical axis names."""
-  batch = init_batch(model.cfg.family, 8) if batch is None else batch
-  args, kwargs = task.model_inputs(model.cfg.family, batch)
+  family = family_of(model.cfg)
+  args, kwargs = family.model_inputs(family.init_batch(8) if batch is None else batch)
   return jax.eval_shape(lambda rng: model.init(rng, *args, **kwargs)['params'],
                         jax.random.key(0))
 
@@ -75,7 +63,7 @@ def abstract_state(model, tx, mesh: Mesh, batch: dict):
   The init function maps a PRNG key to the real TrainState; jit it with the abstract state's
   shardings as `out_shardings` (see `create_state`).
   """
-  args, kwargs = task.model_inputs(model.cfg.family, batch)
+  args, kwargs = family_of(model.cfg).model_inputs(batch)
 
   def init_params(rng):
     return model.init({'params': rng, 'dropout': rng}, *args, **kwargs)['params']

@@ -6,14 +6,19 @@ bit for bit. Gradient accumulation sums microbatch gradients of
 `total_loss(sums_microbatch, denominators_of_the_full_batch)`, which adds up to exactly the
 full-batch loss (the denominators are fixed), so M microbatches match one big batch.
 """
+from typing import Any, Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from pretrain_jax import task
+from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.objectives import mlm
 from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import task
 
 
 def split_microbatches(batch: dict, microbatches: int) -> dict:
@@ -42,17 +47,6 @@ def max_predictions(config) -> int:
   return value
 
 
-def metrics_from_sums(sums: dict, denoms: dict) -> dict:
-  """Summed loss terms -> averages (the same arithmetic for train and eval)."""
-  lm_weight = jnp.maximum(denoms['lm'], 1.0)
-  out = {'loss': task.total_loss(sums, denoms), 'lm_loss': sums['lm'] / lm_weight,
-         'lm_accuracy': sums['lm_correct'] / lm_weight, 'z_loss': sums['lm_z_loss'] / lm_weight}
-  if 'nsp' in sums:
-    nsp_weight = jnp.maximum(denoms['nsp'], 1.0)
-    out.update(nsp_loss=sums['nsp'] / nsp_weight, nsp_accuracy=sums['nsp_correct'] / nsp_weight)
-  return out
-
-
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
                     z_loss: float = 0.0, mesh=None, prng_impl=None, loss_chunk_len: int = 0,
                     max_predictions: int = 0):
@@ -65,7 +59,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   cross-entropy that many positions at a time; `max_predictions` > 0 runs the head only on
   that many weighted positions per row (both: task.loss_sums).
   """
-  family = model.cfg.family
+  family = family_of(model.cfg)
   try:
     jax.random.key(seed, impl=prng_impl)
   except ValueError as e:
@@ -108,7 +102,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
       grads, sums = accumulate(state.params, batch, denoms, rng)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = metrics_from_sums(sums, denoms)
+    metrics = task.metrics_from_sums(sums, denoms)
     metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -117,27 +111,68 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
 
 
 def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0):
-  """eval_step(params, batch) -> (sums, denominators) with a deterministic model."""
-  family = model.cfg.family
+  """eval_step(params, batch) -> (sums, denominators) with a deterministic model; the sums
+  include top-5 hits (lm_top5)."""
+  family = family_of(model.cfg)
 
   def eval_step(params, batch):
     return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len,
-                           max_predictions=max_predictions),
+                           max_predictions=max_predictions, top5=True),
             task.denominators(family, batch))
   return eval_step
 
 
-def batch_shardings(mesh, batch_shapes: dict) -> dict:
-  return {k: mesh_lib.batch_sharding(mesh, len(v.shape)) for k, v in batch_shapes.items()}
+def jit_train_step(train_step, state_shardings, mesh):
+  """jax.jit with explicit shardings; the old state is donated (updated in place). Every batch
+  array is split over the batch axes along its first dimension."""
+  batch = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+  return jax.jit(train_step, in_shardings=(state_shardings, batch),
+                 out_shardings=(state_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
 
 
-def jit_train_step(train_step, state_shardings, mesh, batch_shapes: dict):
-  """jax.jit with explicit shardings; the old state is donated (updated in place)."""
-  replicated = NamedSharding(mesh, P())
-  return jax.jit(train_step, in_shardings=(state_shardings, batch_shardings(mesh, batch_shapes)),
-                 out_shardings=(state_shardings, replicated), donate_argnums=(0,))
-
-
-def jit_eval_step(eval_step, param_shardings, mesh, batch_shapes: dict):
-  return jax.jit(eval_step, in_shardings=(param_shardings, batch_shardings(mesh, batch_shapes)),
+def jit_eval_step(eval_step, param_shardings, mesh):
+  batch = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+  return jax.jit(eval_step, in_shardings=(param_shardings, batch),
                  out_shardings=NamedSharding(mesh, P()))
+
+
+class Steps(NamedTuple):
+  """What the train loop, the benchmark and the experiments need to train one config."""
+  train_step: Callable     # jitted (state, batch) -> (state, metrics); the state is donated
+  eval_step: Callable      # jitted (params, batch) -> (sums, denominators)
+  abstract_state: Any      # TrainState of ShapeDtypeStructs carrying their shardings
+  init_state: Callable     # PRNG key -> TrainState (see create_state)
+  batch_sharding: NamedSharding  # of every batch array (first dimension over the batch axes)
+  max_predictions: int     # LM head positions per row (0 = every position)
+
+  @property
+  def state_shardings(self):
+    return state_lib.shardings_of(self.abstract_state)
+
+  def create_state(self, seed: int):
+    """A fresh TrainState, created directly in its shards."""
+    return jax.jit(self.init_state, out_shardings=self.state_shardings)(jax.random.key(seed))
+
+
+def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: int = 0,
+               init_length: int = 8) -> Steps:
+  """The one path from a model and a `config.train` section to jitted, sharded steps.
+
+  `init_length` is the sequence length of the batch that sizes the parameters (any length the
+  model accepts; parameters do not depend on it).
+  """
+  t = train_config
+  tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
+  eval_model = build(model_cfg.replace(deterministic=True, decode=False))
+  abstract, init_state = state_lib.abstract_state(
+      eval_model, tx, mesh, family_of(model_cfg).init_batch(init_length, model_cfg.nsp))
+  shardings = state_lib.shardings_of(abstract)
+  train_step = make_train_step(
+      build(model_cfg.replace(deterministic=False, decode=False)), tx, schedule, seed=t.seed,
+      microbatches=t.get('microbatches', 1), z_loss=t.get('z_loss', 0.0), mesh=mesh,
+      prng_impl=t.get('prng_impl') or None, loss_chunk_len=t.get('loss_chunk_len', 0),
+      max_predictions=max_predictions)
+  eval_step = make_eval_step(eval_model, t.get('loss_chunk_len', 0), max_predictions)
+  return Steps(jit_train_step(train_step, shardings, mesh),
+               jit_eval_step(eval_step, shardings.params, mesh), abstract, init_state,
+               NamedSharding(mesh, P(mesh_lib.BATCH_AXES)), max_predictions)

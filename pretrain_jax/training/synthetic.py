@@ -8,14 +8,18 @@ repeated ids (an embedding gradient's scatter-add) show up as they do on real da
 """
 import numpy as np
 
+from pretrain_jax.models import family_of
+
 
 class SyntheticDataset:
 
   def __init__(self, family: str, *, vocab_size: int, seq_len: int, batch_size: int,
-               seed: int = 0, nsp: bool = False, fixed: bool = False, zipf: float = 0.0):
+               seed: int = 0, nsp: bool = False, fixed: bool = False, zipf: float = 0.0,
+               target_len: int = 0):
     if zipf and zipf <= 1.0:
       raise ValueError(f'zipf={zipf}; expected 0 (uniform ids) or an exponent > 1')
-    self.family, self.vocab_size, self.seq_len, self.zipf = family, vocab_size, seq_len, zipf
+    self.family, self.target_len = family_of(family), target_len or None
+    self.vocab_size, self.seq_len, self.zipf = vocab_size, seq_len, zipf
     self.batch_size, self.seed, self.nsp, self.fixed = batch_size, seed, nsp, fixed
     self.index = 0
 
@@ -40,33 +44,10 @@ class SyntheticDataset:
     return rng.integers(3, self.vocab_size, shape, dtype=np.int32)
 
   def batch(self, index: int) -> dict:
+    """Batch `index`: (B, T + 1) ids laid out by the family's record (models.family)."""
     rng = np.random.default_rng([self.seed, index])
-    b, t = self.batch_size, self.seq_len
-    tokens = self.tokens(rng, (b, t + 1))
-    ones = np.ones((b, t), np.int32)
-    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
-    if self.family == 'gpt':
-      return {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:], 'segment_ids': ones,
-              'positions': positions, 'loss_weights': np.ones((b, t), np.float32)}
-    if self.family == 'bert':
-      selected = rng.random((b, t)) < 0.15
-      batch = {'inputs': np.where(selected, 2, tokens[:, :-1]).astype(np.int32),
-               'targets': tokens[:, :-1], 'segment_ids': ones, 'positions': positions,
-               'token_type_ids': np.zeros((b, t), np.int32),
-               'loss_weights': selected.astype(np.float32)}
-      if self.nsp:
-        batch['nsp_labels'] = rng.integers(0, 2, (b,), dtype=np.int32)
-      return batch
-    if self.family == 't5':
-      targets = tokens[:, : t // 2]
-      shifted = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], axis=1)
-      dec_ones = np.ones_like(targets)
-      return {'encoder_input_tokens': tokens[:, :-1], 'encoder_segment_ids': ones,
-              'encoder_positions': positions, 'decoder_input_tokens': shifted,
-              'decoder_target_tokens': targets, 'decoder_segment_ids': dec_ones,
-              'decoder_positions': positions[:, : t // 2],
-              'decoder_loss_weights': dec_ones.astype(np.float32)}
-    raise ValueError(f'family {self.family!r}; expected gpt, bert or t5')
+    tokens = self.tokens(rng, (self.batch_size, self.seq_len + 1))
+    return self.family.example_batch(tokens, rng, nsp=self.nsp, target_len=self.target_len)
 
 
 def synthetic_datasets(config, fixed: bool = False):

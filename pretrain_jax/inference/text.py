@@ -1,9 +1,15 @@
-"""Text in, text out, for any loaded checkpoint: GPT continuation, T5 span filling, BERT fill-mask."""
+"""Text in, text out, for any loaded checkpoint: GPT continuation, T5 span filling, BERT fill-mask.
+
+What a family can do is in its record (pretrain_jax.models.family): `generation` names how it
+generates ('continue': left-padded prompts through the causal LM; 'fill_spans': right-padded
+inputs + EOS through the encoder, targets decoded), `fills_masks` whether it predicts [MASK]s.
+"""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax import generate
+from pretrain_jax.inference import sampling
+from pretrain_jax.models import family_of
 
 MASK_TEXT = '[MASK]'
 
@@ -38,16 +44,11 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
     raise ValueError(f'a prompt tokenizes to nothing: {prompts!r}')
   kw = dict(max_new_tokens=max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
             temperature=temperature, top_k=top_k, top_p=top_p)
-  rng = jax.random.key(seed)
-  if cfg.family == 'gpt':
-    ids, seg = _left_pad(rows, tok.pad_id)
-    out = generate.gpt_generate(model.params, cfg, ids, seg, rng, **kw)
-  elif cfg.family == 't5':
-    ids, seg = _right_pad([r + [tok.eos_id] for r in rows], tok.pad_id)
-    out = generate.t5_generate(model.params, cfg, ids, seg, rng, **kw)
-  else:
+  mode = family_of(cfg).generation
+  if mode not in GENERATORS:
     raise ValueError(f'generation needs a gpt or t5 model; this one is {cfg.family!r} '
                      '(use fill_mask for BERT)')
+  out = GENERATORS[mode](model.params, cfg, rows, tok, jax.random.key(seed), **kw)
   results = []
   for prompt, row in zip(prompts, np.asarray(out)):
     new = [int(t) for t in row]
@@ -57,9 +58,22 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
   return results
 
 
+def _continue(params, cfg, rows, tok, rng, **kw):
+  ids, seg = _left_pad(rows, tok.pad_id)
+  return sampling.gpt_generate(params, cfg, ids, seg, rng, **kw)
+
+
+def _fill_spans(params, cfg, rows, tok, rng, **kw):
+  ids, seg = _right_pad([r + [tok.eos_id] for r in rows], tok.pad_id)
+  return sampling.t5_generate(params, cfg, ids, seg, rng, **kw)
+
+
+GENERATORS = {'continue': _continue, 'fill_spans': _fill_spans}
+
+
 def fill_mask(model, text: str, top_k: int = 5) -> list:
   """BERT: top-k (token, probability) for each [MASK] in `text`, left to right."""
-  if model.family != 'bert':
+  if not family_of(model.model_config).fills_masks:
     raise ValueError(f'fill_mask needs a BERT model; this one is {model.family!r}')
   tok = model.tokenizer
   pieces = text.split(MASK_TEXT)

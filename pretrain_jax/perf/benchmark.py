@@ -15,12 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax import flops
-from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.objectives import span_corruption
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import metrics as metrics_lib
-from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.synthetic import SyntheticDataset
@@ -86,22 +84,11 @@ def synthetic_batch(config) -> dict:
   GPT-2 small at batch 96 with Zipf ids, 0.6 ms with uniform ones).
   """
   m, d = config.model, config.data
+  target_len = target_length(config) if d.objective == 'span_corruption' else 0
   data = SyntheticDataset(m.family, vocab_size=m.vocab_size, seq_len=d.seq_len,
                           batch_size=config.train.batch_size, nsp=bool(m.get('nsp', False)),
-                          zipf=1.1)
-  batch = data.batch(0)
-  if m.family == 't5':
-    t = target_length(config)
-    if t > d.seq_len // 2:
-      tokens = data.tokens(np.random.default_rng(1), (config.train.batch_size, t))
-      ones = np.ones_like(tokens)
-      batch.update(decoder_input_tokens=np.pad(tokens[:, :-1], [(0, 0), (1, 0)]),
-                   decoder_target_tokens=tokens, decoder_segment_ids=ones,
-                   decoder_positions=np.broadcast_to(np.arange(t, dtype=np.int32), ones.shape),
-                   decoder_loss_weights=ones.astype(np.float32))
-    for key in [k for k in batch if k.startswith('decoder_')]:
-      batch[key] = np.ascontiguousarray(batch[key][:, :t])
-  return batch
+                          zipf=1.1, target_len=target_len)
+  return data.batch(0)
 
 
 def peak_memory(compiled) -> dict:
@@ -128,25 +115,17 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   is timed after each step, `peak_flops` is their median and `mfu` the median of the pairs.
   """
   t = config.train
-  max_predictions = step_lib.max_predictions(config)  # LM head positions per row (0 = all)
   mesh = mesh_lib.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
-  train_model = build(model_cfg.replace(deterministic=False))
-  schedule, tx = opt_lib.make_schedule(t), opt_lib.make_optimizer(t)
+  trainer = step_lib.make_steps(model_cfg, t, mesh,
+                                  max_predictions=step_lib.max_predictions(config),
+                                  init_length=config.data.seq_len)
+  max_predictions = trainer.max_predictions
   batch_np = synthetic_batch(config)
-  state, abstract = state_lib.create_state(
-      build(model_cfg), tx, mesh, state_lib.init_batch(model_cfg.family, config.data.seq_len),
-      t.seed)
+  state = trainer.create_state(t.seed)
   params = state_lib.count_params(state.params)
-  train_step = step_lib.jit_train_step(
-      step_lib.make_train_step(train_model, tx, schedule, seed=t.seed,
-                               microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh,
-                               prng_impl=t.get('prng_impl'),
-                               loss_chunk_len=t.get('loss_chunk_len', 0),
-                               max_predictions=max_predictions),
-      state_lib.shardings_of(abstract), mesh, batch_np)
-  shardings = step_lib.batch_shardings(mesh, batch_np)
-  batch = {k: jax.device_put(v, shardings[k]) for k, v in batch_np.items()}
+  train_step = trainer.train_step
+  batch = {k: jax.device_put(v, trainer.batch_sharding) for k, v in batch_np.items()}
 
   start = time.perf_counter()
   compiled = train_step.lower(state, batch).compile()
@@ -184,7 +163,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl'),
             'loss_chunk_len': int(t.get('loss_chunk_len', 0)),
             'max_predictions_per_seq': max_predictions}
-  if model_cfg.family == 't5':
-    record['target_len'] = int(batch_np['decoder_input_tokens'].shape[1])
+  target_len = family_of(model_cfg).lengths(batch_np)[2]
+  if target_len:
+    record['target_len'] = int(target_len)
   record.update(peak_memory(compiled))
   return record

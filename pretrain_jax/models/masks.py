@@ -63,3 +63,13 @@ def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
   for m in masks[1:]:
     out = jnp.logical_and(out, m)
   return out
+
+
+def positions_from_mask(mask) -> jnp.ndarray:
+  """(B, T) mask or segment ids (nonzero = real token) -> positions counting real tokens only.
+
+  The one place positions are derived from a padding mask (loading, generation, the decode
+  cache): left- and right-padded rows both start at 0; padding gets the last real position
+  (or 0), which no real token attends to.
+  """
+  return jnp.maximum(jnp.cumsum(jnp.asarray(mask) > 0, axis=-1) - 1, 0).astype(jnp.int32)

@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 
 
-def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0):
+def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool = False):
   """Weighted token cross-entropy.
 
   Args:
@@ -14,7 +14,8 @@ def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0):
 
   Returns:
     dict of sums over all positions: 'loss' (weighted -log p(target)), 'z_loss', 'correct'
-    (weighted argmax hits) and 'weight' (sum of weights, the denominator).
+    (weighted argmax hits), 'weight' (sum of weights, the denominator) and, with `top5`,
+    'top5' (weighted hits among the 5 largest logits).
   """
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
@@ -22,14 +23,18 @@ def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0):
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   nll = log_z - target_logit
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  return {'loss': jnp.sum(nll * weights),
-          'z_loss': z_loss * jnp.sum(jnp.square(log_z) * weights),
-          'correct': jnp.sum(correct * weights),
-          'weight': jnp.sum(weights)}
+  out = {'loss': jnp.sum(nll * weights),
+         'z_loss': z_loss * jnp.sum(jnp.square(log_z) * weights),
+         'correct': jnp.sum(correct * weights),
+         'weight': jnp.sum(weights)}
+  if top5:
+    hits = jnp.any(jax.lax.top_k(logits, 5)[1] == targets[..., None], axis=-1)
+    out['top5'] = jnp.sum(hits.astype(jnp.float32) * weights)
+  return out
 
 
 def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0.0,
-                               chunk_len: int = 0):
+                               chunk_len: int = 0, top5: bool = False):
   """cross_entropy_sums(head(hidden), ...) without holding all the logits at once.
 
   The head (hidden -> logits) and the cross-entropy run over `chunk_len` sequence positions
@@ -48,7 +53,7 @@ def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0
                      'or a positive number of positions')
   length = hidden.shape[1]
   if chunk_len == 0 or chunk_len >= length:
-    return cross_entropy_sums(head(hidden), targets, weights, z_loss)
+    return cross_entropy_sums(head(hidden), targets, weights, z_loss, top5)
   chunks = -(-length // chunk_len)
   pad = chunks * chunk_len - length
 
@@ -59,11 +64,12 @@ def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0
 
   @jax.checkpoint
   def chunk_sums(h, t, w):
-    return cross_entropy_sums(head(h), t, w, z_loss)
+    return cross_entropy_sums(head(h), t, w, z_loss, top5)
 
   def body(total, xs):
     return jax.tree.map(jnp.add, total, chunk_sums(*xs)), None
 
-  zeros = {k: jnp.zeros((), jnp.float32) for k in ('loss', 'z_loss', 'correct', 'weight')}
+  zeros = {k: jnp.zeros((), jnp.float32)
+           for k in ('loss', 'z_loss', 'correct', 'weight') + (('top5',) if top5 else ())}
   total, _ = jax.lax.scan(body, zeros, (split(hidden), split(targets), split(weights)))
   return total

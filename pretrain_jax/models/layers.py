@@ -7,18 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax import masks
-from pretrain_jax.attention import dot_product_attention
-from pretrain_jax.dropout import Dropout
+from pretrain_jax.models import masks
+from pretrain_jax.models.attention import dot_product_attention
+from pretrain_jax.models.dropout import Dropout
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
 
 
 def param_init(cfg: ModelConfig, fan_in: Optional[int] = None, scale: float = 1.0):
-  """Kernel init: normal(0.02) (BERT/GPT-2) or normal(1/sqrt(fan_in)) (T5 always, as in Mesh
-  TensorFlow; others with kernel_init='fan_in'). `scale` shrinks residual-output layers."""
-  if fan_in is not None and (cfg.family == 't5' or cfg.kernel_init == 'fan_in'):
+  """Kernel init: normal(0.02) (BERT/GPT-2) or, with kernel_init='fan_in', normal(1/sqrt(fan_in))
+  (T5, as in Mesh TensorFlow). `scale` shrinks residual-output layers."""
+  if fan_in is not None and cfg.kernel_init == 'fan_in':
     return Init.normal(scale * fan_in ** -0.5)
   return Init.normal(0.02 * scale)
 
@@ -29,7 +29,7 @@ def partitioned(init, names):
 
 def dense(cfg, features, in_names, out_names, name, *, axis=-1, init=None, use_bias=None):
   """DenseGeneral whose kernel is named in_names + out_names and bias out_names."""
-  use_bias = cfg.family != 't5' if use_bias is None else use_bias
+  use_bias = cfg.dense_bias if use_bias is None else use_bias
   return nn.DenseGeneral(
       features=features, axis=axis, use_bias=use_bias, dtype=cfg.dtype,
       param_dtype=cfg.param_dtype, name=name,
@@ -38,8 +38,8 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, init=None, use_b
 
 
 def norm(cfg: ModelConfig, name: str):
-  """LayerNorm (BERT, GPT) or RMSNorm without bias (T5); statistics in fp32."""
-  if cfg.family == 't5':
+  """cfg.norm: 'layernorm' (BERT, GPT) or 'rmsnorm', without bias (T5); statistics in fp32."""
+  if cfg.norm == 'rmsnorm':
     return nn.RMSNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                       scale_init=partitioned(Init.ones, ('embed',)), name=name)
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -127,7 +127,7 @@ class MLP(nn.Module):
       h = h * dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi_1', init=wi_init)(x)
     else:
       h = act(dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi', init=wi_init)(x))  # (B, T, F)
-    h = Dropout(cfg.dropout_rate if cfg.family == 't5' else 0.0)(
+    h = Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
         h, deterministic=cfg.deterministic)
     return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo',
                  init=param_init(cfg, cfg.mlp_dim, self.out_scale))(h)  # (B, T, E)
@@ -148,8 +148,8 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_q, x_kv, mask, bias=None, decode_index=None):  # (B, T, E), (B, S, E)
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.head_dim)
-    # T5 has no 1/sqrt(H) logit scale: its query init folds it in.
-    q_init = param_init(cfg, cfg.emb_dim * (cfg.head_dim if cfg.family == 't5' else 1))
+    # fold_query_scale (T5): no 1/sqrt(H) logit scale; the query init carries it.
+    q_init = param_init(cfg, cfg.emb_dim * (cfg.head_dim if cfg.fold_query_scale else 1))
     kv_init = param_init(cfg, cfg.emb_dim)
     q = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'query', init=q_init)(x_q)   # (B, T, N, H)
     k = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'key', init=kv_init)(x_kv)   # (B, S, N, H)
@@ -161,7 +161,7 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = self.make_rng('dropout')
     out = dot_product_attention(
         q, k, v, mask=mask, causal=self.causal, bias=bias,
-        scale=1.0 if cfg.family == 't5' else None,
+        scale=1.0 if cfg.fold_query_scale else None,
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
         deterministic=cfg.deterministic, implementation=cfg.attention_impl)  # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
@@ -186,8 +186,8 @@ REMAT = {'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
          'full': jax.checkpoint_policies.nothing_saveable}
 
 
-def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *args):
-  """Run `num_layers` copies of `block_cls(cfg)` on x; args are shared by every layer.
+def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *args, **fields):
+  """Run `num_layers` copies of `block_cls(cfg, **fields)` on x; args are shared by every layer.
 
   A block maps (x, *args) -> (x, None). With cfg.scan_layers the copies are one nn.scan, so
   parameters gain a leading 'layers' axis and compile time does not grow with depth; otherwise
@@ -201,33 +201,39 @@ def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *arg
                     split_rngs={'params': True, 'dropout': True},
                     in_axes=(nn.broadcast,) * len(args), length=num_layers,
                     metadata_params={nn.PARTITION_NAME: 'layers'})
-    x, _ = stack(cfg, name=name)(x, *args)
+    x, _ = stack(cfg, name=name, **fields)(x, *args)
     return x
   for i in range(num_layers):
-    x, _ = block(cfg, name=f'{name}_{i}')(x, *args)
+    x, _ = block(cfg, name=f'{name}_{i}', **fields)(x, *args)
   return x
 
 
-def decode_cache_mask(module: nn.Module, segment_ids):
-  """Decode-mode bookkeeping shared by GPT and the T5 decoder.
+class DecodeCache(nn.Module):
+  """Decode-mode bookkeeping of a causal stack (GPT, the T5 decoder), owned by the model top.
 
-  Keeps `cache_index` and the cached keys' segment ids in the `cache` collection, appends this
-  call's (B, T) segment ids at the index and returns (mask (B, 1, T, S), index, positions):
-  causal over cache slots, restricted to real tokens of the same segment, and positions that
-  count only real tokens (so left-padded prompts start at position 0).
+  Keeps `cache_index` and the cached keys' segment ids in its own scope of the `cache`
+  collection, appends this call's (B, T) segment ids at the index and returns
+  (mask (B, 1, T, S), index, positions): causal over cache slots, restricted to real tokens of
+  the same segment, and positions that count only real tokens (masks.positions_from_mask), so
+  left-padded prompts start at position 0. The first (init) call sizes the cache with its
+  (B, max_decode_len) input.
   """
-  batch, length = segment_ids.shape
-  initialized = module.has_variable('cache', 'cache_index')
-  index = module.variable('cache', 'cache_index', lambda: jnp.zeros((), jnp.int32))
-  cached = module.variable('cache', 'cached_segment_ids', jnp.zeros, (batch, length), jnp.int32)
-  if not initialized:  # the init call sizes the cache with its (B, max_decode_len) input
-    mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
-    return mask, index.value, jnp.broadcast_to(jnp.arange(length), (batch, length))
-  i = index.value
-  cached.value = jax.lax.dynamic_update_slice(cached.value, segment_ids.astype(jnp.int32), (0, i))
-  real_before = jnp.cumsum(cached.value > 0, axis=1) - 1                  # (B, S)
-  positions = jnp.maximum(jax.lax.dynamic_slice_in_dim(real_before, i, length, axis=1), 0)
-  mask = masks.combine_masks(masks.causal_mask(length, cached.value.shape[1], i),
-                             masks.segment_mask(segment_ids, cached.value))
-  index.value = i + length
-  return mask, i, positions
+
+  @nn.compact
+  def __call__(self, segment_ids):                                       # (B, T)
+    batch, length = segment_ids.shape
+    initialized = self.has_variable('cache', 'cache_index')
+    index = self.variable('cache', 'cache_index', lambda: jnp.zeros((), jnp.int32))
+    cached = self.variable('cache', 'cached_segment_ids', jnp.zeros, (batch, length), jnp.int32)
+    if not initialized:
+      mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
+      return mask, index.value, masks.positions_from_mask(jnp.ones((batch, length)))
+    i = index.value
+    cached.value = jax.lax.dynamic_update_slice(cached.value, segment_ids.astype(jnp.int32),
+                                                (0, i))
+    positions = jax.lax.dynamic_slice_in_dim(masks.positions_from_mask(cached.value), i, length,
+                                             axis=1)
+    mask = masks.combine_masks(masks.causal_mask(length, cached.value.shape[1], i),
+                               masks.segment_mask(segment_ids, cached.value))
+    index.value = i + length
+    return mask, i, positions

@@ -7,7 +7,7 @@ serves bidirectional, causal, packed, padded, cross and relative-position attent
 import jax
 import jax.numpy as jnp
 
-from pretrain_jax import dropout, masks
+from pretrain_jax.models import dropout, masks
 
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn')
 

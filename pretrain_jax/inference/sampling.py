@@ -8,7 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.models import ModelConfig, build, masks
 
 
 def sample_logits(logits, rng, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
@@ -89,16 +89,16 @@ def gpt_generate(params, cfg: ModelConfig, prompts, prompt_segment_ids, rng, *,
     model = build(cfg)
     tokens = jnp.zeros((batch, total), jnp.int32).at[:, :plen].set(prompts)
     seg = jnp.zeros((batch, total), jnp.int32).at[:, :plen].set(prompt_segment_ids)
-    positions = jnp.maximum(jnp.cumsum(seg > 0, axis=1) - 1, 0)
-    logits = model.apply({'params': params}, tokens, segment_ids=seg, positions=positions)
+    logits = model.apply({'params': params}, tokens, segment_ids=seg,
+                         positions=masks.positions_from_mask(seg))
     logits = logits[:, :plen]
 
     def step(state, token):
       tokens, seg, i = state
       tokens = tokens.at[:, i].set(token)
       seg = seg.at[:, i].set(1)
-      positions = jnp.maximum(jnp.cumsum(seg > 0, axis=1) - 1, 0)
-      logits = model.apply({'params': params}, tokens, segment_ids=seg, positions=positions)
+      logits = model.apply({'params': params}, tokens, segment_ids=seg,
+                           positions=masks.positions_from_mask(seg))
       return logits[:, i], (tokens, seg, i + 1)
     state = (tokens, seg, plen)
   first = sample_logits(logits[:, -1], first_rng, **sampling).astype(jnp.int32)

@@ -1,0 +1,155 @@
+"""`load_pretrained(path)`: any checkpoint as one object, the one a notebook user holds.
+
+  model = pretrain_jax.load_pretrained('runs/tiny/gpt')          # a training workdir (latest)
+  model = pretrain_jax.load_pretrained('runs/tiny/gpt/checkpoints/300')  # one checkpoint
+  model = pretrain_jax.load_pretrained('bert-base-uncased/')     # a Hugging Face directory
+  logits = model(input_ids, attention_mask=mask)                 # (B, T, V)
+  model.generate(['The list'])                                   # GPT / T5 text out
+  model.fill_mask('Return a new [MASK].')                        # BERT
+  model.evaluate(batches)                                        # the train loop's metrics
+
+`attention_mask` (1 = real token, 0 = padding) becomes the models' segment ids; positions
+count real tokens only, so left- and right-padded rows both work.
+"""
+import dataclasses
+import functools
+import os
+from typing import Any, NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from pretrain_jax.models import ModelConfig, build, family_of, masks
+from pretrain_jax.training import evaluate as eval_lib
+from pretrain_jax.training import step as step_lib
+
+
+class BertOutput(NamedTuple):
+  logits: jax.Array                 # (B, T, V) masked-LM logits
+  nsp_logits: Optional[jax.Array]   # (B, 2) next-sentence logits (0 = IsNext), if trained
+
+
+def hf_batch(family, **given) -> dict:
+  """Hugging Face keyword arguments -> the family's batch (its `hf_inputs` names them).
+
+  A missing `*attention_mask` is all ones and a missing `token_type_ids` all zeros, shaped like
+  the ids of the same prefix (`decoder_` or none). Positions count real tokens only
+  (masks.positions_from_mask), so left- and right-padded rows both work.
+  """
+  names = dict(family.hf_inputs)
+  extra = sorted(k for k, v in given.items() if v is not None and k not in names)
+  if extra:
+    raise ValueError(f'{", ".join(extra)} given to a {family.name} model; it takes '
+                     f'{", ".join(names)}')
+  batch = {}
+  for name, key in names.items():
+    value = given.get(name)
+    like = given.get('decoder_input_ids' if name.startswith('decoder_') else 'input_ids')
+    if value is None and key in family.input_keys:
+      raise ValueError(f'{family.name} needs {name}' + (
+          ' (targets shifted right, starting with 0)' if name.startswith('decoder_') else ''))
+    if value is None:
+      value = (jnp.ones_like if key.endswith('segment_ids') else jnp.zeros_like)(
+          jnp.asarray(like, jnp.int32))
+    value = jnp.asarray(value, jnp.int32)
+    if value.ndim != 2:
+      raise ValueError(f'{name} of shape {value.shape}; expected (batch, length)')
+    batch[key] = value
+    positions_key = key.replace('segment_ids', 'positions')
+    if key.endswith('segment_ids') and positions_key in family.kwarg_keys:
+      batch[positions_key] = masks.positions_from_mask(value)
+  return batch
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded model: `.config` (ml_collections), `.model_config`, `.params`, `.tokenizer`."""
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  params: Any
+  tokenizer: Any
+  step: Optional[int] = None
+
+  @property
+  def family(self) -> str:
+    return self.model_config.family
+
+  @functools.cached_property
+  def _apply(self):
+    model = build(self.model_config.replace(deterministic=True, decode=False))
+    family = family_of(self.model_config)
+
+    def apply(params, batch):
+      args, kwargs = family.model_inputs(batch)
+      return model.apply({'params': params}, *args, **kwargs)
+    return jax.jit(apply)
+
+  def __call__(self, input_ids, decoder_input_ids=None, *, attention_mask=None,
+               token_type_ids=None, decoder_attention_mask=None):
+    """GPT: logits (B, T, V). BERT: BertOutput(logits, nsp_logits). T5: logits (B, T_dec, V)."""
+    batch = hf_batch(family_of(self.model_config), input_ids=input_ids,
+                     decoder_input_ids=decoder_input_ids, attention_mask=attention_mask,
+                     token_type_ids=token_type_ids,
+                     decoder_attention_mask=decoder_attention_mask)
+    out = self._apply(self.params, batch)
+    return BertOutput(*out) if isinstance(out, tuple) else out
+
+  def generate(self, prompts, **sampling) -> list:
+    """GPT: continue each prompt; T5: fill its <extra_id_N> spans (inference.text)."""
+    from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
+    return text.generate_text(self, prompts, **sampling)
+
+  def fill_mask(self, text_with_masks: str, top_k: int = 5) -> list:
+    """BERT: top-k (token, probability) for each [MASK] (inference.text)."""
+    from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
+    return text.fill_mask(self, text_with_masks, top_k)
+
+  def evaluate(self, batches, max_batches: int = 0, params=None) -> dict:
+    """The train loop's validation metrics (training.evaluate) over `batches` of this family's
+    layout; `params` replaces the loaded ones (e.g. random_init_params for a baseline)."""
+    train = self.config.get('train') or {}
+    max_predictions = step_lib.max_predictions(self.config) if 'data' in self.config else 0
+    eval_step = jax.jit(step_lib.make_eval_step(
+        build(self.model_config.replace(deterministic=True, decode=False)),
+        train.get('loss_chunk_len', 0), max_predictions))
+    keep = eval_lib.batch_filter(self.model_config)
+    return eval_lib.evaluate(eval_step, self.params if params is None else params,
+                             (keep(b) for b in batches), max_batches)
+
+
+def _split_checkpoint_path(path: str):
+  """'W/checkpoints/300' -> (W, 300); a workdir -> (W, None)."""
+  path = os.path.abspath(path.rstrip('/'))
+  parent, name = os.path.split(path)
+  if name.isdigit() and os.path.basename(parent) == 'checkpoints':
+    return os.path.dirname(parent), int(name)
+  return path, None
+
+
+def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) -> Pretrained:
+  """Load a training workdir (latest or `step`), one of its checkpoints, or a HF directory.
+
+  `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
+  """
+  from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
+                            'checkpoint directory or a Hugging Face model directory')
+  if hf.is_hf_dir(path):
+    cfg, params, tokenizer = hf.load_hf(path, **model_overrides)
+    config = ml_collections.ConfigDict({'model': cfg.to_dict()})
+    return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer)
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  workdir, path_step = _split_checkpoint_path(path)
+  config, params, step = checkpoint.restore_params(workdir, step if step is not None
+                                                   else path_step)
+  cfg = ModelConfig.from_config(config.model).replace(**model_overrides)
+  if os.path.isdir(config.data.tokenizer or ''):  # an imported HF tokenizer (WordPiece / BPE)
+    tokenizer = hf.load_tokenizer(config.data.tokenizer, cfg.family)
+  else:
+    tokenizer = data.load_tokenizer(config.data)
+  return Pretrained(config, cfg, nn.unbox(params), tokenizer, step)
+

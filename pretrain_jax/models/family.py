@@ -1,0 +1,67 @@
+"""The one record of a model family: everything outside the model that depends on the family.
+
+Each family module (bert.py, gpt.py, t5.py) ends with its `FAMILY = Family(...)`; code that
+needs "which family?" asks the record (`pretrain_jax.models.family_of(cfg)`) instead of
+branching on the name. A fourth family is one new module and one line in models/__init__.py.
+"""
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  """An extra classification head trained beside the LM loss (BERT's NSP)."""
+  name: str            # loss / metric prefix: `{name}_loss`, `{name}_accuracy`
+  method: str          # model method: hidden (B, T, E) -> logits (B, C)
+  label_key: str       # batch key of the (B,) int labels
+  enabled: str         # ModelConfig field that switches the head on
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """How batches feed a family's model, what its loss reads, and what it costs.
+
+  Batch keys follow DESIGN.md. `input_keys` are passed to the model positionally, `kwarg_keys`
+  by name (None where a batch lacks them); the LM loss reads `target_key` / `weight_key`.
+  """
+  name: str
+  model: type                      # the flax.linen Module class; built with a ModelConfig
+  objective: str                   # the data.objective it pre-trains with
+  input_keys: tuple
+  kwarg_keys: tuple
+  target_key: str
+  weight_key: str
+  example_batch: Callable          # (tokens (B, T+1), rng or None, *, nsp, target_len) -> batch
+  forward_flops: Callable          # (cfg, batch_size, seq_len, target_len, head_positions)
+  hf_inputs: tuple = ()            # (Hugging Face keyword, batch key) pairs of its __call__
+  heads: tuple = ()                # Head records
+  generation: Optional[str] = None  # 'continue' (GPT), 'fill_spans' (T5), None
+  fills_masks: bool = False        # predicts [MASK] tokens in place (BERT)
+
+  @property
+  def batch_keys(self) -> tuple:
+    """Every key a training batch of this family may hold."""
+    return (self.input_keys + self.kwarg_keys + (self.target_key, self.weight_key)
+            + tuple(h.label_key for h in self.heads))
+
+  def model_inputs(self, batch: dict) -> tuple:
+    """(args, kwargs) of the model's __call__ / hidden from a batch dict."""
+    return (tuple(batch[k] for k in self.input_keys),
+            {k: batch.get(k) for k in self.kwarg_keys})
+
+  def active_heads(self, cfg) -> tuple:
+    return tuple(h for h in self.heads if getattr(cfg, h.enabled))
+
+  def lengths(self, batch: dict) -> tuple:
+    """(batch size, input length, target length or 0) of a batch (arrays or shapes)."""
+    shape = lambda k: np.shape(batch[k])
+    batch_size, length = shape(self.input_keys[0])[:2]
+    target_len = shape(self.target_key)[1] if self.target_key != 'targets' else 0
+    return batch_size, length, target_len
+
+  def init_batch(self, length: int, nsp: bool = False) -> dict:
+    """A (1, length) batch of ones in this family's layout: enough to size every parameter."""
+    return self.example_batch(np.ones((1, length + 1), np.int32), None, nsp=nsp)
+

@@ -1,0 +1,69 @@
+"""Analytic model FLOPs (matmuls only) for MFU, as PaLM / MaxText count them.
+
+A (m, k) x (k, n) matmul is 2*m*k*n FLOPs. Training = 3x forward (backward is twice forward).
+Counted: every dense projection, the unembedding (all positions, as the models compute it, or
+`head_positions` per row with train.max_predictions_per_seq), and attention scores + values:
+4*B*T*S*N*H forward, halved for causal self-attention.
+Not counted: embeddings lookups, norms, softmax, activations, optimizer (all sub-1% at scale).
+"""
+from pretrain_jax.models.config import ModelConfig
+
+
+def _block_dense(cfg: ModelConfig, cross: bool = False) -> int:
+  """Dense FLOPs per token of one transformer block (self-attn, optional cross-attn, MLP)."""
+  e, nh = cfg.emb_dim, cfg.num_heads * cfg.head_dim
+  attention = 2 * e * nh * 4                   # q, k, v, out projections
+  mlp_mats = 3 if cfg.activation.startswith('gated') else 2
+  mlp = 2 * e * cfg.mlp_dim * mlp_mats
+  return attention * (2 if cross else 1) + mlp
+
+
+def _attention(cfg: ModelConfig, batch: int, q_len: int, kv_len: int, causal: bool) -> float:
+  """Scores (QK^T) and weighted values, one layer, forward."""
+  flops = 4.0 * batch * q_len * kv_len * cfg.num_heads * cfg.head_dim
+  return flops / 2 if causal else flops
+
+
+def head_length(length: int, head_positions: int) -> int:
+  """Positions per row the LM head runs on (all, or train.max_predictions_per_seq)."""
+  return min(head_positions, length) if head_positions > 0 else length
+
+
+def stack_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool,
+                head_positions: int = 0) -> float:
+  """A single self-attention stack (GPT, BERT) plus its unembedding."""
+  total = cfg.num_layers * (batch * seq_len * _block_dense(cfg)
+                            + _attention(cfg, batch, seq_len, seq_len, causal))
+  return total + batch * head_length(seq_len, head_positions) * 2 * cfg.emb_dim * cfg.vocab_size
+
+
+def encoder_decoder_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int,
+                          head_positions: int = 0) -> float:
+  """T5: encoder over seq_len, causal decoder over target_len with cross-attention, head."""
+  e, v = cfg.emb_dim, cfg.vocab_size
+  enc_tokens, dec_tokens = batch * seq_len, batch * target_len
+  total = cfg.num_layers * (enc_tokens * _block_dense(cfg)
+                            + _attention(cfg, batch, seq_len, seq_len, False))
+  # Cross-attention k/v project encoder tokens; q/out project decoder tokens.
+  nh = cfg.num_heads * cfg.head_dim
+  dec_dense = dec_tokens * _block_dense(cfg, cross=True) - dec_tokens * 2 * e * nh * 2 \
+      + enc_tokens * 2 * e * nh * 2
+  total += cfg.decoder_layers * (dec_dense
+                                 + _attention(cfg, batch, target_len, target_len, True)
+                                 + _attention(cfg, batch, target_len, seq_len, False))
+  return total + batch * head_length(target_len, head_positions) * 2 * e * v
+
+
+def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int = 0,
+                  head_positions: int = 0) -> float:
+  """Matmul FLOPs of one forward pass over (batch, seq_len) [T5: plus (batch, target_len)];
+  the LM head over min(head_positions, length) positions per row when head_positions > 0.
+  Each family's record (pretrain_jax.models.family_of) supplies its own count."""
+  from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
+  return family_of(cfg).forward_flops(cfg, batch, seq_len, target_len, head_positions)
+
+
+def train_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int = 0,
+                head_positions: int = 0) -> float:
+  """Model FLOPs of one training step: 3 x forward (rematerialisation is NOT counted)."""
+  return 3.0 * forward_flops(cfg, batch, seq_len, target_len, head_positions)
