@@ -66,6 +66,7 @@ class Launcher:
   backoff_s: float = 60.0  # wait before re-creation i: backoff_s * 2**(i - 1)
   python: str = 'python3'  # on the workers, to make the venv
   repo_root: str = REPO_ROOT
+  tarball_dir: str = ''  # where setup writes the tarball ('' = the system temp dir)
   log: callable = lambda msg: print(msg, file=sys.stderr, flush=True)
 
   # -- one gcloud call ---------------------------------------------------------------------
@@ -131,7 +132,8 @@ class Launcher:
         raise LaunchError(str(e)) from None
     if not self.dry_run:
       self._warn_if_dirty()
-    tarball = os.path.join(tempfile.gettempdir(), f'pretrain_jax-{self.tpu.name}.tar.gz')
+    tarball = os.path.join(self.tarball_dir or tempfile.gettempdir(),
+                           f'pretrain_jax-{self.tpu.name}.tar.gz')
     self._call(gcloud.archive_argv(self.repo_root, tarball))
     self._call(gcloud.scp_argv(self.tpu, tarball, gcloud.TARBALL))
     self._call(gcloud.ssh_argv(self.tpu, gcloud.setup_command(jax_version, self.python)))
