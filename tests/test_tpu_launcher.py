@@ -365,3 +365,37 @@ def test_gcloud_failure_names_the_command_and_its_stderr(fake):
   assert line.startswith('error: `gcloud compute tpus tpu-vm scp ')
   assert line.endswith('failed (exit 1): ERROR: (gcloud.compute.tpus.tpu-vm.scp) '
                        'PERMISSION_DENIED: scripted failure second line of the tail')
+
+
+def test_worker_commands_parse_and_the_train_command_runs_detached(tmp_path):
+  """The launch command under a real bash, with stand-ins for the venv's python, curl, gcloud."""
+  for command in (gcloud.setup_command('0.10.2'), gcloud.stop_command(), gcloud.probe_command(),
+                  gcloud.train_command(TRAIN_ARGS), gcloud.logs_command(True)):
+    assert subprocess.run(['bash', '-n', '-c', command], check=False).returncode == 0, command
+  home, stubs = tmp_path / 'home', tmp_path / 'stubs'
+  (home / 'pretrain_jax' / '.venv' / 'bin').mkdir(parents=True)
+  stubs.mkdir()
+  record = tmp_path / 'record.txt'
+  for path, body in ((home / 'pretrain_jax' / '.venv' / 'bin' / 'python',
+                      f'echo "python $*" >> {record}; echo step 1 of 1; exit 0'),
+                     (stubs / 'curl', 'echo 3'),  # the metadata server: worker 3
+                     (stubs / 'gcloud', f'echo "gcloud $*" >> {record}')):
+    path.write_text(f'#!/bin/sh\n{body}\n')
+    path.chmod(0o755)
+  env = dict(os.environ, HOME=str(home), PATH=f'{stubs}{os.pathsep}{os.environ["PATH"]}')
+  done = subprocess.run(['bash', '-c', gcloud.train_command(TRAIN_ARGS)], env=env, timeout=10,
+                        capture_output=True, text=True, check=False)
+  assert done.returncode == 0 and done.stdout == ''  # returns at once: the job is detached
+  exit_file = home / 'pretrain_jax_logs' / 'EXIT'
+  for _ in range(100):
+    if exit_file.exists() and exit_file.read_text().strip():
+      break
+    subprocess.run(['sleep', '0.1'], check=True)
+  assert exit_file.read_text() == '0\n'
+  log = (home / 'pretrain_jax_logs' / 'worker.log').read_text()
+  assert 'worker 3: train.py starts' in log and log.endswith('step 1 of 1\n')
+  assert record.read_text().splitlines() == [
+      'python scripts/train.py --config configs/gpt2_small.py --workdir gs://bkt/runs/gpt2 '
+      '--multihost',
+      f'gcloud storage cp {home}/pretrain_jax_logs/worker.log '
+      'gs://bkt/runs/gpt2/logs/worker_3.log']

@@ -225,7 +225,7 @@ def train_command(train_args) -> str:
       f'W=$(curl -sf -H Metadata-Flavor:Google {WORKER_NUMBER_URL} || echo 0); {ship}'
       f'echo "== $(date -u) worker $W: train.py starts" >> "{log}"; '
       f'PYTHONUNBUFFERED=1 .venv/bin/python scripts/train.py {shlex.join(args)} >> "{log}" 2>&1; '
-      'CODE=$?; ' + (f'kill $SHIP; {copy}; ' if ship else '') + f'echo $CODE > "{exit_file}"')
+      'CODE=$?; ' + (f'pkill -P $SHIP; kill $SHIP 2> /dev/null; {copy}; ' if ship else '') + f'echo $CODE > "{exit_file}"')
   return (f'mkdir -p ~/{LOG_DIR} && cd ~/{CODE_DIR} && rm -f ~/{LOG_DIR}/EXIT && '
           f'nohup bash -c {shlex.quote(script)} > /dev/null 2>&1 < /dev/null &')
 
