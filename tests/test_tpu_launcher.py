@@ -223,6 +223,9 @@ def test_worker_commands():
     assert re.search(gcloud.TRAIN_PATTERN, 'python scripts/train.py --multihost')
   assert "'jax[tpu]==0.10.2' -f https://storage.googleapis.com/jax-releases/libtpu_releases" \
          in gcloud.setup_command('0.10.2')
+  assert 'apt-get install -y -q python3.11-venv' in gcloud.setup_command('0.10.2', 'python3.11')
+  with pytest.raises(ValueError, match="bad --python 'python; rm'"):
+    gcloud.setup_command('0.10.2', 'python; rm')
   assert gcloud.parse_probe('TRAIN=RUNNING\nTRAIN=EXIT:0\nnoise\nTRAIN=EXIT:-9\nTRAIN=IDLE\n') \
          == ['RUNNING', 0, -9, 'IDLE']
   assert gcloud.workdir_of(['--workdir=gs://a']) == 'gs://a'

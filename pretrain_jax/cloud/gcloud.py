@@ -169,14 +169,16 @@ def pinned_jax_version(requirements_text: str) -> str:
 
 def setup_command(jax_version: str, python='python3') -> str:
   """Unpack the tarball over the code dir (keeping .venv), make the venv, install jax[tpu]."""
+  if not re.fullmatch(r'python3(\.\d+)?', python):
+    raise ValueError(f'bad --python {python!r}; expected python3 or python3.X (e.g. python3.11)')
   venv = f'{python} -m venv .venv'
   return ' && '.join([
       f'mkdir -p ~/{CODE_DIR}',
       f'find ~/{CODE_DIR} -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {{}} +',
       f'tar -xzf ~/{TARBALL} -C ~/{CODE_DIR}',
       f'cd ~/{CODE_DIR}',
-      # TPU VM images may lack python3-venv.
-      f'({venv} || (sudo apt-get update -q && sudo apt-get install -y -q python3-venv && '
+      # TPU VM images may lack the venv module (Ubuntu packages it as python3[.X]-venv).
+      f'({venv} || (sudo apt-get update -q && sudo apt-get install -y -q {python}-venv && '
       f'{venv} --clear))',
       '.venv/bin/pip install -q -r requirements.txt',
       f'.venv/bin/pip install -q {shlex.quote(f"jax[tpu]=={jax_version}")} '
