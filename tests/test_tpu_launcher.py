@@ -25,7 +25,7 @@ TRAIN_ARGS = ['--config', 'configs/gpt2_small.py', '--workdir', 'gs://bkt/runs/g
 # A scripted Cloud TPU. State: does the slice exist, how many describes until it is up, which
 # life it is in (one per create), whether train.py was launched in this life. Lives up to
 # `preempt_lives` are preempted as soon as train.py starts; later lives finish the run.
-FAKE_GCLOUD = r'''#!/usr/bin/env python3
+FAKE_GCLOUD = r'''#!/usr/bin/env -S python3 -S
 import json, os, sys
 argv = sys.argv[1:]
 with open(os.environ['FAKE_GCLOUD_LOG'], 'a') as f:
@@ -402,3 +402,29 @@ def test_worker_commands_parse_and_the_train_command_runs_detached(tmp_path):
       '--multihost',
       f'gcloud storage cp {home}/pretrain_jax_logs/worker.log '
       'gs://bkt/runs/gpt2/logs/worker_3.log']
+
+
+def test_recreation_that_fails_counts_as_a_retry(fake):
+  fake.play(exists=True, life=1, launched=True, fail_verb='create')  # preempted, no capacity
+  sleeps = []
+  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj is not back \(last error: '
+                     r'`gcloud compute tpus tpu-vm create .*PERMISSION_DENIED'):
+    make_launcher(fake, sleeps=sleeps, max_retries=3).run(TRAIN_ARGS, watch=True)
+  assert [short(c) for c in fake.calls()].count('tpu-vm create') == 3
+  assert sleeps == [30, 60, 120]
+
+
+def test_status_logs_stop_delete(fake):
+  job = make_launcher(fake)
+  assert job.status() == {'name': 'ptj', 'state': 'NOT_FOUND'}
+  job.create()
+  assert job.status() == {'name': 'ptj', 'state': 'READY', 'workers': 4, 'train': ['IDLE'] * 4}
+  assert job.logs(worker=1, follow=True) == {'name': 'ptj', 'worker': 1}
+  assert job.stop() == {'name': 'ptj', 'stopped': True}
+  assert job.delete() == {'name': 'ptj', 'deleted': True, 'was_missing': False}
+  assert job.delete()['was_missing'] is True
+  calls = fake.calls()
+  assert [short(c) for c in calls[-4:]] == ['tpu-vm ssh', 'tpu-vm ssh stop', 'tpu-vm delete',
+                                            'tpu-vm delete']
+  assert calls[-4] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', '--zone=us-west4-a',
+                       '--worker=1', '--command=tail -n 100 -F ~/pretrain_jax_logs/worker.log']

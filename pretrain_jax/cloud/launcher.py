@@ -169,60 +169,72 @@ class Launcher:
       result['workers'] = self.workers(description)
       self.launch(train_args)
     else:
-      result['workers'] = self.recreate(1, state, train_args)
-      result['recreations'] = 1
+      self.recreate(result, state, train_args)
     if not watch or self.dry_run:
       return dict(result, status='launched')
     return self.watch(train_args, result)
 
-  def recreate(self, attempt: int, state: str, train_args) -> int:
-    """Deletes the lost slice, creates it again, sets it up and reruns the same command."""
-    if attempt > self.max_retries:
-      raise LaunchError(f'gave up: slice {self.tpu.name} is {state} again after '
-                        f'{self.max_retries} re-creations (--max_retries={self.max_retries})')
-    wait = self.backoff_s * 2**(attempt - 1)
-    self.log(f'{self.tpu.name} is {state}: re-creation {attempt}/{self.max_retries} in '
-             f'{wait:g} s')
-    self.sleep(wait)
-    self._call(gcloud.delete_argv(self.tpu), ok_not_found=True)
-    self._call(gcloud.create_argv(self.tpu))
-    workers = self.wait_ready()
-    self.setup()
-    self.launch(train_args)
-    return workers
+  def recreate(self, result: dict, state: str, train_args) -> None:
+    """Deletes the lost slice, creates it again, sets it up and reruns the same command.
+
+    A failed attempt (e.g. no Spot capacity right now) counts as a re-creation and is retried
+    after the next backoff; result['recreations'] and result['workers'] are updated.
+    """
+    while True:
+      attempt = result['recreations'] = result['recreations'] + 1
+      if attempt > self.max_retries:
+        raise LaunchError(f'gave up: slice {self.tpu.name} is {state} again after '
+                          f'{self.max_retries} re-creations (--max_retries={self.max_retries})')
+      wait = self.backoff_s * 2**(attempt - 1)
+      self.log(f'{self.tpu.name} is {state}: re-creation {attempt}/{self.max_retries} in '
+               f'{wait:g} s')
+      self.sleep(wait)
+      try:
+        self._call(gcloud.delete_argv(self.tpu), ok_not_found=True)
+        self._call(gcloud.create_argv(self.tpu))
+        result['workers'] = self.wait_ready()
+        self.setup()
+        self.launch(train_args)
+        return
+      except LaunchError as e:
+        self.log(f'warning: re-creation {attempt} failed: {e}')
+        state = f'not back (last error: {e})'
 
   def watch(self, train_args, result) -> dict:
-    """Polls until train.py exits on every worker; re-creates the slice when it is lost."""
+    """Polls until train.py exits on every worker; re-creates the slice when it is lost.
+
+    Failed describes and probes (a flaky API or ssh) are retried; MAX_PROBE_FAILURES in a row
+    end the watch.
+    """
     failures = 0
     while True:
       self.sleep(self.watch_interval_s)
-      state, _ = self.describe()
-      if state in gcloud.LOST_STATES:
-        result['recreations'] += 1
-        result['workers'] = self.recreate(result['recreations'], state, train_args)
-        continue
-      if state not in gcloud.READY_STATES:
-        self.log(f'{self.tpu.name}: {state}')
-        continue
       try:
+        state, _ = self.describe()
+        if state in gcloud.LOST_STATES:
+          self.recreate(result, state, train_args)
+          failures = 0
+          continue
+        if state not in gcloud.READY_STATES:
+          self.log(f'{self.tpu.name}: {state}')
+          continue
         found = self.probe()
+        if 'RUNNING' in found:
+          failures = 0
+          continue
+        if len(found) != result['workers']:
+          raise LaunchError(f'{len(found)} of {result["workers"]} workers answered the probe '
+                            f'({found})')
       except LaunchError as e:
+        if str(e).startswith('gave up'):
+          raise
         failures += 1
         if failures >= MAX_PROBE_FAILURES:
-          raise
+          raise LaunchError(f'{failures} failed checks in a row, the last: {e}') from None
         self.log(f'warning: {e}')
         continue
-      failures = 0
-      if 'RUNNING' in found:
-        continue
-      if len(found) == result['workers'] and all(code == 0 for code in found):
+      if all(code == 0 for code in found):
         return dict(result, status='finished')
-      if len(found) != result['workers']:
-        failures += 1
-        if failures >= MAX_PROBE_FAILURES:
-          raise LaunchError(f'{len(found)} of {result["workers"]} workers answered the probe '
-                            f'({found}) {failures} times in a row')
-        continue
       raise LaunchError(f'train.py stopped on a healthy slice (per worker: {found}; IDLE = '
                         'killed without an exit code); not rerunning it, see `tpu.py logs`')
 
