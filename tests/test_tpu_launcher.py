@@ -428,3 +428,11 @@ def test_status_logs_stop_delete(fake):
                                             'tpu-vm delete']
   assert calls[-4] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', '--zone=us-west4-a',
                        '--worker=1', '--command=tail -n 100 -F ~/pretrain_jax_logs/worker.log']
+
+
+def test_describe_output_that_is_not_json_is_one_clear_error():
+  job = launcher.Launcher(VM, lambda argv, capture: (0, 'Listed 0 items.\n', ''))
+  with pytest.raises(launcher.LaunchError, match=r"^`gcloud compute tpus tpu-vm describe ptj "
+                     r"--zone=us-west4-a --format=json` printed 'Listed 0 items.'; expected a "
+                     r"JSON object$"):
+    job.describe()

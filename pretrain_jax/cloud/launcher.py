@@ -29,6 +29,17 @@ def render(argv) -> str:
   return shlex.join(a if len(a) <= 80 else a[:60] + '...' for a in argv)
 
 
+def _json(out: str, argv) -> dict:
+  """describe's --format=json output ('' in a dry run) as a dict."""
+  try:
+    value = json.loads(out) if out.strip() else {}
+  except json.JSONDecodeError:
+    value = None
+  if not isinstance(value, dict):
+    raise LaunchError(f'`{render(argv)}` printed {out.strip()[:100]!r}; expected a JSON object')
+  return value
+
+
 def subprocess_runner(gcloud_path: str):
   """Runs argv for real; `gcloud` resolves to gcloud_path (found once on PATH)."""
 
@@ -85,13 +96,13 @@ class Launcher:
     out = self._call(gcloud.describe_argv(self.tpu), ok_not_found=True)
     if out is None:
       return 'NOT_FOUND', {}
-    description = json.loads(out) if out.strip() else {}
+    description = _json(out, gcloud.describe_argv(self.tpu))
     return gcloud.slice_state(description, self.tpu.queued), description
 
   def workers(self, description) -> int:
     if self.tpu.queued:  # the queued resource's record has no endpoints; its node has
       out = self._call(gcloud.node_describe_argv(self.tpu))
-      description = json.loads(out) if out.strip() else {}
+      description = _json(out, gcloud.node_describe_argv(self.tpu))
     if self.dry_run:
       return None
     try:
