@@ -170,10 +170,10 @@ def test_describe_delete_scp_ssh_argv():
       '--force', '--quiet']
   assert gcloud.scp_argv(VM, '/tmp/a.tar.gz', 'pretrain_jax.tar.gz') == [
       'gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', '/tmp/a.tar.gz', 'ptj:pretrain_jax.tar.gz',
-      '--zone=us-west4-a', '--worker=all']
+      '--zone=us-west4-a', '--worker=all', '--quiet']
   assert gcloud.ssh_argv(VM, 'tail -n 5 log', worker=2) == [
       'gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', '--zone=us-west4-a', '--worker=2',
-      '--command=tail -n 5 log']
+      '--quiet', '--command=tail -n 5 log']
   assert gcloud.archive_argv('/repo', '/tmp/t.tar.gz') == [
       'git', '-C', '/repo', 'archive', '--format=tar.gz', '--output=/tmp/t.tar.gz', 'HEAD']
 
@@ -277,7 +277,7 @@ def test_create_setup_run_watch_survives_a_preemption(fake):
   assert calls[9] == gcloud.delete_argv(VM)[1:]
   assert calls[3] == ['compute', 'tpus', 'tpu-vm', 'scp',
                       os.path.join(str(fake.log.parent), 'pretrain_jax-ptj.tar.gz'),
-                      'ptj:pretrain_jax.tar.gz', '--zone=us-west4-a', '--worker=all']
+                      'ptj:pretrain_jax.tar.gz', '--zone=us-west4-a', '--worker=all', '--quiet']
   launches = [c for c in calls if short(c) == 'tpu-vm ssh train']
   assert launches[0] == launches[1] == gcloud.ssh_argv(VM, gcloud.train_command(TRAIN_ARGS))[1:]
   # create polls 5 s apart; the watch checks every 7 s; re-creation 1 waits backoff_s.
@@ -427,7 +427,8 @@ def test_status_logs_stop_delete(fake):
   assert [short(c) for c in calls[-4:]] == ['tpu-vm ssh', 'tpu-vm ssh stop', 'tpu-vm delete',
                                             'tpu-vm delete']
   assert calls[-4] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', '--zone=us-west4-a',
-                       '--worker=1', '--command=tail -n 100 -F ~/pretrain_jax_logs/worker.log']
+                       '--worker=1', '--quiet',
+                       '--command=tail -n 100 -F ~/pretrain_jax_logs/worker.log']
 
 
 def test_describe_output_that_is_not_json_is_one_clear_error():

@@ -127,14 +127,16 @@ def delete_argv(s: Slice) -> list:
   return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'delete', s.name] + _tail(s) + ['--quiet']
 
 
+# --quiet: no prompts (the first ssh makes a key without a passphrase), since launcher.py
+# captures gcloud's output and a prompt there would hang unseen.
 def scp_argv(s: Slice, local: str, remote: str, worker='all') -> list:
   return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', local, f'{s.name}:{remote}'] + _tail(
-      s) + [f'--worker={worker}']
+      s) + [f'--worker={worker}', '--quiet']
 
 
 def ssh_argv(s: Slice, command: str, worker='all') -> list:
   return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', s.name] + _tail(s) + [
-      f'--worker={worker}', f'--command={command}']
+      f'--worker={worker}', '--quiet', f'--command={command}']
 
 
 def archive_argv(repo_root: str, tarball: str) -> list:
