@@ -1,0 +1,129 @@
+"""Cloud TPU VM slices through `gcloud`: create, ship the code, train, watch, recover, delete.
+
+  python scripts/tpu.py create --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot
+  python scripts/tpu.py setup  --name ptj --zone us-west4-a
+  python scripts/tpu.py run    --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot \
+      --watch -- --config configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2
+  python scripts/tpu.py status|stop|delete --name ptj --zone us-west4-a
+  python scripts/tpu.py logs   --name ptj --zone us-west4-a [--worker 1] [--follow]
+
+create makes a TPU VM (or with --queued a queued resource) and waits until it is READY / ACTIVE.
+setup ships the committed HEAD (git archive) to every worker, makes ~/pretrain_jax/.venv and
+installs requirements.txt plus jax[tpu] of the pinned jax version. run stops anything holding
+the TPU, then starts `scripts/train.py <args after --> --multihost` on every worker under nohup
+(log: ~/pretrain_jax_logs/worker.log; with a gs:// --workdir also <workdir>/logs/worker_<i>.log).
+run --watch then polls the slice: when it is preempted (or gone) it deletes it, creates it
+again, reruns setup and the identical command (train.py resumes from the workdir's latest
+checkpoint), at most --max_retries times with exponential backoff; it returns when train.py has
+exited 0 on every worker. --dry_run prints the commands (one per line) and runs none of them.
+Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
+input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+
+from pretrain_jax.cloud import gcloud, launcher  # pylint: disable=g-import-not-at-top
+
+COMMANDS = ('create', 'setup', 'run', 'status', 'logs', 'stop', 'delete')
+
+_NAME = flags.DEFINE_string('name', None, 'TPU VM (and queued resource) name')
+_ZONE = flags.DEFINE_string('zone', None, 'e.g. us-west4-a (v5e), us-east5-b (v6e)')
+_PROJECT = flags.DEFINE_string('project', '', "GCP project (default: gcloud's configured one)")
+_TPU_TYPE = flags.DEFINE_string('tpu_type', '', 'create, run --watch: accelerator type, '
+                                'e.g. v5litepod-16, v4-32, v6e-8')
+_RUNTIME = flags.DEFINE_string('runtime_version', '', 'TPU VM image (default: by TPU family, '
+                               'e.g. v2-alpha-tpuv5-lite for v5litepod)')
+_QUEUED = flags.DEFINE_bool('queued', False, 'a queued resource instead of a plain TPU VM')
+_SPOT = flags.DEFINE_bool('spot', False, 'Spot capacity (can be preempted at any time)')
+_PREEMPTIBLE = flags.DEFINE_bool('preemptible', False, 'preemptible TPU VM (not with --queued)')
+_RESERVED = flags.DEFINE_bool('reserved', False, 'with --queued: use a reservation')
+_BEST_EFFORT = flags.DEFINE_bool('best_effort', False,
+                                 'with --queued: best-effort capacity (gcloud alpha)')
+_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'print the commands, run none of them')
+_WATCH = flags.DEFINE_bool('watch', False, 'run: re-create and rerun after preemption, '
+                           'return when train.py exits')
+_MAX_RETRIES = flags.DEFINE_integer('max_retries', 3, 'run --watch: re-creations before giving up')
+_BACKOFF_S = flags.DEFINE_float('backoff_s', 60, 'run --watch: wait before re-creation i is '
+                                'backoff_s * 2**(i-1)')
+_WATCH_INTERVAL_S = flags.DEFINE_float('watch_interval_s', 60, 'run --watch: seconds between checks')
+_POLL_INTERVAL_S = flags.DEFINE_float('poll_interval_s', 10, 'create: seconds between describes')
+_MAX_POLLS = flags.DEFINE_integer('max_polls', 360, 'create: describes before giving up waiting')
+_WORKER = flags.DEFINE_integer('worker', 0, 'logs: which worker')
+_FOLLOW = flags.DEFINE_bool('follow', False, 'logs: keep streaming (tail -F)')
+_LINES = flags.DEFINE_integer('lines', 100, 'logs: lines of history')
+_PYTHON = flags.DEFINE_string('python', 'python3', 'setup: the workers\' python for the venv')
+
+TRAIN_ARGS = []  # what follows `--` on the command line
+
+
+def provisioning() -> str:
+  chosen = [name for name, flag in (('spot', _SPOT), ('preemptible', _PREEMPTIBLE),
+                                    ('reserved', _RESERVED), ('best_effort', _BEST_EFFORT))
+            if flag.value]
+  if len(chosen) > 1:
+    raise ValueError(f'choose at most one of --spot, --preemptible, --reserved, --best_effort; '
+                     f'got {", ".join("--" + c for c in chosen)}')
+  return chosen[0] if chosen else 'on_demand'
+
+
+def run_command(command: str, argv) -> dict:
+  if command not in COMMANDS:
+    raise ValueError(f'unknown command {command!r}; expected one of {", ".join(COMMANDS)}')
+  if argv:
+    raise ValueError(f'unexpected arguments {argv}; train.py arguments go after --')
+  if TRAIN_ARGS and command != 'run':
+    raise ValueError(f'only run takes arguments after --; got {TRAIN_ARGS} for {command}')
+  tpu = gcloud.Slice(_NAME.value, _ZONE.value, _TPU_TYPE.value, _RUNTIME.value, provisioning(),
+                     _QUEUED.value, _PROJECT.value)
+  if command == 'create' or (command == 'run' and _WATCH.value):
+    gcloud.check_slice(tpu)  # the whole recipe: --watch may have to create it again
+  elif not tpu.name or not tpu.zone:
+    raise ValueError(f'{command} needs --name and --zone; got {tpu.name!r} and {tpu.zone!r}')
+  runner = (launcher.dry_runner() if _DRY_RUN.value
+            else launcher.subprocess_runner(launcher.find_gcloud()))
+  job = launcher.Launcher(
+      tpu, runner, dry_run=_DRY_RUN.value, poll_interval_s=_POLL_INTERVAL_S.value,
+      max_polls=_MAX_POLLS.value, watch_interval_s=_WATCH_INTERVAL_S.value,
+      max_retries=_MAX_RETRIES.value, backoff_s=_BACKOFF_S.value, python=_PYTHON.value)
+  if command == 'run':
+    return job.run(TRAIN_ARGS, watch=_WATCH.value)
+  if command == 'logs':
+    return job.logs(_WORKER.value, _FOLLOW.value, _LINES.value)
+  return getattr(job, command)()
+
+
+def main(argv):
+  if len(argv) < 2:
+    print(f'error: expected a command, one of {", ".join(COMMANDS)}', file=sys.stderr)
+    sys.exit(2)
+  try:
+    result = run_command(argv[1], argv[2:])
+  except ValueError as e:  # bad input
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  except launcher.LaunchError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2 if 'not found on PATH' in str(e) else 1)
+  except KeyboardInterrupt:
+    sys.exit(130)
+  if _DRY_RUN.value:
+    result['dry_run'] = True
+  print(json.dumps(result), flush=True)
+
+
+def split_train_args(args):
+  """sys.argv -> (tpu.py's own argv, the train.py arguments after the first `--`)."""
+  if '--' not in args:
+    return list(args), []
+  i = args.index('--')
+  return list(args[:i]), list(args[i + 1:])
+
+
+if __name__ == '__main__':
+  own, TRAIN_ARGS[:] = split_train_args(sys.argv)
+  app.run(main, argv=own)

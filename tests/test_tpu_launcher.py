@@ -1,0 +1,439 @@
+"""scripts/tpu.py and pretrain_jax/cloud: argv builders against literals, and a slice's whole life
+(create, setup, run, preemption, re-creation, rerun) against a fake `gcloud` on PATH.
+
+Nothing here reaches the network or the real gcloud: the fake is first on PATH, and the
+subprocess tests give tpu.py a PATH that holds the fake or nothing.
+"""
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pretrain_jax.cloud import gcloud, launcher
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TPU_PY = os.path.join(ROOT, 'scripts', 'tpu.py')
+ZONE = 'us-west4-a'
+VM = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot')
+QR = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot', queued=True)
+TRAIN_ARGS = ['--config', 'configs/gpt2_small.py', '--workdir', 'gs://bkt/runs/gpt2']
+
+# A scripted Cloud TPU. State: does the slice exist, how many describes until it is up, which
+# life it is in (one per create), whether train.py was launched in this life. Lives up to
+# `preempt_lives` are preempted as soon as train.py starts; later lives finish the run.
+FAKE_GCLOUD = r'''#!/usr/bin/env -S python3 -S
+import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ['FAKE_GCLOUD_LOG'], 'a') as f:
+  f.write(json.dumps(argv) + '\n')
+path = os.environ['FAKE_GCLOUD_STATE']
+with open(path) as f:
+  st = json.load(f)
+words = [a for a in argv if not a.startswith('--') and a != 'alpha']
+kind, verb = words[2], words[3]
+command = next((a.split('=', 1)[1] for a in argv if a.startswith('--command=')), '')
+queued = st['queued']
+
+def fail(message):
+  sys.stderr.write(f'ERROR: (gcloud.compute.tpus.{kind}.{verb}) {message}\n')
+  sys.exit(1)
+
+if verb == st.get('fail_verb'):
+  fail('PERMISSION_DENIED: scripted failure\nsecond line of the tail')
+if verb == 'create':
+  st.update(exists=True, creating=st['creating_polls'], life=st['life'] + 1, launched=False)
+elif verb == 'delete':
+  if not st['exists']:
+    fail('NOT_FOUND: Resource ptj was not found')
+  st['exists'] = False
+elif verb == 'describe':
+  if not st['exists']:
+    fail('NOT_FOUND: Resource ptj was not found')
+  primary = kind == ('queued-resources' if queued else 'tpu-vm')
+  if primary and st['creating'] > 0:
+    st['creating'] -= 1
+    state = 'WAITING_FOR_RESOURCES' if queued else 'CREATING'
+  elif primary and st['launched'] and st['life'] <= st['preempt_lives']:
+    state = 'SUSPENDED' if queued else 'PREEMPTED'
+  else:
+    state = 'ACTIVE' if queued and primary else 'READY'
+  record = {'name': 'ptj', 'state': {'state': state} if kind == 'queued-resources' else state}
+  if kind == 'tpu-vm':
+    record['networkEndpoints'] = [{'ipAddress': f'10.0.0.{i}'} for i in range(st['workers'])]
+  print(json.dumps(record))
+elif verb == 'ssh':
+  if 'nohup' in command:
+    st['launched'] = True
+  elif command.startswith('if pgrep'):
+    print(('TRAIN=EXIT:0\n' if st['launched'] else 'TRAIN=IDLE\n') * st['workers'], end='')
+with open(path, 'w') as f:
+  json.dump(st, f)
+'''
+
+
+class Fake:
+  """The fake gcloud at `path`: `play(**state)` scripts its life, `calls()` reads its log."""
+
+  def __init__(self, tmp_path):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    self.path = str(bin_dir / 'gcloud')
+    with open(self.path, 'w') as f:
+      f.write(FAKE_GCLOUD)
+    os.chmod(self.path, 0o755)
+    self.log = tmp_path / 'gcloud_log.jsonl'
+    self.state = tmp_path / 'gcloud_state.json'
+    self.env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
+                    FAKE_GCLOUD_LOG=str(self.log), FAKE_GCLOUD_STATE=str(self.state),
+                    TMPDIR=str(tmp_path))  # where setup writes its tarball
+    self.play()
+
+  def play(self, **changes):
+    state = dict(exists=False, creating=0, creating_polls=1, life=0, launched=False,
+                 preempt_lives=1, workers=4, queued=False)
+    state.update(changes)
+    self.state.write_text(json.dumps(state))
+
+  def calls(self):
+    if not self.log.exists():
+      return []
+    return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+  """Puts the fake gcloud first on PATH (for this process and the tpu.py subprocesses)."""
+  handle = Fake(tmp_path)
+  for key in ('PATH', 'FAKE_GCLOUD_LOG', 'FAKE_GCLOUD_STATE'):
+    monkeypatch.setenv(key, handle.env[key])
+  return handle
+
+
+def short(argv):
+  """['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', ..., '--command=pkill ...'] -> 'tpu-vm ssh stop'."""
+  words = [a for a in argv if not a.startswith('--') and a != 'alpha']
+  name = f'{words[2]} {words[3]}'
+  command = next((a.split('=', 1)[1] for a in argv if a.startswith('--command=')), '')
+  for tag, marker in (('stop', 'pkill'), ('train', 'nohup'), ('probe', 'if pgrep'),
+                      ('setup', 'pip install')):
+    if command.startswith(marker) or (tag in ('train', 'setup') and marker in command):
+      return f'{name} {tag}'
+  return name
+
+
+def tpu_py(args, env, timeout=60):
+  return subprocess.run([sys.executable, TPU_PY] + args, env=env, capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
+# -- pure builders -----------------------------------------------------------------------------
+
+
+def test_create_argv_tpu_vm_and_queued_resource():
+  assert gcloud.create_argv(VM) == [
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'ptj', '--zone=us-west4-a',
+      '--accelerator-type=v5litepod-16', '--version=v2-alpha-tpuv5-lite', '--spot']
+  assert gcloud.create_argv(gcloud.Slice('a', 'us-central2-b', 'v4-32', 'tpu-vm-v4-base',
+                                         'preemptible', project='proj')) == [
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'a', '--zone=us-central2-b',
+      '--project=proj', '--accelerator-type=v4-32', '--version=tpu-vm-v4-base', '--preemptible']
+  assert gcloud.create_argv(QR) == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'create', 'ptj', '--node-id=ptj',
+      '--zone=us-west4-a', '--accelerator-type=v5litepod-16',
+      '--runtime-version=v2-alpha-tpuv5-lite', '--spot']
+  assert gcloud.create_argv(gcloud.Slice('b', 'us-east5-b', 'v6e-8', '', 'reserved', True)) == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'create', 'b', '--node-id=b',
+      '--zone=us-east5-b', '--accelerator-type=v6e-8', '--runtime-version=v2-alpha-tpuv6e',
+      '--reserved']
+  assert gcloud.create_argv(gcloud.Slice('c', 'z', 'v5p-8', '', 'best_effort', True)) == [
+      'gcloud', 'alpha', 'compute', 'tpus', 'queued-resources', 'create', 'c', '--node-id=c',
+      '--zone=z', '--accelerator-type=v5p-8', '--runtime-version=v2-alpha-tpuv5',
+      '--best-effort']
+
+
+def test_describe_delete_scp_ssh_argv():
+  assert gcloud.describe_argv(VM) == [
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'describe', 'ptj', '--zone=us-west4-a',
+      '--format=json']
+  assert gcloud.describe_argv(QR) == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'describe', 'ptj', '--zone=us-west4-a',
+      '--format=json']
+  assert gcloud.node_describe_argv(QR) == gcloud.describe_argv(VM)
+  assert gcloud.delete_argv(VM) == [
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'delete', 'ptj', '--zone=us-west4-a', '--quiet']
+  assert gcloud.delete_argv(QR) == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'delete', 'ptj', '--zone=us-west4-a',
+      '--force', '--quiet']
+  assert gcloud.scp_argv(VM, '/tmp/a.tar.gz', 'pretrain_jax.tar.gz') == [
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', '/tmp/a.tar.gz', 'ptj:pretrain_jax.tar.gz',
+      '--zone=us-west4-a', '--worker=all', '--quiet']
+  assert gcloud.ssh_argv(VM, 'tail -n 5 log', worker=2) == [
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', '--zone=us-west4-a', '--worker=2',
+      '--quiet', '--command=tail -n 5 log']
+  assert gcloud.archive_argv('/repo', '/tmp/t.tar.gz') == [
+      'git', '-C', '/repo', 'archive', '--format=tar.gz', '--output=/tmp/t.tar.gz', 'HEAD']
+
+
+def test_tpu_types_and_slice_checks():
+  for tpu_type in ('v2-8', 'v2-512', 'v3-2048', 'v4-8', 'v4-4096', 'v5litepod-1',
+                   'v5litepod-16', 'v5litepod-256', 'v5p-8', 'v6e-1', 'v6e-256'):
+    gcloud.tpu_family(tpu_type)
+  for bad in ('v5e-16', 'v4-12', 'v5litepod-2', 'v7-8', 'tpu', ''):
+    with pytest.raises(ValueError, match=r'unknown --tpu_type .* expected one of v2-\{8,32'):
+      gcloud.tpu_family(bad)
+  with pytest.raises(ValueError, match='needs --queued'):
+    gcloud.check_slice(gcloud.Slice('a', 'z', 'v4-8', provisioning='reserved'))
+  with pytest.raises(ValueError, match='takes --spot'):
+    gcloud.check_slice(gcloud.Slice('a', 'z', 'v4-8', provisioning='preemptible', queued=True))
+  with pytest.raises(ValueError, match="bad --name 'My_TPU'"):
+    gcloud.check_slice(gcloud.Slice('My_TPU', 'z', 'v4-8'))
+
+
+def test_states_workers_and_pinned_jax():
+  assert gcloud.slice_state({'state': 'READY'}, queued=False) == 'READY'
+  assert gcloud.slice_state({'state': {'state': 'SUSPENDED'}}, queued=True) == 'SUSPENDED'
+  assert gcloud.worker_count({'networkEndpoints': [{}, {}, {}, {}]}) == 4
+  with pytest.raises(ValueError, match='no networkEndpoints'):
+    gcloud.worker_count({'name': 'ptj'})
+  assert gcloud.pinned_jax_version('# x\njax==0.4.35\njaxlib==0.4.35\n') == '0.4.35'
+  with open(os.path.join(ROOT, 'requirements.txt')) as f:
+    text = f.read()
+  assert f'jax=={gcloud.pinned_jax_version(text)}\n' in text
+  with pytest.raises(ValueError, match='pins no jax version'):
+    gcloud.pinned_jax_version('flax==0.1\n')
+
+
+def test_worker_commands():
+  command = gcloud.train_command(TRAIN_ARGS)
+  assert command.count('--multihost') == 1
+  assert gcloud.train_command(TRAIN_ARGS + ['--multihost']) == command
+  assert 'nohup bash -c ' in command and command.endswith('< /dev/null &')
+  assert ('scripts/train.py --config configs/gpt2_small.py --workdir gs://bkt/runs/gpt2 '
+          '--multihost >> "$HOME/pretrain_jax_logs/worker.log" 2>&1') in command
+  assert 'gcloud storage cp "$HOME/pretrain_jax_logs/worker.log" ' \
+         'gs://bkt/runs/gpt2/logs/worker_$W.log' in command
+  assert 'gcloud storage' not in gcloud.train_command(['--config', 'c.py', '--workdir', '/tmp/w'])
+  # pkill -f / pgrep -f must not match the ssh shell that runs them (it would kill itself).
+  for own in (gcloud.stop_command(), gcloud.probe_command()):
+    assert not re.search(r'scripts/train\.py', own)
+    assert re.search(gcloud.TRAIN_PATTERN, 'python scripts/train.py --multihost')
+  assert "'jax[tpu]==0.10.2' -f https://storage.googleapis.com/jax-releases/libtpu_releases" \
+         in gcloud.setup_command('0.10.2')
+  assert 'apt-get install -y -q python3.11-venv' in gcloud.setup_command('0.10.2', 'python3.11')
+  with pytest.raises(ValueError, match="bad --python 'python; rm'"):
+    gcloud.setup_command('0.10.2', 'python; rm')
+  assert gcloud.parse_probe('TRAIN=RUNNING\nTRAIN=EXIT:0\nnoise\nTRAIN=EXIT:-9\nTRAIN=IDLE\n') \
+         == ['RUNNING', 0, -9, 'IDLE']
+  assert gcloud.workdir_of(['--workdir=gs://a']) == 'gs://a'
+
+
+def test_package_imports_only_the_standard_library():
+  package = os.path.join(ROOT, 'pretrain_jax', 'cloud')
+  for name in os.listdir(package):
+    if name.endswith('.py'):
+      with open(os.path.join(package, name)) as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+          modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module])
+          for module in modules:
+            assert (module.split('.')[0] in sys.stdlib_module_names
+                    or module.startswith('pretrain_jax.cloud')), (name, module)
+
+
+# -- a slice's life against the fake gcloud ----------------------------------------------------
+
+
+def make_launcher(fake, tpu=VM, sleeps=None, **kwargs):
+  sleeps = [] if sleeps is None else sleeps
+  return launcher.Launcher(tpu, launcher.subprocess_runner(fake.path), sleep=sleeps.append,
+                           poll_interval_s=5, watch_interval_s=7, backoff_s=30,
+                           tarball_dir=str(fake.log.parent), log=lambda msg: None, **kwargs)
+
+
+def test_create_setup_run_watch_survives_a_preemption(fake):
+  sleeps = []
+  job = make_launcher(fake, sleeps=sleeps, max_retries=2)
+  assert job.create() == {'name': 'ptj', 'state': 'READY', 'workers': 4}
+  assert job.setup()['jax'] == 'jax[tpu]==0.10.2'
+  result = job.run(TRAIN_ARGS, watch=True)
+  assert result == {'name': 'ptj', 'args': TRAIN_ARGS, 'recreations': 1, 'workers': 4,
+                    'status': 'finished'}
+  calls = fake.calls()
+  assert [short(c) for c in calls] == [
+      'tpu-vm create', 'tpu-vm describe', 'tpu-vm describe',  # CREATING, READY
+      'tpu-vm scp', 'tpu-vm ssh setup',
+      'tpu-vm describe', 'tpu-vm ssh stop', 'tpu-vm ssh train',  # run: READY, 4 workers
+      'tpu-vm describe',  # PREEMPTED
+      'tpu-vm delete', 'tpu-vm create', 'tpu-vm describe', 'tpu-vm describe',
+      'tpu-vm scp', 'tpu-vm ssh setup', 'tpu-vm ssh stop', 'tpu-vm ssh train',
+      'tpu-vm describe', 'tpu-vm ssh probe']  # READY, TRAIN=EXIT:0 on 4 workers
+  assert calls[0] == gcloud.create_argv(VM)[1:] and calls[10] == calls[0]
+  assert calls[9] == gcloud.delete_argv(VM)[1:]
+  assert calls[3] == ['compute', 'tpus', 'tpu-vm', 'scp',
+                      os.path.join(str(fake.log.parent), 'pretrain_jax-ptj.tar.gz'),
+                      'ptj:pretrain_jax.tar.gz', '--zone=us-west4-a', '--worker=all', '--quiet']
+  launches = [c for c in calls if short(c) == 'tpu-vm ssh train']
+  assert launches[0] == launches[1] == gcloud.ssh_argv(VM, gcloud.train_command(TRAIN_ARGS))[1:]
+  # create polls 5 s apart; the watch checks every 7 s; re-creation 1 waits backoff_s.
+  assert sleeps == [5, 7, 30, 5, 7]
+
+
+def test_worker_count_comes_from_describe(fake):
+  fake.play(workers=2)
+  assert make_launcher(fake).create()['workers'] == 2
+
+
+def test_queued_resource_create_and_suspension(fake):
+  fake.play(queued=True)
+  job = make_launcher(fake, tpu=QR, max_retries=1)
+  job.create()
+  result = job.run(TRAIN_ARGS, watch=True)
+  assert result['status'] == 'finished' and result['workers'] == 4
+  assert [short(c) for c in fake.calls()][:4] == [
+      'queued-resources create', 'queued-resources describe', 'queued-resources describe',
+      'tpu-vm describe']  # WAITING_FOR_RESOURCES, ACTIVE, then the node's endpoints
+  assert gcloud.delete_argv(QR)[1:] in fake.calls()  # after SUSPENDED
+
+
+def test_watch_gives_up_after_max_retries(fake):
+  fake.play(preempt_lives=100)
+  sleeps = []
+  job = make_launcher(fake, sleeps=sleeps, max_retries=2)
+  job.create()
+  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj is PREEMPTED again after '
+                     r'2 re-creations \(--max_retries=2\)'):
+    job.run(TRAIN_ARGS, watch=True)
+  assert [short(c) for c in fake.calls()].count('tpu-vm create') == 3
+  assert [s for s in sleeps if s not in (5, 7)] == [30, 60]  # exponential backoff
+
+
+def test_cli_watch_gives_up_with_one_line_and_nonzero_exit(fake):
+  fake.play(preempt_lives=100)
+  flags = ['--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5litepod-16', '--spot',
+           '--poll_interval_s', '0', '--watch_interval_s', '0', '--backoff_s', '0']
+  assert tpu_py(['create'] + flags, fake.env).returncode == 0
+  done = tpu_py(['run', '--watch', '--max_retries', '1'] + flags + ['--'] + TRAIN_ARGS,
+                fake.env)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1] == (
+      'error: gave up: slice ptj is PREEMPTED again after 1 re-creations (--max_retries=1)')
+  assert 'Traceback' not in done.stderr and done.stdout == ''
+
+
+def test_dry_run_prints_commands_and_runs_none(fake):
+  done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--dry_run', '--'] + TRAIN_ARGS,
+                fake.env)
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.strip().splitlines()
+  assert lines[:-1] == [
+      'gcloud compute tpus tpu-vm describe ptj --zone=us-west4-a --format=json',
+      launcher.shlex.join(gcloud.ssh_argv(VM, gcloud.stop_command())),
+      launcher.shlex.join(gcloud.ssh_argv(VM, gcloud.train_command(TRAIN_ARGS)))]
+  assert json.loads(lines[-1])['dry_run'] is True
+  done = tpu_py(['setup', '--name', 'ptj', '--zone', ZONE, '--dry_run'], fake.env)
+  assert [l.split()[0] for l in done.stdout.strip().splitlines()[:-1]] == ['git', 'gcloud',
+                                                                           'gcloud']
+  assert fake.calls() == []
+
+
+def test_gcloud_missing_is_one_line_exit_2(tmp_path):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  done = tpu_py(['status', '--name', 'ptj', '--zone', ZONE], dict(os.environ, PATH=str(empty)))
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [
+      'error: gcloud not found on PATH; install the Google Cloud CLI '
+      '(https://cloud.google.com/sdk/docs/install) and run `gcloud init`']
+
+
+def test_unknown_tpu_type_lists_the_known_ones(fake):
+  done = tpu_py(['create', '--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5e-16'], fake.env)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+  assert "error: unknown --tpu_type 'v5e-16' (v5e is spelled v5litepod)" in done.stderr
+  assert 'v5litepod-{1,4,8,16,32,64,128,256}' in done.stderr and 'v6e-{1,4,8' in done.stderr
+  assert fake.calls() == []
+
+
+def test_gcloud_failure_names_the_command_and_its_stderr(fake):
+  fake.play(fail_verb='scp')
+  done = tpu_py(['setup', '--name', 'ptj', '--zone', ZONE], fake.env)
+  assert done.returncode == 1 and 'Traceback' not in done.stderr
+  line, = [l for l in done.stderr.strip().splitlines() if l.startswith('error:')]
+  assert line.startswith('error: `gcloud compute tpus tpu-vm scp ')
+  assert line.endswith('failed (exit 1): ERROR: (gcloud.compute.tpus.tpu-vm.scp) '
+                       'PERMISSION_DENIED: scripted failure second line of the tail')
+
+
+def test_worker_commands_parse_and_the_train_command_runs_detached(tmp_path):
+  """The launch command under a real bash, with stand-ins for the venv's python, curl, gcloud."""
+  for command in (gcloud.setup_command('0.10.2'), gcloud.stop_command(), gcloud.probe_command(),
+                  gcloud.train_command(TRAIN_ARGS), gcloud.logs_command(True)):
+    assert subprocess.run(['bash', '-n', '-c', command], check=False).returncode == 0, command
+  home, stubs = tmp_path / 'home', tmp_path / 'stubs'
+  (home / 'pretrain_jax' / '.venv' / 'bin').mkdir(parents=True)
+  stubs.mkdir()
+  record = tmp_path / 'record.txt'
+  for path, body in ((home / 'pretrain_jax' / '.venv' / 'bin' / 'python',
+                      f'echo "python $*" >> {record}; echo step 1 of 1; exit 0'),
+                     (stubs / 'curl', 'echo 3'),  # the metadata server: worker 3
+                     (stubs / 'gcloud', f'echo "gcloud $*" >> {record}')):
+    path.write_text(f'#!/bin/sh\n{body}\n')
+    path.chmod(0o755)
+  env = dict(os.environ, HOME=str(home), PATH=f'{stubs}{os.pathsep}{os.environ["PATH"]}')
+  done = subprocess.run(['bash', '-c', gcloud.train_command(TRAIN_ARGS)], env=env, timeout=10,
+                        capture_output=True, text=True, check=False)
+  assert done.returncode == 0 and done.stdout == ''  # returns at once: the job is detached
+  exit_file = home / 'pretrain_jax_logs' / 'EXIT'
+  for _ in range(100):
+    if exit_file.exists() and exit_file.read_text().strip():
+      break
+    subprocess.run(['sleep', '0.1'], check=True)
+  assert exit_file.read_text() == '0\n'
+  log = (home / 'pretrain_jax_logs' / 'worker.log').read_text()
+  assert 'worker 3: train.py starts' in log and log.endswith('step 1 of 1\n')
+  assert record.read_text().splitlines() == [
+      'python scripts/train.py --config configs/gpt2_small.py --workdir gs://bkt/runs/gpt2 '
+      '--multihost',
+      f'gcloud storage cp {home}/pretrain_jax_logs/worker.log '
+      'gs://bkt/runs/gpt2/logs/worker_3.log']
+
+
+def test_recreation_that_fails_counts_as_a_retry(fake):
+  fake.play(exists=True, life=1, launched=True, fail_verb='create')  # preempted, no capacity
+  sleeps = []
+  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj is not back \(last error: '
+                     r'`gcloud compute tpus tpu-vm create .*PERMISSION_DENIED'):
+    make_launcher(fake, sleeps=sleeps, max_retries=3).run(TRAIN_ARGS, watch=True)
+  assert [short(c) for c in fake.calls()].count('tpu-vm create') == 3
+  assert sleeps == [30, 60, 120]
+
+
+def test_status_logs_stop_delete(fake):
+  job = make_launcher(fake)
+  assert job.status() == {'name': 'ptj', 'state': 'NOT_FOUND'}
+  job.create()
+  assert job.status() == {'name': 'ptj', 'state': 'READY', 'workers': 4, 'train': ['IDLE'] * 4}
+  assert job.logs(worker=1, follow=True) == {'name': 'ptj', 'worker': 1}
+  assert job.stop() == {'name': 'ptj', 'stopped': True}
+  assert job.delete() == {'name': 'ptj', 'deleted': True, 'was_missing': False}
+  assert job.delete()['was_missing'] is True
+  calls = fake.calls()
+  assert [short(c) for c in calls[-4:]] == ['tpu-vm ssh', 'tpu-vm ssh stop', 'tpu-vm delete',
+                                            'tpu-vm delete']
+  assert calls[-4] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', '--zone=us-west4-a',
+                       '--worker=1', '--quiet',
+                       '--command=tail -n 100 -F ~/pretrain_jax_logs/worker.log']
+
+
+def test_describe_output_that_is_not_json_is_one_clear_error():
+  job = launcher.Launcher(VM, lambda argv, capture: (0, 'Listed 0 items.\n', ''))
+  with pytest.raises(launcher.LaunchError, match=r"^`gcloud compute tpus tpu-vm describe ptj "
+                     r"--zone=us-west4-a --format=json` printed 'Listed 0 items.'; expected a "
+                     r"JSON object$"):
+    job.describe()
