@@ -85,7 +85,7 @@ class Checkpointer:
     """Starts writing; returns once arrays are copied off the devices (training may go on,
     the donated state buffers are safe to reuse). All processes must call this.
     Raises CheckpointSaveError when this or the previous save failed."""
-    self.check()
+    self.wait()  # orbax waits for the previous save here anyway; this names its failure
     data = {'process_count': jax.process_count(), 'processes': gather_json(data_state)}
     sums = {}
     for part in gather_json(shard_checksums(state)):
@@ -215,20 +215,27 @@ def shard_checksums(tree) -> dict:
   return out
 
 
-def verify(tree, checksums, where: str, prefix: str = '') -> int:
+def verify(tree, checksums, where: str) -> int:
   """Checks `tree` against recorded checksums and for non-finite floats; returns the number of
   recorded shards it could not see (other hosts'). Raises CheckpointError naming the array."""
   unchecked = 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    name = prefix + leaf_name(path)
+    name = leaf_name(path)
     full = None
     if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
       full = np.asarray(leaf)
-      if np.issubdtype(full.dtype, np.inexact) and not np.all(np.isfinite(full)):
-        raise CheckpointError(f'checkpoint {where}: array {name} holds non-finite values '
-                              '(NaN/inf); it was saved from a diverged run')
-    if checksums is None:
-      continue
+    unchecked += _verify_checksums(name, leaf, full, checksums, where)
+    if full is not None and np.issubdtype(full.dtype, np.inexact) and \
+        not np.all(np.isfinite(full)):
+      raise CheckpointError(f'checkpoint {where}: array {name} holds non-finite values '
+                            '(NaN/inf); it was saved from a diverged run')
+  return unchecked
+
+
+def _verify_checksums(name, leaf, full, checksums, where) -> int:
+  """The number of recorded shards of `name` this process cannot see."""
+  unchecked = 0
+  if checksums is not None:
     if name not in checksums:
       raise CheckpointError(f'checkpoint {where}: array {name} has no checksum in '
                             f'{where}/checksums (the file does not match the state)')
