@@ -68,9 +68,14 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
   t.log_every = 10                  # steps between progress lines / TensorBoard scalars
   t.eval_every = 100                # steps between validation losses (0 disables)
   t.eval_batches = 4                # batches per validation loss
-  t.checkpoint_every = 100          # steps between checkpoints (a final one is always saved)
-  t.keep_checkpoints = 3            # checkpoints kept on disk
+  t.checkpoint_every = 100          # steps between checkpoints, > 0 (a final one is always
+                                    # saved: a value >= steps saves only at the end)
+  t.keep_checkpoints = 3            # checkpoints kept on disk; 0 keeps all
   t.async_checkpoints = True        # write checkpoints in the background while training goes on
+  t.allow_config_change = ''        # resume: comma-separated train.* keys that may differ
+                                    # from the workdir's config.json (pretrain_jax.training.
+                                    # workdir.ALLOWABLE_KEYS, e.g. 'train.learning_rate');
+                                    # steps and cadences may always change
   t.peak_tflops = 0.0               # per-device peak for the MFU estimate; 0 = guess from device
   return t
 

@@ -6,12 +6,25 @@ Workdir layout:
   tokenizer.model    a copy of the sentencepiece model (config.json's data.tokenizer points here)
   checkpoints/<step>/state  TrainState (orbax StandardSave; sharded arrays)
   checkpoints/<step>/data   {'process_count': n, 'processes': [iterator state of each host]}
+  checkpoints/<step>/checksums  {array path: [[shard index, crc32], ...]} of the saved state
+  checkpoints/<step>.corrupt-<time>  a checkpoint that failed to restore, moved aside (kept)
 
 `restore_params(workdir)` is the entry point for evaluation / generation scripts.
+
+Verification: `save` checksums (crc32) the bytes of every shard with replica_id 0 that this
+process holds, on host numpy copies taken before the save returns; process 0 writes all
+processes' lists (gathered) as the `checksums` item of the same atomic save. A restore compares
+every recorded shard it can see: a fully addressable array (one host, or replicated) is checked
+whole, whatever mesh it was saved from; on several hosts a shard is checked when this process
+holds exactly that shard (same mesh), others are counted as unchecked. Restored floating-point
+arrays must also be finite. The host copy costs one device->host transfer of the state per save.
 """
 import json
 import os
 import shutil
+import sys
+import time
+import zlib
 
 import jax
 import ml_collections
@@ -30,16 +43,37 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint could not be written; the previous complete one is still the newest."""
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint failed to restore or verify (damaged files, checksum or NaN)."""
+
+
+def _log(text: str) -> None:
+  if jax.process_index() == 0:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _all_processes(ok: bool) -> bool:
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
 class Checkpointer:
-  """A CheckpointManager over items `state` (pytree) and `data` (JSON)."""
+  """A CheckpointManager over items `state` (pytree), `data` and `checksums` (JSON)."""
 
   def __init__(self, workdir: str, *, keep: int = 3, async_save: bool = True,
                read_only: bool = False):
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep if keep and keep > 0 else None, create=not read_only,
         enable_async_checkpointing=async_save, read_only=read_only)
-    self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                                         item_names=('state', 'data'))
+    self.directory = checkpoint_dir(workdir)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=('state', 'data', 'checksums'))
+    self.pending = None  # the step of the save that may still be writing
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -49,30 +83,201 @@ class Checkpointer:
 
   def save(self, step: int, state, data_state) -> None:
     """Starts writing; returns once arrays are copied off the devices (training may go on,
-    the donated state buffers are safe to reuse). All processes must call this."""
+    the donated state buffers are safe to reuse). All processes must call this.
+    Raises CheckpointSaveError when this or the previous save failed."""
+    self.wait()  # orbax waits for the previous save here anyway; this names its failure
     data = {'process_count': jax.process_count(), 'processes': gather_json(data_state)}
-    self.manager.save(int(step), force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)))
+    sums = {}
+    for part in gather_json(shard_checksums(state)):
+      for name, rows in part.items():
+        sums.setdefault(name, []).extend(rows)
+    self.pending = int(step)
+    try:
+      self.manager.save(int(step), force=True, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+          checksums=ocp.args.JsonSave(sums)))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise self._save_error(e) from e
+
+  def check(self) -> None:
+    """Raises CheckpointSaveError if a background save failed (cheap; call at log points)."""
+    try:
+      self.manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise self._save_error(e) from e
+
+  def _save_error(self, error) -> CheckpointSaveError:
+    failed, self.pending = self.pending, None
+    if jax.process_index() == 0:
+      remove_temporary(os.path.dirname(self.directory), quiet=True)
+    done = complete_steps(os.path.dirname(self.directory))
+    done = [s for s in done if s != failed]
+    newest = f'step {done[-1]}' if done else 'none'
+    return CheckpointSaveError(
+        f'saving checkpoint {failed} under {self.directory} failed ({type(error).__name__}: '
+        f'{str(error)[:300]}); stopped training. The newest complete checkpoint is {newest}: fix '
+        'the cause (disk space, permissions) and rerun the same command to resume from it')
 
   def restore(self, abstract_state, step=None):
     """(state placed with abstract_state's shardings, this host's data state) at `step`
-    (default latest). The shardings may differ from the ones the checkpoint was saved with."""
-    step = self.latest_step() if step is None else step
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    data = restored['data']
+    (default: the newest checkpoint that restores and verifies; newer damaged ones are moved
+    aside to `<step>.corrupt-<time>` with a message). The shardings may differ from the ones
+    the checkpoint was saved with. Raises CheckpointError when none restores."""
+    steps = [step] if step is not None else sorted(self.all_steps(), reverse=True)
+    failures = []
+    for s in steps:
+      try:
+        state, data = self._restore_verified(abstract_state, s)
+        ok = True
+      except CheckpointError as e:
+        failures.append((s, str(e)))
+        ok = False
+      if _all_processes(ok):
+        break
+      if ok:
+        failures.append((s, f'checkpoint {s} failed to verify on another process'))
+    else:
+      raise CheckpointError('no checkpoint under {} restores: {}. Nothing was moved or deleted; '
+                            'inspect the files, or train in a new workdir'.format(
+                                self.directory, ' | '.join(f for _, f in failures)))
+    for bad, why in failures:
+      aside = f'{os.path.join(self.directory, str(bad))}.corrupt-{time.strftime("%Y%m%d-%H%M%S")}'
+      if jax.process_index() == 0:
+        os.rename(os.path.join(self.directory, str(bad)), aside)
+      _log(f'checkpoint {bad} is damaged and was moved aside to {aside}: {why}; '
+           f'resuming from step {s}')
+    if failures:
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices('pretrain_jax: damaged checkpoints moved aside')
+      self.manager.reload()
     if data['process_count'] != jax.process_count():
-      raise ValueError(f'checkpoint step {step} was saved by {data["process_count"]} processes; '
+      raise ValueError(f'checkpoint step {s} was saved by {data["process_count"]} processes; '
                        f'this run has {jax.process_count()}: the data iterators\' positions '
                        'cannot be mapped onto a different number of hosts')
-    return restored['state'], data['processes'][jax.process_index()]
+    return state, data['processes'][jax.process_index()]
+
+  def _restore_verified(self, abstract_state, step: int):
+    path = os.path.join(self.directory, str(step))
+    items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+    if os.path.isdir(os.path.join(path, 'checksums')):
+      items['checksums'] = ocp.args.JsonRestore()
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise CheckpointError(f'checkpoint {path} failed to restore ({type(e).__name__}: '
+                            f'{_first_line(e)})') from e
+    verify(restored['state'], restored.get('checksums'), path)
+    return restored['state'], restored['data']
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Blocks until the pending save is complete; raises CheckpointSaveError if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise self._save_error(e) from e
+    self.check()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+
+
+def _first_line(error) -> str:
+  text = str(error).strip().splitlines()
+  return (text[0] if text else repr(error))[:400]
+
+
+def leaf_name(path) -> str:
+  """'params/decoder/kernel' for a key path (attribute, dict key or index entries)."""
+  return '/'.join(str(getattr(k, 'name', getattr(k, 'key', getattr(k, 'idx', k)))) for k in path)
+
+
+def _index(index, shape) -> list:
+  return [list(sl.indices(n)[:2]) for sl, n in zip(index, shape)]
+
+
+def _crc(x) -> int:
+  return zlib.crc32(np.ascontiguousarray(x).tobytes())
+
+
+def shard_checksums(tree) -> dict:
+  """{leaf name: [[index, crc32], ...]} of this process's replica-0 shards (host copies)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if isinstance(leaf, jax.Array):
+      out[leaf_name(path)] = [[_index(s.index, leaf.shape), _crc(np.asarray(s.data))]
+                              for s in leaf.addressable_shards if s.replica_id == 0]
+    else:
+      x = np.asarray(leaf)
+      out[leaf_name(path)] = [[_index((slice(None),) * x.ndim, x.shape), _crc(x)]]
+  return out
+
+
+def verify(tree, checksums, where: str) -> int:
+  """Checks `tree` against recorded checksums and for non-finite floats; returns the number of
+  recorded shards it could not see (other hosts'). Raises CheckpointError naming the array."""
+  unchecked = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    name = leaf_name(path)
+    full = None
+    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+      full = np.asarray(leaf)
+    unchecked += _verify_checksums(name, leaf, full, checksums, where)
+    if full is not None and np.issubdtype(full.dtype, np.inexact) and \
+        not np.all(np.isfinite(full)):
+      raise CheckpointError(f'checkpoint {where}: array {name} holds non-finite values '
+                            '(NaN/inf); it was saved from a diverged run')
+  return unchecked
+
+
+def _verify_checksums(name, leaf, full, checksums, where) -> int:
+  """The number of recorded shards of `name` this process cannot see."""
+  unchecked = 0
+  if checksums is not None:
+    if name not in checksums:
+      raise CheckpointError(f'checkpoint {where}: array {name} has no checksum in '
+                            f'{where}/checksums (the file does not match the state)')
+    held = {} if full is not None else {
+        json.dumps(_index(s.index, leaf.shape)): s for s in leaf.addressable_shards}
+    for index, crc in checksums[name]:
+      if full is not None:
+        data = full[tuple(slice(a, b) for a, b in index)]
+      elif json.dumps(index) in held:
+        data = np.asarray(held[json.dumps(index)].data)
+      else:
+        unchecked += 1
+        continue
+      if _crc(data) != crc:
+        raise CheckpointError(f'checkpoint {where}: array {name} (shard {index}) does not match '
+                              f'its checksum in {where}/checksums; the files under {where}/state '
+                              'are damaged (bit flips, partial copy)')
+  return unchecked
+
+
+def complete_steps(workdir: str) -> list:
+  """Steps of the finished checkpoints on disk (integer-named folders), ascending."""
+  root = checkpoint_dir(workdir)
+  if not os.path.isdir(root):
+    return []
+  return sorted(int(n) for n in os.listdir(root)
+                if n.isdigit() and os.path.isdir(os.path.join(root, n)))
+
+
+def remove_temporary(workdir: str, quiet: bool = False) -> list:
+  """Deletes the `*.orbax-checkpoint-tmp*` folders of interrupted saves (process 0, lock held)."""
+  root = checkpoint_dir(workdir)
+  gone = []
+  if os.path.isdir(root):
+    for name in sorted(os.listdir(root)):
+      if '.orbax-checkpoint-tmp' in name:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        gone.append(name)
+  if gone and not quiet:
+    _log(f'removed unfinished checkpoint folders of interrupted saves under {root}: '
+         f'{", ".join(gone)}')
+  return gone
 
 
 def gather_json(obj) -> list:
@@ -127,9 +332,12 @@ def restore_params(workdir: str, step=None):
   latest) onto the default device, whatever mesh it was saved from. Works on one CPU.
   Build the model with
   `build(ModelConfig.from_config(config.model).replace(deterministic=True))`.
+  Raises CheckpointError (naming the checkpoint and array) when the parameters do not match
+  their checksums or are not all finite.
   """
   config = load_config(workdir)
-  manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=('state', 'data'),
+  manager = ocp.CheckpointManager(checkpoint_dir(workdir),
+                                  item_names=('state', 'data', 'checksums'),
                                   options=ocp.CheckpointManagerOptions(read_only=True))
   step = manager.latest_step() if step is None else int(step)
   if step is None or step not in manager.all_steps():
@@ -139,8 +347,22 @@ def restore_params(workdir: str, step=None):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                         state_lib.abstract_params(model))
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
-          {'params': target}), partial_restore=True)))
-  manager.close()
-  return config, restored['state']['params'], step
+  path = os.path.join(checkpoint_dir(workdir), str(step))
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
+            {'params': target}), partial_restore=True)))
+    sums = None
+    if os.path.isdir(os.path.join(path, 'checksums')):
+      sums = manager.restore(step, args=ocp.args.Composite(
+          checksums=ocp.args.JsonRestore()))['checksums']
+    params = restored['state']['params']
+    verify({'params': params}, sums, path)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    why = str(e) if isinstance(e, CheckpointError) else \
+        f'checkpoint {path} failed to restore ({type(e).__name__}: {_first_line(e)})'
+    others = [s for s in manager.all_steps() if s != step]
+    raise CheckpointError(f'{why}; load another step (steps there: {others}) or retrain') from e
+  finally:
+    manager.close()
+  return config, params, step

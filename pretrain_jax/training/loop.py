@@ -4,6 +4,7 @@ Side effects (files, logs, signals, checkpoints) happen here; the step itself is
 """
 import functools
 import math
+import os
 import signal
 
 import jax
@@ -17,6 +18,7 @@ from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training import workdir as workdir_lib
 
 def open_datasets(config, datasets=None):
   """(train iterator, eval iterator, tokenizer path) of this host's share of the batch.
@@ -57,6 +59,8 @@ class StopRequest:
 
   def _handler(self, signum, frame):
     del signum, frame
+    if self.requested:  # stays installed until the final save is complete
+      os.write(2, b'SIGTERM again: save in progress; ignoring it\n')
     self.requested = True
 
   def agreed(self) -> bool:
@@ -70,16 +74,32 @@ class StopRequest:
 
 
 def check_finite(history: list) -> None:
+  """Raises at the first step whose loss, gradients, learning rate or UPDATED state is not
+  finite (the loss and grad norm describe the state before the update)."""
   for step, m in history:
-    if not (math.isfinite(m['loss']) and math.isfinite(m['grad_norm'])):
+    bad = [f'{name} {m[key]}' for key, name in [('loss', 'loss'), ('grad_norm', 'grad norm'),
+                                                ('learning_rate', 'learning rate')]
+           if not math.isfinite(m[key])]
+    if not m.get('state_finite', 1.0):
+      bad.append('updated params/optimizer state')
+    if bad:
       raise FloatingPointError(
-          f'non-finite training loss {m["loss"]} / grad norm {m["grad_norm"]} at step {step}; '
-          'stopping without saving (the last good checkpoint is kept). Try a lower '
-          'train.learning_rate, train.grad_clip > 0 or float32 compute')
+          f'non-finite training at step {step}: {", ".join(bad)}; stopping without saving '
+          '(the last good checkpoint is kept). Try a lower train.learning_rate, '
+          'train.grad_clip > 0 or float32 compute')
 
 
 def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint); returns a summary."""
+  """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
+
+  One trainer per workdir (workdir_lib.hold); an incompatible config is refused before
+  anything in the workdir changes."""
+  workdir_lib.check_cadence(config.train)
+  with workdir_lib.hold(workdir, config.train.steps):
+    return _train_and_evaluate(config, workdir, datasets=datasets)
+
+
+def _train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
@@ -89,7 +109,9 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
 
   train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets)
   eval_start = eval_iter.get_state()
-  config = ckpt_lib.save_workdir_files(config, workdir, tokenizer_path)
+  config = workdir_lib.write_config(config, workdir, tokenizer_path,
+                                    (ckpt_lib.complete_steps(workdir) or [None])[-1],
+                                    is_writer=jax.process_index() == 0)
   writer = metrics_lib.MetricWriter(workdir)
 
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
@@ -129,6 +151,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
       if log_now or eval_now or save_now:
         history = [(s, jax.device_get(m)) for s, m in history]
         check_finite(history)                   # never log or save past a NaN
+        checkpointer.check()                    # a failed background save stops the run
         last = {k: float(v) for k, v in history[-1][1].items()}
         history = []
       if log_now:
@@ -152,12 +175,15 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
       if eval_now or save_now:
         clock.pause()                            # not training throughput
       if stopping:
+        checkpointer.wait()                      # announce only a complete checkpoint
         writer.line(f'SIGTERM: saved step {step}; exiting')
         break
   finally:
-    stop.close()
-    checkpointer.close()                         # waits for the last asynchronous save
-    writer.close()
+    try:
+      checkpointer.close()                       # waits for the last asynchronous save
+    finally:
+      stop.close()                               # only now: a second SIGTERM must not kill it
+      writer.close()
 
   step_time = clock.mean_step_time()
   return {'family': model_cfg.family, 'workdir': workdir, 'start_step': start, 'step': step,

@@ -2,7 +2,9 @@
 
 `train_step(state, batch) -> (state, metrics)` is a pure function of its inputs: dropout
 randomness is `fold_in(key(seed), state.step)`, so a resumed run repeats an uninterrupted one
-bit for bit. Gradient accumulation sums microbatch gradients of
+bit for bit. `metrics['state_finite']` is 1.0 when the UPDATED params and optimizer state are
+all finite (the loss and grad norm describe the state before the update), so the loop never
+saves a state that a finite loss hides. Gradient accumulation sums microbatch gradients of
 `total_loss(sums_microbatch, denominators_of_the_full_batch)`, which adds up to exactly the
 full-batch loss (the denominators are fixed), so M microbatches match one big batch.
 """
@@ -45,6 +47,13 @@ def max_predictions(config) -> int:
     raise ValueError(f'train.max_predictions_per_seq={value!r}; expected -1 (the MLM bound), '
                      '0 (every position) or a positive number of positions per row')
   return value
+
+
+def all_finite(tree) -> jax.Array:
+  """() bool: every floating-point leaf of `tree` is free of NaN/inf (one fused reduction)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
@@ -103,7 +112,8 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = task.metrics_from_sums(sums, denoms)
-    metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+    metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
+                   state_finite=all_finite((params, opt_state)))
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

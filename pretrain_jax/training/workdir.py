@@ -1,0 +1,344 @@
+"""The workdir's guards: one trainer at a time, and a config that still fits the checkpoints.
+
+Files (process 0 writes them; nothing here runs inside the jitted step):
+  LOCK                         {host, pid, start, heartbeat} of the trainer that holds the run
+  config.json                  the config of the latest (re)start, written atomically, and only
+                               when it changes
+  config_history/<n>_step<k>.json  every config.json written; k = the checkpoint step it started at
+
+Run the guards in this order, before anything else touches the workdir: `acquire_lock`,
+`check_cadence`, `write_config` (which refuses an incompatible config first).
+"""
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+
+import ml_collections
+import numpy as np
+
+LOCK_FILE = 'LOCK'
+CONFIG_FILE = 'config.json'
+TOKENIZER_FILE = 'tokenizer.model'
+HISTORY_DIR = 'config_history'
+HEARTBEAT_SEC = 30.0      # the holder refreshes its heartbeat this often
+STALE_SEC = 600.0         # a lock whose heartbeat is older than this is taken over
+
+# Keys a resume may change freely: when, how often and how much to train, not what the state is.
+FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_batches',
+             'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
+             'train.peak_tflops', 'train.allow_config_change', 'train.loss_chunk_len',
+             'train.max_predictions_per_seq', 'data.tokenizer', 'data.tfds_data_dir',
+             'data.num_parallel_calls', 'data.prefetch', 'data.eval_split')
+# Keys a resume may change when named in train.allow_config_change: the optimization changes,
+# the state and data stream keep their meaning.
+ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
+                  'train.final_lr_fraction', 'train.weight_decay', 'train.grad_clip',
+                  'train.adam_b1', 'train.adam_b2', 'train.z_loss', 'train.microbatches',
+                  'train.seed', 'train.prng_impl', 'train.batch_size')
+# Every other key (model.*, the data fields that define the token stream, train.optimizer,
+# mesh.* is free: checkpoints restore onto any mesh) must match the workdir's config.json.
+
+
+class LockHeld(RuntimeError):
+  """Another live trainer holds the workdir."""
+
+
+class WorkdirLock:
+  """The interface of a workdir lock: `acquire()` (raises LockHeld), `refresh()`, `release()`.
+
+  `LocalLock` implements it with O_CREAT|O_EXCL on a POSIX filesystem. A gs:// lock can be
+  added behind the same three methods: create the object with the precondition
+  `ifGenerationMatch=0` (fails if it exists), refresh and release with
+  `ifGenerationMatch=<the generation we wrote>` so that a taken-over lock is never clobbered.
+  """
+
+  def acquire(self) -> str:
+    raise NotImplementedError
+
+  def refresh(self) -> None:
+    raise NotImplementedError
+
+  def release(self) -> None:
+    raise NotImplementedError
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+class LocalLock(WorkdirLock):
+  """`<workdir>/LOCK` created atomically; a daemon thread refreshes its heartbeat.
+
+  A lock is stale (and is taken over, with a message) when its holder ran on this host and its
+  pid is gone, or when its heartbeat is older than `stale_sec` (holder on another host, or a
+  hung one). Two trainers that find the same stale lock at the same instant race on a rename;
+  the loser finds the winner's fresh lock and refuses.
+  """
+
+  def __init__(self, workdir: str, *, heartbeat_sec: float = HEARTBEAT_SEC,
+               stale_sec: float = STALE_SEC):
+    self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+    self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
+    self.record = None
+    self._stop = threading.Event()
+    self._thread = None
+    self._mutex = threading.Lock()
+
+  def _holder(self):
+    """(record or None, age of the file in seconds) of the lock on disk."""
+    try:
+      with open(self.path) as f:
+        text = f.read()
+      age = time.time() - os.path.getmtime(self.path)
+    except FileNotFoundError:
+      return None, 0.0
+    try:
+      return json.loads(text), age
+    except ValueError:
+      return {}, age  # a holder killed between create and write: judged by the file's age
+
+  def _stale(self, holder: dict, age: float) -> str:
+    """Why `holder` is stale, or '' when it is alive."""
+    heartbeat_age = time.time() - holder['heartbeat'] if 'heartbeat' in holder else age
+    if holder.get('host') == socket.gethostname() and not _pid_alive(int(holder.get('pid', -1))):
+      return f'pid {holder.get("pid")} on this host is gone'
+    if heartbeat_age > self.stale_sec:
+      return f'heartbeat {heartbeat_age:.0f} s old (> {self.stale_sec:.0f} s)'
+    return ''
+
+  def _create(self) -> bool:
+    now = time.time()
+    record = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, 'w') as f:
+      f.write(json.dumps(record))
+    self.record = record
+    return True
+
+  def acquire(self) -> str:
+    """Takes the lock; returns a message ('' or how a stale lock was taken over)."""
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    message = ''
+    if not self._create():
+      holder, age = self._holder()
+      reason = self._stale(holder, age) if holder is not None else 'it vanished'
+      if not reason:
+        raise LockHeld(
+            f'{os.path.dirname(self.path)} is in use by pid {holder.get("pid")} on '
+            f'{holder.get("host")} (started {_when(holder.get("start"))}, heartbeat '
+            f'{_when(holder.get("heartbeat"))}); wait for it to finish, stop it, or delete '
+            f'{self.path} if that trainer is certainly dead')
+      aside = f'{self.path}.stale-{socket.gethostname()}-{os.getpid()}'
+      try:
+        os.rename(self.path, aside)
+        os.remove(aside)
+      except FileNotFoundError:
+        pass  # someone else took it over first; _create below decides
+      if not self._create():
+        holder, _ = self._holder()
+        raise LockHeld(f'{os.path.dirname(self.path)} was taken over by pid '
+                       f'{(holder or {}).get("pid")} on {(holder or {}).get("host")} just now')
+      message = (f'took over the stale lock {self.path} of pid {holder.get("pid")} on '
+                 f'{holder.get("host")}: {reason}')
+    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
+    self._thread.start()
+    return message
+
+  def _beat(self):
+    while not self._stop.wait(self.heartbeat_sec):
+      self.refresh()
+
+  def refresh(self) -> None:
+    """Rewrites the heartbeat (atomically), if the lock on disk is still ours."""
+    with self._mutex:
+      holder, _ = self._holder()
+      if self.record is None or not holder or holder.get('pid') != self.record['pid'] or \
+          holder.get('start') != self.record['start']:
+        return
+      self.record['heartbeat'] = time.time()
+      _write_atomic(self.path, json.dumps(self.record))
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    with self._mutex:
+      holder, _ = self._holder()
+      if self.record and holder and holder.get('pid') == self.record['pid'] and \
+          holder.get('start') == self.record['start']:
+        os.remove(self.path)
+      self.record = None
+
+
+def _when(t) -> str:
+  return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t)) if t else '?'
+
+
+def open_lock(workdir: str) -> WorkdirLock:
+  if '://' in workdir:
+    raise ValueError(f'workdir {workdir!r}: the workdir lock is implemented for local '
+                     'filesystems only (see WorkdirLock for how to add gs://)')
+  return LocalLock(workdir)
+
+
+def _write_atomic(path: str, text: str) -> None:
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'w') as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def check_cadence(t) -> None:
+  """Refuses train.* cadence values the loop cannot use."""
+  for key in ('log_every', 'checkpoint_every'):
+    if not isinstance(t[key], int) or t[key] <= 0:
+      raise ValueError(f'train.{key}={t[key]!r}; expected a positive number of steps (a '
+                       'final checkpoint is always saved: train.checkpoint_every >= '
+                       'train.steps saves only at the end)')
+  if t.keep_checkpoints < 0:
+    raise ValueError(f'train.keep_checkpoints={t.keep_checkpoints}; expected >= 0 '
+                     '(0 keeps all)')
+
+
+def flatten(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(flatten(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
+  """The refused differences between two configs, as 'key: old -> new' lines.
+
+  `allowed` is train.allow_config_change: comma-separated keys of ALLOWABLE_KEYS. Naming any
+  other key is itself refused (ValueError).
+  """
+  allowed = [k.strip() for k in (allowed or '').split(',') if k.strip()]
+  bad = [k for k in allowed if k not in ALLOWABLE_KEYS]
+  if bad:
+    raise ValueError(f'train.allow_config_change names {", ".join(bad)}; only these keys may '
+                     f'change on resume: {", ".join(ALLOWABLE_KEYS)} (model and data-stream '
+                     'keys never: train a new workdir instead)')
+  old, new = flatten(saved), flatten(requested)
+  missing = '<absent>'
+  lines = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key, missing), new.get(key, missing)
+    if a != b and key not in FREE_KEYS and key not in allowed and not key.startswith('mesh.'):
+      lines.append(f'{key}: {a!r} -> {b!r}')
+  return lines
+
+
+def read_config(workdir: str):
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_config(config, workdir: str, tokenizer_path: str, start_step,
+                 is_writer: bool = True) -> ml_collections.ConfigDict:
+  """Checks `config` against the workdir's config.json, then records it (process 0 only).
+
+  Returns the config as saved (`data.tokenizer` names the workdir's copy when there is one).
+  Nothing is written when the config is refused or unchanged. `start_step` is the newest
+  checkpoint's step (None: a fresh workdir).
+  """
+  config = ml_collections.ConfigDict(config.to_dict())
+  root = os.path.abspath(workdir)
+  copy = os.path.join(root, TOKENIZER_FILE)
+  copy_needed = bool(tokenizer_path) and os.path.isfile(tokenizer_path) and \
+      os.path.abspath(tokenizer_path) != copy
+  if tokenizer_path and os.path.isfile(tokenizer_path):
+    if copy_needed and os.path.isfile(copy) and not _same_bytes(tokenizer_path, copy):
+      raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
+                       f'trained with ({copy}); resume with that one or use a new workdir')
+    config.data.tokenizer = copy
+  saved = read_config(root)
+  if saved is not None:
+    lines = config_differences(saved, config.to_dict(), config.train.get('allow_config_change'))
+    if lines:
+      raise ValueError(f'the config differs from {os.path.join(root, CONFIG_FILE)} (the '
+                       f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
+                       'the same settings, name safe keys in --config.train.allow_config_change, '
+                       'or use a new workdir')
+  elif start_step is not None:
+    raise ValueError(f'{root} holds checkpoints (newest step {start_step}) but no '
+                     f'{CONFIG_FILE}; restore it or use a new workdir')
+  if not is_writer:
+    return config
+  if copy_needed and not os.path.isfile(copy):
+    shutil.copyfile(tokenizer_path, copy + '.tmp')
+    os.replace(copy + '.tmp', copy)
+  text = config.to_json(indent=2, sort_keys=True)
+  if saved is None or json.loads(text) != saved:
+    history = os.path.join(root, HISTORY_DIR)
+    os.makedirs(history, exist_ok=True)
+    n = len([f for f in os.listdir(history) if f.endswith('.json')])
+    _write_atomic(os.path.join(history, f'{n}_step{start_step or 0}.json'), text)
+    _write_atomic(os.path.join(root, CONFIG_FILE), text)
+  return config
+
+
+def _same_bytes(a: str, b: str) -> bool:
+  with open(a, 'rb') as fa, open(b, 'rb') as fb:
+    return fa.read() == fb.read()
+
+
+@contextlib.contextmanager
+def hold(workdir: str, steps: int):
+  """Holds the workdir for a run: process 0 takes the lock (every process raises LockHeld when
+  it cannot), then removes the folders of interrupted saves. Refuses `steps` below the newest
+  checkpoint before anything is written."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  lock, error, message = None, '', ''
+  if jax.process_index() == 0:
+    lock = open_lock(workdir)
+    try:
+      message = lock.acquire()
+    except LockHeld as e:
+      lock, error = None, str(e)
+  if jax.process_count() > 1:
+    refused = multihost_utils.process_allgather(np.asarray(bool(error)))
+    error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
+  if error:
+    raise LockHeld(error)
+  try:
+    if message:
+      print(message, file=sys.stderr, flush=True)
+    done = ckpt_lib.complete_steps(workdir)
+    if done and done[-1] > steps:
+      raise ValueError(f'train.steps={steps} but {ckpt_lib.checkpoint_dir(workdir)} holds step '
+                       f'{done[-1]}: nothing to train. Pass --config.train.steps > {done[-1]} '
+                       'to train on, or evaluate the checkpoint with scripts/evaluate.py')
+    if done and done[-1] == steps and jax.process_index() == 0:
+      print(f'{workdir} is already at train.steps={steps}: nothing to train', file=sys.stderr,
+            flush=True)
+    if jax.process_index() == 0:
+      ckpt_lib.remove_temporary(workdir)
+    yield
+  finally:
+    if lock is not None:
+      lock.release()

@@ -1,0 +1,410 @@
+"""Nothing lost under faults: a second trainer, a changed config, NaN, bit flips, damaged or
+unfinished checkpoints, a full disk, a double SIGTERM, kill -9 (tiny GPT, synthetic data)."""
+import errno
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+from pretrain_jax.training import checkpoint, loop, synthetic
+from pretrain_jax.training import workdir as workdir_lib
+from test_train import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True, scope='module')
+def compilation_cache(tmp_path_factory):
+  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('jax_cache')))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  yield
+  jax.config.update('jax_compilation_cache_dir', None)
+
+
+def gpt(**train):
+  config = tiny_config('gpt', **train)
+  config.model.num_layers = 1
+  return config
+
+
+def train(config, workdir, datasets=None):
+  return loop.train_and_evaluate(config, str(workdir),
+                                 datasets=datasets or synthetic.synthetic_datasets(config))
+
+
+def snapshot(workdir) -> dict:
+  """{relative path: (sha256, mtime_ns)} of every file under `workdir`."""
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, workdir)] = (hashlib.sha256(f.read()).hexdigest(),
+                                               os.stat(path).st_mtime_ns)
+  return out
+
+
+def train_steps(workdir) -> list:
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [r['step'] for r in map(json.loads, f) if r['split'] == 'train']
+
+
+# 1. One trainer per workdir.
+
+def test_second_trainer_is_refused_and_changes_nothing(tmp_path):
+  config = gpt(steps=2, checkpoint_every=1)
+  train(config, tmp_path)
+  holder = workdir_lib.LocalLock(str(tmp_path))   # a live trainer: this very process
+  holder.acquire()
+  try:
+    before = snapshot(tmp_path)
+    config.train.steps = 4
+    with pytest.raises(workdir_lib.LockHeld,
+                       match=f'in use by pid {os.getpid()} on {re.escape(socket.gethostname())}'):
+      train(config, tmp_path)
+    assert snapshot(tmp_path) == before
+  finally:
+    holder.release()
+  assert not os.path.exists(tmp_path / 'LOCK')
+  assert train(config, tmp_path)['step'] == 4       # free again
+  assert not os.path.exists(tmp_path / 'LOCK')      # released at the end of the run
+
+
+def dead_pid() -> int:
+  child = subprocess.Popen([sys.executable, '-c', 'pass'])
+  child.wait()
+  return child.pid
+
+
+@pytest.mark.parametrize('holder,reason', [
+    (dict(host=socket.gethostname(), pid=None, heartbeat=time.time()), 'on this host is gone'),
+    (dict(host='elsewhere', pid=1, heartbeat=time.time() - 3600), r'heartbeat 36\d\d s old \(> 600 s\)'),
+    ({}, r'heartbeat 36\d\d s old'),   # a holder killed between creating and writing the file
+])
+def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, holder, reason):
+  if 'pid' in holder and holder['pid'] is None:
+    holder['pid'] = dead_pid()
+  (tmp_path / 'LOCK').write_text(json.dumps(holder) if holder else '')
+  if not holder:
+    os.utime(tmp_path / 'LOCK', (time.time() - 3600,) * 2)
+  lock = workdir_lib.LocalLock(str(tmp_path), heartbeat_sec=0.05)
+  message = lock.acquire()
+  try:
+    assert 'took over the stale lock' in message and re.search(reason, message), message
+    first = json.loads((tmp_path / 'LOCK').read_text())
+    assert first['pid'] == os.getpid()
+    time.sleep(0.3)
+    assert json.loads((tmp_path / 'LOCK').read_text())['heartbeat'] > first['heartbeat']
+  finally:
+    lock.release()
+  assert not os.path.exists(tmp_path / 'LOCK')
+
+
+def test_a_live_lock_on_another_host_is_respected(tmp_path):
+  (tmp_path / 'LOCK').write_text(json.dumps(dict(host='elsewhere', pid=1, start=time.time(),
+                                                 heartbeat=time.time() - 5)))
+  with pytest.raises(workdir_lib.LockHeld, match='in use by pid 1 on elsewhere'):
+    workdir_lib.LocalLock(str(tmp_path)).acquire()
+
+
+# 2. A resume with another model or data stream is refused before anything is written.
+
+def test_config_differences_name_each_key():
+  saved = gpt().to_dict()
+  other = tiny_config('bert').to_dict()
+  lines = workdir_lib.config_differences(saved, other)
+  assert "model.family: 'gpt' -> 'bert'" in lines and "data.objective: 'clm' -> 'mlm'" in lines
+  changed = gpt(steps=99, learning_rate=0.5, checkpoint_every=7)
+  changed.mesh.data = 1
+  assert workdir_lib.config_differences(saved, changed.to_dict()) == \
+      ['train.learning_rate: 0.01 -> 0.5']
+  assert workdir_lib.config_differences(saved, changed.to_dict(), 'train.learning_rate') == []
+  with pytest.raises(ValueError, match='allow_config_change names model.num_layers'):
+    workdir_lib.config_differences(saved, saved, 'train.learning_rate,model.num_layers')
+
+
+def test_refused_resume_leaves_config_json_unchanged(tmp_path):
+  config = gpt(steps=2, checkpoint_every=1)
+  train(config, tmp_path)
+  before = snapshot(tmp_path)
+  bert = tiny_config('bert', steps=4)
+  bert.model.num_layers = 1
+  with pytest.raises(ValueError, match=r"model\.family: 'gpt' -> 'bert'"):
+    train(bert, tmp_path)
+  deeper = gpt(steps=4)
+  deeper.model.num_layers = 3
+  with pytest.raises(ValueError, match=r'model\.num_layers: 1 -> 3'):
+    train(deeper, tmp_path)
+  assert snapshot(tmp_path) == before
+  checkpoint.restore_params(str(tmp_path))         # evaluate still reads the checkpoints
+
+  # A resume that trains nothing rewrites nothing; an allowed change is kept in the history.
+  train(config, tmp_path)
+  assert snapshot(tmp_path)[workdir_lib.CONFIG_FILE] == before[workdir_lib.CONFIG_FILE]
+  faster = gpt(steps=3, checkpoint_every=1, learning_rate=0.02,
+               allow_config_change='train.learning_rate')
+  assert train(faster, tmp_path)['step'] == 3
+  assert sorted(os.listdir(tmp_path / 'config_history')) == ['0_step0.json', '1_step2.json']
+  assert checkpoint.load_config(str(tmp_path)).train.learning_rate == 0.02
+
+
+# 3. No non-finite state is ever saved; restore_params refuses one.
+
+def test_huge_learning_rate_saves_no_nan_checkpoint(tmp_path):
+  config = gpt(steps=4, checkpoint_every=1, learning_rate=1e40)
+  with pytest.raises(FloatingPointError,
+                     match=r'non-finite training at step 1: .*updated params/optimizer state'):
+    train(config, tmp_path)
+  assert checkpoint.complete_steps(str(tmp_path)) == []
+
+
+def test_restore_params_refuses_non_finite_params(tmp_path):
+  config = gpt(steps=1)
+  train(config, tmp_path)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  params = checkpoint.restore_params(str(tmp_path))[1]
+  bad = jax.tree.map(lambda x: x * np.float32('nan'), params)
+  # Written the way a diverged run without the step's check would have written it.
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  ckpt.manager.save(2, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({'params': bad}), data=ocp.args.JsonSave({})))
+  ckpt.close()
+  with pytest.raises(checkpoint.CheckpointError, match='params/.* holds non-finite values'):
+    checkpoint.restore_params(str(tmp_path), step=2)
+
+
+# 4./5. Bit flips and damaged checkpoints: detected, moved aside, the previous one is used.
+
+def data_files(workdir, step) -> list:
+  """The array data files of a checkpoint's state, largest first."""
+  root = os.path.join(checkpoint.checkpoint_dir(str(workdir)), str(step), 'state')
+  files = [os.path.join(r, f) for r, _, fs in os.walk(root) for f in fs
+           if os.path.basename(r) == 'd' and 'ocdbt.process_' in r]
+  return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def flip_bytes(path, n=64):
+  """XORs the lowest bit of `n` bytes spread over `path` (values stay plausible)."""
+  with open(path, 'r+b') as f:
+    data = bytearray(f.read())
+    for i in range(n):
+      data[i * len(data) // n] ^= 0x01
+    f.seek(0)
+    f.write(data)
+
+
+def test_checksums_name_the_damaged_array():
+  tree = {'params': {'w': jax.numpy.arange(6.0).reshape(2, 3)}}
+  sums = checkpoint.shard_checksums(tree)
+  assert checkpoint.verify(tree, sums, 'ckpt') == 0
+  flipped = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+  flipped.reshape(-1).view(np.uint8)[5] ^= 0x01
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'ckpt: array params/w \(shard \[\[0, 2\], \[0, 3\]\]\) does not match'):
+    checkpoint.verify({'params': {'w': jax.numpy.asarray(flipped)}}, sums, 'ckpt')
+
+
+def test_flipped_bytes_are_detected_on_restore(tmp_path):
+  train(gpt(steps=2, checkpoint_every=1), tmp_path)
+  for path in data_files(tmp_path, 2):   # params and optimizer state alike
+    flip_bytes(path)
+  with pytest.raises(checkpoint.CheckpointError, match=r'checkpoint .*/checkpoints/2'):
+    checkpoint.restore_params(str(tmp_path))
+  checkpoint.restore_params(str(tmp_path), step=1)
+
+
+def damage(workdir, step, how):
+  state = os.path.join(checkpoint.checkpoint_dir(str(workdir)), str(step), 'state')
+  if how == 'flip':
+    for path in data_files(workdir, step):
+      flip_bytes(path)
+  elif how == 'truncate':
+    path = data_files(workdir, step)[0]
+    os.truncate(path, os.path.getsize(path) // 2)
+  elif how == 'delete':
+    os.remove(data_files(workdir, step)[0])
+  elif how == 'garbage':
+    path = data_files(workdir, step)[0]
+    with open(path, 'wb') as f:
+      f.write(os.urandom(os.path.getsize(path)))
+  elif how == 'garbage_metadata':
+    with open(os.path.join(state, '_METADATA'), 'w') as f:
+      f.write('{not json')
+  elif how == 'missing_metadata':
+    os.remove(os.path.join(state, '_METADATA'))
+
+
+@pytest.mark.parametrize('how', [
+    'truncate', 'flip',
+    pytest.param('delete', marks=pytest.mark.slow),
+    pytest.param('garbage', marks=pytest.mark.slow),
+    pytest.param('garbage_metadata', marks=pytest.mark.slow),
+    pytest.param('missing_metadata', marks=pytest.mark.slow)])
+def test_damaged_newest_checkpoint_falls_back_and_is_moved_aside(tmp_path, capsys, how):
+  whole = tmp_path / 'whole'
+  train(gpt(steps=4, checkpoint_every=2), whole)
+  config = gpt(steps=4, checkpoint_every=2)
+  config.train.steps = 3    # checkpoints 2 and 3 (the final one)
+  train(config, tmp_path / 'w')
+  damage(tmp_path / 'w', 3, how)
+  config.train.steps = 4
+  result = train(config, tmp_path / 'w')
+  assert result['start_step'] == 2 and result['step'] == 4
+  err = capsys.readouterr().err
+  assert re.search(r'checkpoint 3 is damaged and was moved aside to .*/3\.corrupt-\d', err), err
+  moved = [n for n in os.listdir(checkpoint.checkpoint_dir(str(tmp_path / 'w')))
+           if n.startswith('3.corrupt-')]
+  assert len(moved) == 1                          # kept, never deleted
+  a = checkpoint.restore_params(str(whole))[1]
+  b = checkpoint.restore_params(str(tmp_path / 'w'))[1]
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_no_restorable_checkpoint_moves_nothing(tmp_path):
+  config = gpt(steps=1)
+  train(config, tmp_path)
+  damage(tmp_path, 1, 'truncate')
+  config.train.steps = 2
+  with pytest.raises(checkpoint.CheckpointError, match='no checkpoint under .* restores'):
+    train(config, tmp_path)
+  assert checkpoint.complete_steps(str(tmp_path)) == [1]
+
+
+# 6. A full disk stops the run at once; a restart needs no cleanup.
+
+def test_failed_save_stops_at_once_and_a_restart_resumes(tmp_path, monkeypatch):
+  original = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+
+  async def disk_full(self, x, directory):
+    if re.search(r'/10\.orbax-checkpoint-tmp', str(directory)):
+      raise OSError(errno.ENOSPC, 'No space left on device', str(directory))
+    return await original(self, x, directory)
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', disk_full)
+  config = gpt(steps=20, checkpoint_every=5)
+  with pytest.raises(checkpoint.CheckpointSaveError,
+                     match=r'saving checkpoint 10 .*No space left.*newest complete checkpoint '
+                           r'is step 5'):
+    train(config, tmp_path)
+  # The failure shows once the background save gives up: at a log point, at the latest before
+  # the next save starts.
+  assert max(train_steps(tmp_path)) <= 15
+  assert not os.path.exists(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), '15'))
+  assert checkpoint.complete_steps(str(tmp_path)) == [5]
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', original)
+  result = train(config, tmp_path)
+  assert result['start_step'] == 5 and result['step'] == 20
+  assert not [n for n in os.listdir(checkpoint.checkpoint_dir(str(tmp_path))) if 'tmp' in n]
+
+
+def test_leftover_temporary_folders_are_removed_at_start(tmp_path, capsys):
+  config = gpt(steps=1)
+  train(config, tmp_path)
+  leftover = os.path.join(checkpoint.checkpoint_dir(str(tmp_path)),
+                          '7.orbax-checkpoint-tmp-1234567')
+  os.makedirs(os.path.join(leftover, 'state'))
+  config.train.steps = 2
+  assert train(config, tmp_path)['start_step'] == 1
+  assert not os.path.exists(leftover)
+  assert '7.orbax-checkpoint-tmp-1234567' in capsys.readouterr().err
+
+
+# 7. Cadence errors and a run asked to go backwards.
+
+@pytest.mark.parametrize('key,value', [('checkpoint_every', 0), ('log_every', 0),
+                                       ('keep_checkpoints', -1)])
+def test_bad_cadence_is_refused(tmp_path, key, value):
+  with pytest.raises(ValueError, match=f'train.{key}={value}'):
+    train(gpt(**{key: value}), tmp_path)
+  assert not os.path.exists(tmp_path / 'config.json')
+
+
+def test_fewer_steps_than_the_checkpoint_is_an_error(tmp_path):
+  os.makedirs(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), '40'))
+  with pytest.raises(ValueError, match=r'train.steps=20 but .* holds step 40: nothing to train'):
+    train(gpt(steps=20), tmp_path)
+  assert not os.path.exists(tmp_path / 'LOCK')
+
+
+# 8. Signals and kills (subprocesses).
+
+CHILD = '''
+import os, signal, sys, time, json
+sys.path[:0] = [{root!r}, {tests!r}]
+from test_train import tiny_config
+from pretrain_jax.training import checkpoint, loop, synthetic
+config = tiny_config('gpt', steps=40, checkpoint_every={every})
+config.model.num_layers = 1
+mode = {mode!r}
+base = synthetic.synthetic_datasets(config)
+
+def datasets(*, split, **kw):
+  data = base(split=split, **kw)
+  if split != config.data.train_split or mode != 'sigterm':
+    return data
+  inner_next = type(data).__next__
+  class Hooked(type(data)):
+    def __next__(self):
+      if self.index == 13:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return inner_next(self)
+  data.__class__ = Hooked
+  return data
+
+original_wait, original_save = checkpoint.Checkpointer.wait, checkpoint.Checkpointer.save
+def slow_wait(self):            # the second SIGTERM lands while the final save is written
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(0.5)
+  original_wait(self)
+def save_then_die(self, step, *args):
+  original_save(self, step, *args)
+  if step == 10:
+    os.kill(os.getpid(), signal.SIGKILL)    # the save of step 10 is still being written
+if mode == 'sigterm':
+  checkpoint.Checkpointer.wait = slow_wait
+else:
+  checkpoint.Checkpointer.save = save_then_die
+print(json.dumps(loop.train_and_evaluate(config, {workdir!r}, datasets=datasets)))
+'''
+
+
+def run_child(workdir, mode, every):
+  code = CHILD.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), workdir=str(workdir),
+                      mode=mode, every=every)
+  return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+
+
+def test_second_sigterm_during_the_final_save_is_ignored(tmp_path):
+  child = run_child(tmp_path, 'sigterm', every=100)
+  assert child.returncode == 0, child.stderr[-3000:]
+  assert 'save in progress' in child.stderr
+  announced = int(re.search(r'SIGTERM: saved step (\d+)', child.stderr).group(1))
+  assert announced == json.loads(child.stdout.splitlines()[-1])['step']
+  assert checkpoint.complete_steps(str(tmp_path)) == [announced]
+  assert checkpoint.restore_params(str(tmp_path))[2] == announced   # complete and verified
+  assert not os.path.exists(tmp_path / 'LOCK')
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_save_then_restart_matches_an_uninterrupted_run(tmp_path):
+  config = tiny_config('gpt', steps=40, checkpoint_every=5)
+  config.model.num_layers = 1
+  train(config, tmp_path / 'whole')
+  child = run_child(tmp_path / 'killed', 'kill', every=5)
+  assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+  assert json.loads((tmp_path / 'killed' / 'LOCK').read_text())['pid'] != os.getpid()
+  result = train(config, tmp_path / 'killed')      # stale lock taken over, tmp folder removed
+  assert result['start_step'] in (5, 10) and result['step'] == 40
+  a = checkpoint.restore_params(str(tmp_path / 'whole'))[1]
+  b = checkpoint.restore_params(str(tmp_path / 'killed'))[1]
+  jax.tree.map(np.testing.assert_array_equal, a, b)
