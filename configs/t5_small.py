@@ -27,6 +27,11 @@ def get_config() -> ml_collections.ConfigDict:
   m.dropout_rate = 0.1              # dropout on embeddings, sublayer outputs and FF activations
   m.attention_dropout_rate = 0.0    # T5 has no dropout on attention probabilities
   m.layer_norm_eps = 1e-6           # RMSNorm epsilon
+  m.norm = 'rmsnorm'                # scale-only RMSNorm, statistics in fp32 (BERT/GPT: layernorm)
+  m.dense_bias = False              # no biases on dense layers
+  m.kernel_init = 'fan_in'          # N(0, 1/fan_in), as Mesh TensorFlow
+  m.fold_query_scale = True         # no 1/sqrt(d_kv) on the logits: the query init carries it
+  m.mlp_dropout = True              # dropout on the feed-forward activations too
   m.scan_layers = False             # nn.scan over blocks
   m.remat = 'none'                  # per-block rematerialisation: 'none', 'minimal', 'full'
   c.data = common.data_config('span_corruption', seq_len=512)

@@ -21,6 +21,8 @@ import time
 import ml_collections
 import numpy as np
 
+from pretrain_jax.models import ModelConfig
+
 LOCK_FILE = 'LOCK'
 CONFIG_FILE = 'config.json'
 TOKENIZER_FILE = 'tokenizer.model'
@@ -248,6 +250,15 @@ def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
   return lines
 
 
+def resolved(config: dict) -> dict:
+  """`config` with its model section as the ModelConfig it means (defaults filled in), so a
+  config.json written before a model field existed compares equal to one that spells it out."""
+  try:
+    return dict(config, model=ModelConfig.from_config(config['model']).to_dict())
+  except (KeyError, TypeError, ValueError):   # not a model this version can read: compare raw
+    return config
+
+
 def read_config(workdir: str):
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(path):
@@ -276,7 +287,8 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
     config.data.tokenizer = copy
   saved = read_config(root)
   if saved is not None:
-    lines = config_differences(saved, config.to_dict(), config.train.get('allow_config_change'))
+    lines = config_differences(resolved(saved), resolved(config.to_dict()),
+                               config.train.get('allow_config_change'))
     if lines:
       raise ValueError(f'the config differs from {os.path.join(root, CONFIG_FILE)} (the '
                        f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '

@@ -1,0 +1,82 @@
+"""The import direction DESIGN.md draws, checked on the source (every import, lazy ones too).
+
+A package may import only the packages below it in the data flow:
+objectives and models are independent bottoms; data builds on objectives; training on models,
+objectives and data; hf, inference, perf and experiments sit on top. Nothing in the library
+imports configs/ or scripts/ (they sit above it, and a user's installed package has neither),
+and cloud/ (the TPU launcher) is the standard library only.
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, 'pretrain_jax')
+ALLOWED = {
+    'models': set(),
+    'objectives': set(),
+    'data': {'objectives'},
+    'training': {'models', 'objectives', 'data'},
+    'hf': {'models', 'training', 'data'},
+    'inference': {'models', 'training', 'data', 'hf'},
+    'perf': {'models', 'objectives', 'training'},
+    'experiments': {'models', 'objectives', 'training'},
+    'cloud': set(),
+    '__init__': {'inference'},
+}
+
+
+def imports_of(path: str) -> set:
+  """Top-level module names and pretrain_jax subpackages a file imports (any depth in it)."""
+  out = set()
+  for node in ast.walk(ast.parse(open(path, encoding='utf-8').read(), path)):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      names = ([f'pretrain_jax.{a.name}' for a in node.names] if node.module == 'pretrain_jax'
+               else [node.module])
+    else:
+      continue
+    for name in names:
+      parts = name.split('.')
+      out.add(f'pretrain_jax.{parts[1]}' if parts[0] == 'pretrain_jax' and len(parts) > 1
+              else parts[0])
+  return out
+
+
+def library_files():
+  for folder, _, files in os.walk(PACKAGE):
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(folder, name)
+        rel = os.path.relpath(path, PACKAGE).split(os.sep)
+        yield (rel[0] if len(rel) > 1 else rel[0][:-3]), path
+
+
+def test_every_package_has_a_rule():
+  packages = {p for p, _ in library_files()}
+  assert packages <= set(ALLOWED), packages - set(ALLOWED)
+
+
+@pytest.mark.parametrize('package', sorted(ALLOWED))
+def test_imports_run_down_the_data_flow(package):
+  bad = []
+  for pkg, path in library_files():
+    if pkg != package:
+      continue
+    for name in imports_of(path):
+      if name in ('configs', 'scripts'):
+        bad.append((os.path.relpath(path, ROOT), name))
+      elif name.startswith('pretrain_jax.'):
+        target = name.split('.')[1]
+        if target != pkg and target not in ALLOWED[pkg]:
+          bad.append((os.path.relpath(path, ROOT), name))
+  assert not bad, f'{package} may import only {sorted(ALLOWED[package])}: {bad}'
+
+
+def test_the_checker_sees_lazy_and_from_imports(tmp_path):
+  source = tmp_path / 'x.py'
+  source.write_text('import configs.common\nfrom pretrain_jax import data\n'
+                    'def f():\n  from pretrain_jax.training import loop\n')
+  assert imports_of(str(source)) == {'configs', 'pretrain_jax.data', 'pretrain_jax.training'}
