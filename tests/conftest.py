@@ -1,10 +1,7 @@
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+# pretrain_jax and configs come from the installed package (pip install -e '.[test]'); the
+# tests' own helpers (modeling.py) from here.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def pytest_configure(config):
-  config.addinivalue_line('markers', 'slow: heavier end-to-end checks (run with -m slow)')
