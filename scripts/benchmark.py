@@ -12,12 +12,9 @@ model_flops_per_step / step time / the probe beside it; with --peak_flops, that 
 compile_s and peak memory where the backend reports it. No XLA flags are set.
 """
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # pylint: disable=g-import-not-at-top
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=False)
@@ -29,7 +26,7 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
 
 def main(argv):
   del argv
-  from pretrain_jax.perf import benchmark  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.perf import benchmark
   config = _CONFIG.value
   bench = config.get('benchmark') or {}
   record = benchmark.benchmark_train_step(
@@ -41,4 +38,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  cli.run(main)

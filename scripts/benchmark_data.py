@@ -11,10 +11,10 @@ opening the source, the first sentencepiece calls). Warm-up batches are not time
 import argparse
 import json
 import os
-import sys
 import time
+import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 
 
 def main(argv=None):
@@ -29,10 +29,11 @@ def main(argv=None):
   p.add_argument('--tfds_data_dir', default='')
   p.add_argument('--tokenizer', default='')
   p.add_argument('--split', default='train')
+  p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
   args = p.parse_args(argv)
 
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  from configs import common
+  from pretrain_jax import data
   for name in args.objectives.split(','):
     objective = 'mlm' if name == 'nsp' else name
     dc = common.data_config(objective, args.seq_len)
@@ -62,4 +63,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  cli.call(main, verbose='--verbose' in sys.argv)

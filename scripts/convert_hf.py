@@ -12,12 +12,9 @@ transformers' from_pretrained loads. Neither ever writes into an existing non-em
 and a failure leaves nothing behind. One JSON line of results goes to stdout.
 """
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import app, flags
 
 _HF_DIR = flags.DEFINE_string('hf_dir', None, 'Hugging Face model directory (read or written)')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (written or read)')
@@ -34,10 +31,9 @@ def main(argv):
     raise app.UsageError(f'expected one command, {" or ".join(COMMANDS)}; got {argv[1:]}')
   if not _HF_DIR.value or not _WORKDIR.value:
     raise app.UsageError('both --hf_dir and --workdir are required')
-  logging.set_verbosity(logging.ERROR)  # orbax logs every save and restore
-  from pretrain_jax.hf import workdir  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.hf import workdir
   if argv[1] == 'import':
-    import configs  # pylint: disable=g-import-not-at-top
+    import configs
     result = workdir.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
                                base=_BASE.value, scan_layers=_SCAN.value)
   else:
@@ -46,4 +42,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -5,12 +5,10 @@
 Ends with one JSON line: {"params": N, "family": ..., "config": ...}.
 """
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # pylint: disable=g-import-not-at-top
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 from ml_collections import config_flags
 
 from pretrain_jax.models import ModelConfig, describe
@@ -32,4 +30,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  cli.run(main)

@@ -10,12 +10,9 @@ The masking / span noise uses the config's fixed data seed, so two runs print th
 Ends with one JSON line of metrics.
 """
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # pylint: disable=g-import-not-at-top
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 
 from pretrain_jax import data
 from pretrain_jax.inference import load_pretrained
@@ -49,4 +46,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -8,12 +8,10 @@ Greedy by default (temperature 0); the seed makes sampling reproducible. Stops a
 max_new_tokens. Ends with one JSON line.
 """
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # pylint: disable=g-import-not-at-top
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import app, flags
 
 from pretrain_jax import inference
 from pretrain_jax.inference import load_pretrained
@@ -30,12 +28,13 @@ _SEED = flags.DEFINE_integer('seed', 0, 'sampling seed')
 
 def main(argv):
   del argv
-  for name, value, ok in (('max_new_tokens', _MAX.value, _MAX.value > 0),
-                          ('temperature', _TEMPERATURE.value, _TEMPERATURE.value >= 0),
-                          ('top_k', _TOP_K.value, _TOP_K.value >= 0),
-                          ('top_p', _TOP_P.value, 0 < _TOP_P.value <= 1)):
+  for name, value, ok, expected in (
+      ('max_new_tokens', _MAX.value, _MAX.value > 0, 'an integer >= 1'),
+      ('temperature', _TEMPERATURE.value, _TEMPERATURE.value >= 0, '>= 0 (0 = greedy)'),
+      ('top_k', _TOP_K.value, _TOP_K.value >= 0, 'an integer >= 0 (0 = no top-k filter)'),
+      ('top_p', _TOP_P.value, 0 < _TOP_P.value <= 1, 'in (0, 1] (1 = no nucleus filter)')):
     if not ok:
-      raise app.UsageError(f'--{name}={value} is out of range')
+      raise app.UsageError(f'--{name}={value} is out of range; expected {expected}')
   model = load_pretrained(_WORKDIR.value)
   results = inference.generate_text(model, _PROMPT.value, max_new_tokens=_MAX.value,
                                     temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
@@ -46,4 +45,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

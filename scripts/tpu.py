@@ -20,14 +20,11 @@ Progress goes to stderr; stdout ends with one JSON line. Errors are one line: ex
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # pylint: disable=g-import-not-at-top
-
-from pretrain_jax.cloud import gcloud, launcher  # pylint: disable=g-import-not-at-top
+from pretrain_jax.cloud import gcloud, launcher
 
 COMMANDS = ('create', 'setup', 'run', 'status', 'logs', 'stop', 'delete')
 

@@ -14,12 +14,10 @@ Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets on
 results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
 """
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=True)
@@ -36,13 +34,18 @@ _SYNTHETIC = flags.DEFINE_bool('synthetic_data', False,
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from pretrain_jax.training import loop, synthetic  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.hf import config as hf_config
+  from pretrain_jax.models import ModelConfig
+  from pretrain_jax.training import loop, synthetic
   config = _CONFIG.value
+  if jax.process_index() == 0:
+    for problem in hf_config.export_problems(ModelConfig.from_config(config.model)):
+      print(f'warning: trains, but cannot be exported to Hugging Face: {problem}',
+            file=sys.stderr, flush=True)
   datasets = synthetic.synthetic_datasets(config) if _SYNTHETIC.value else None
   results = loop.train_and_evaluate(config, _WORKDIR.value, datasets=datasets)
   if jax.process_index() == 0:
@@ -51,4 +54,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  cli.run(main)

@@ -11,11 +11,10 @@ Prints one JSON line: path, vocab_size, pieces learned, characters read, seconds
 """
 import argparse
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 
 
 def main(argv=None):
@@ -31,10 +30,11 @@ def main(argv=None):
   p.add_argument('--split', default='train')
   p.add_argument('--max_chars', type=int, default=20_000_000,
                  help='characters of text read at most (sentencepiece holds them in memory)')
+  p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
   args = p.parse_args(argv)
 
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.data import sources, tokenizer  # pylint: disable=g-import-not-at-top
+  from configs import common
+  from pretrain_jax.data import sources, tokenizer
   dc = common.data_config('clm', 128)
   dc.update(files=args.files, tfds_name=args.tfds_name, tfds_data_dir=args.tfds_data_dir,
             text_key=args.text_key)
@@ -54,4 +54,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  cli.call(main, verbose='--verbose' in sys.argv)

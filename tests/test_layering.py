@@ -24,6 +24,8 @@ ALLOWED = {
     'experiments': {'models', 'objectives', 'training'},
     'cloud': set(),
     '__init__': {'inference'},
+    '__main__': set(),             # `pretrain-jax COMMAND`: runs scripts/COMMAND.py
+    'cli': set(),                  # what scripts share: quiet logs, one-line errors
 }
 
 

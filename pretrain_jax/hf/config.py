@@ -141,20 +141,30 @@ def _head_dim(emb: int, heads: int, emb_key: str) -> int:
   return emb // heads
 
 
-def _check_exportable(cfg: ModelConfig) -> None:
+def export_problems(cfg: ModelConfig) -> list:
+  """Why `cfg` cannot be written as a Hugging Face model (empty when it can). Training scripts
+  print these as a warning at start, so nobody learns it only at export time."""
+  problems = []
   if cfg.family in ('bert', 'gpt'):
     if cfg.num_heads * cfg.head_dim != cfg.emb_dim:
-      raise ValueError(f'model.num_heads * head_dim = {cfg.num_heads} * {cfg.head_dim} != '
-                       f'emb_dim={cfg.emb_dim}; Hugging Face {cfg.family} needs them equal')
+      problems.append(f'model.num_heads * head_dim = {cfg.num_heads} * {cfg.head_dim} != '
+                      f'emb_dim={cfg.emb_dim}; Hugging Face {cfg.family} needs them equal')
     if cfg.position_embedding != 'learned':
-      raise ValueError(f'model.position_embedding={cfg.position_embedding!r}; Hugging Face '
-                       f'{cfg.family} has only learned position embeddings')
+      problems.append(f'model.position_embedding={cfg.position_embedding!r}; Hugging Face '
+                      f'{cfg.family} has only learned position embeddings')
     if cfg.activation not in HF_ACTIVATIONS:
-      raise ValueError(f'model.activation={cfg.activation!r}; exportable for {cfg.family}: '
-                       f'{sorted(HF_ACTIVATIONS)}')
-  if cfg.family in ('gpt', 'bert') and not cfg.tie_embeddings:
-    raise ValueError(f'model.tie_embeddings=False; Hugging Face {cfg.family.upper()} ties its '
-                     'LM head to the token embedding')
+      problems.append(f'model.activation={cfg.activation!r}; exportable for {cfg.family}: '
+                      f'{sorted(HF_ACTIVATIONS)}')
+    if not cfg.tie_embeddings:
+      problems.append(f'model.tie_embeddings=False; Hugging Face {cfg.family.upper()} ties its '
+                      'LM head to the token embedding')
+  return problems
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+  problems = export_problems(cfg)
+  if problems:
+    raise ValueError(problems[0])
 
 
 def hf_config_from_model(cfg: ModelConfig, *, pad_id=None, eos_id=None) -> dict:

@@ -1,0 +1,91 @@
+"""What every script shares: quiet library logs, one-line user errors, `--verbose`.
+
+  from pretrain_jax import cli      # first: it quiets TensorFlow's C++ logs before TF loads
+  ...
+  if __name__ == '__main__':
+    cli.run(main)
+
+A user error (a bad flag or config value, a missing file, a damaged checkpoint, a held workdir)
+prints `error: <what, the value, what is expected>` on stderr and exits 2; a genuine internal
+failure keeps its traceback. `--verbose` restores the libraries' INFO logs and every traceback.
+"""
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
+
+# Exception types that carry a message for the user (the library raises these for bad input).
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, PermissionError, FloatingPointError)
+USER_ERROR_NAMES = ('LockHeld', 'CheckpointError', 'CheckpointSaveError', 'UsageError')
+
+
+def is_user_error(error: BaseException) -> bool:
+  return isinstance(error, USER_ERRORS) or type(error).__name__ in USER_ERROR_NAMES
+
+
+def one_line(error: BaseException) -> str:
+  """`error: ...` with the message's lines joined (a long message stays one line)."""
+  text = ' '.join(str(error).split()) or type(error).__name__
+  return f'error: {text}'
+
+
+def quiet(verbose: bool) -> None:
+  """absl (orbax, tfds) and Python warnings at ERROR unless verbose."""
+  import logging as py_logging  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  if verbose:
+    logging.set_verbosity(logging.INFO)
+    return
+  logging.set_verbosity(logging.ERROR)
+  for name in ('absl', 'orbax', 'jax', 'tensorflow', 'tensorflow_datasets'):
+    py_logging.getLogger(name).setLevel(py_logging.ERROR)
+  warnings.filterwarnings('ignore', category=DeprecationWarning)
+  warnings.filterwarnings('ignore', category=UserWarning, module='orbax')
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a parse error as one `error:` line and exit 2."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as e:
+    cause = e.__cause__ or e.__context__
+    detail = f' ({one_line(cause)[7:]})' if cause and str(cause) not in str(e) else ''
+    print(f'{one_line(e)}{detail}; see --helpshort', file=sys.stderr)
+    sys.exit(2)
+  for name in flags.FLAGS:   # ml_collections loads config files lazily: load them now
+    flag = flags.FLAGS[name]
+    if type(flag).__name__ == '_ConfigFlag' and flag.present:
+      try:
+        flag.value.keys()  # a config that failed to load raises on first use
+      except Exception as e:  # pylint: disable=broad-except
+        path = getattr(flag, 'config_filename', '?')
+        reason = ('no such file' if not os.path.exists(path.split(':')[0])
+                  else one_line(e.__cause__ or e)[7:])
+        print(f'error: --{name}={path}: {reason}; expected a config file such as '
+              'configs/tiny_gpt.py (the configs/ directory lists them)', file=sys.stderr)
+        sys.exit(2)
+  return rest
+
+
+def call(fn, *args, verbose: bool = False):
+  """fn(*args) with quiet logs; a user error becomes one `error:` line and exit 2."""
+  quiet(verbose)
+  try:
+    return fn(*args)
+  except Exception as e:  # pylint: disable=broad-except
+    if verbose or not is_user_error(e):
+      raise
+    print(one_line(e), file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def run(main) -> None:
+  """absl.app.run(main) with quiet logs, `--verbose`, and one-line user errors (exit 2)."""
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  if 'verbose' not in flags.FLAGS:
+    flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
+  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose),
+          flags_parser=_parse_flags)
