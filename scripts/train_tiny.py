@@ -1,13 +1,15 @@
-"""Train tiny_bert, tiny_gpt and tiny_t5 on the embedded corpus (CPU, minutes) and compare.
+"""The main job: a tiny BERT, GPT and T5 on the embedded corpus (CPU, a few minutes), then proof
+that they learned: trained vs random-init metrics on held-out text, and outputs that use context.
 
-  python scripts/train_tiny.py [--workdir /tmp/pretrain_jax_tiny] [--models tiny_gpt,...]
-                               [--steps 300]
+  pretrain-jax train_tiny [--workdir runs/tiny] [--models tiny_gpt,...] [--steps 300]
 
 Each model trains in <workdir>/<family> (bert, gpt, t5) with checkpoints, TensorBoard and
-metrics.jsonl, exactly as `scripts/train.py --config configs/<name>.py --workdir
-<workdir>/<family>` would (rerunning resumes; pick a new --workdir to start over). Prints a
-summary table to stderr and one JSON line of results to stdout. Use a result with
-`scripts/evaluate.py --workdir <workdir>/<family>` or `pretrain_jax.load_pretrained(...)`.
+metrics.jsonl, exactly as `pretrain-jax train --config configs/<name>.py --workdir
+<workdir>/<family>` would (rerunning resumes; pick a new --workdir to start over). Then each
+checkpoint is loaded as a user would (`pretrain_jax.load_pretrained`) and probed on sentences of
+the held-out split (pretrain_jax.inference.demo): BERT fills one masked word per sentence, GPT
+continues the first words of sentences, T5 fills a masked span. Progress and the tables go to
+stderr; stdout gets one JSON line with every number.
 """
 import importlib
 import json
@@ -15,46 +17,117 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 
-from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
-
-_WORKDIR = flags.DEFINE_string('workdir', '/tmp/pretrain_jax_tiny', 'one subdirectory per model')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/tiny', 'one subdirectory per model')
 _MODELS = flags.DEFINE_list('models', ['tiny_bert', 'tiny_gpt', 'tiny_t5'], 'configs/<name>.py')
 _STEPS = flags.DEFINE_integer('steps', 0, 'train steps per model (0 = the config\'s)')
+_PROBES = flags.DEFINE_integer('probe_sentences', 40, 'held-out sentences per probe (0 = none)')
+_EVAL_BATCHES = flags.DEFINE_integer('eval_batches', 8, 'held-out batches for the metrics table')
 
 
 def _fmt(value, spec):
   return '-' if value is None else format(value, spec)
 
 
+def say(text: str = '') -> None:
+  print(text, file=sys.stderr, flush=True)
+
+
+def probe(workdir: str, texts: list, eval_batches: int) -> dict:
+  """Held-out metrics of the checkpoint and of a random init, plus the family's text probe."""
+  import pretrain_jax  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.inference import demo  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
+  model = pretrain_jax.load_pretrained(workdir)
+  c = model.config
+
+  def held_out():
+    return data.make_dataset(c.data, model.tokenizer, split=c.data.eval_split,
+                             batch_size=c.train.batch_size, repeat=False,
+                             model_max_len=model.model_config.max_len)
+  out = {'trained': model.evaluate(held_out(), eval_batches),
+         'random_init': model.evaluate(held_out(), eval_batches,
+                                       params=eval_lib.random_init_params(model.model_config))}
+  record = family_of(model.model_config)
+  if texts and record.fills_masks:
+    out['masked_word'] = demo.masked_word_probe(model, texts)
+    baseline = model.replace_params(eval_lib.random_init_params(model.model_config))
+    out['masked_word_random_init'] = {
+        k: v for k, v in demo.masked_word_probe(baseline, texts).items() if k != 'examples'}
+  elif texts and record.generation == 'continue':
+    out['continuations'] = demo.continuations(model, texts[:4])
+  elif texts and record.generation == 'fill_spans':
+    out['span_fills'] = demo.span_fills(model, texts[:4])
+  return out
+
+
+def report(family: str, result: dict) -> None:
+  t, r = result['trained'], result['random_init']
+  say(f'\n{family}: held-out {t["target_tokens"]:,} target tokens | trained vs random init: '
+      f'loss {t["lm_loss"]:.3f} vs {r["lm_loss"]:.3f}, accuracy {t["lm_accuracy"]:.3f} vs '
+      f'{r["lm_accuracy"]:.3f}, top-5 {t["lm_top5_accuracy"]:.3f} vs '
+      f'{r["lm_top5_accuracy"]:.3f}')
+  if 'masked_word' in result:
+    p = result['masked_word']
+    say(f'  one masked word per held-out sentence: the word is in the top 5 for '
+        f'{p["top5_hit_rate"]:.0%} of {p["sentences"]} sentences (random init: '
+        f'{result["masked_word_random_init"]["top5_hit_rate"]:.0%})')
+    for e in p['examples'][:4]:
+      say(f'  {e["text"]!r}: {e["answer"]} -> {", ".join(e["top"])}'
+          f'{"  (hit)" if e["hit"] else ""}')
+  for e in result.get('continuations', []):
+    say(f'  {e["prompt"]!r} -> {e["continuation"]!r}')
+  for e in result.get('span_fills', []):
+    say(f'  {e["input"]!r}: <extra_id_0> = {e["filled"]!r} (was {e["answer"]!r})')
+
+
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
+  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.inference import demo  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
-  results = []
+  results, start_all = [], time.perf_counter()
   for name in _MODELS.value:
     config = importlib.import_module(f'configs.{name}').get_config()
     if _STEPS.value:
       config.train.steps = _STEPS.value
       config.train.warmup_steps = min(config.train.warmup_steps, max(_STEPS.value // 10, 1))
+      config.train.checkpoint_every = min(config.train.checkpoint_every, _STEPS.value)
+    say(f'== {name}: {config.train.steps} steps of {config.train.batch_size} x '
+        f'{config.data.seq_len} tokens')
     start = time.perf_counter()
-    result = loop.train_and_evaluate(config, os.path.join(_WORKDIR.value, config.model.family))
+    workdir = os.path.join(_WORKDIR.value, config.model.family)
+    result = loop.train_and_evaluate(config, workdir)
     result.update(name=name, wall_sec=time.perf_counter() - start)
+    texts = []
+    if _PROBES.value:
+      texts = demo.sentences(sources.iter_texts(config.data, config.data.eval_split),
+                             count=_PROBES.value)
+    result['held_out'] = probe(workdir, texts, _EVAL_BATCHES.value)
     results.append(result)
 
   header = (f'{"model":<10} {"params":>9} {"steps":>7} {"train loss":>10} {"val loss":>9} '
             f'{"val acc":>8} {"tokens/s":>9} {"step ms":>8} {"wall s":>7}')
-  lines = [header, '-' * len(header)]
+  lines = ['', header, '-' * len(header)]
   for r in results:
     lines.append(f'{r["name"]:<10} {r["params"]:>9,} {r["start_step"]:>3}-{r["step"]:<3} '
                  f'{_fmt(r["train_loss"], ".3f"):>10} {_fmt(r["eval_loss"], ".3f"):>9} '
                  f'{_fmt(r["eval_accuracy"], ".3f"):>8} {_fmt(r["tokens_per_sec"], ",.0f"):>9} '
                  f'{_fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8} '
                  f'{r["wall_sec"]:>7.1f}')
-  print('\n'.join(lines), file=sys.stderr, flush=True)
-  print(json.dumps({'workdir': _WORKDIR.value, 'models': results}), flush=True)
+  say('\n'.join(lines))
+  for r in results:
+    report(r['family'], r['held_out'])
+  total = time.perf_counter() - start_all
+  say(f'\ndone in {total:.0f} s; next: pretrain-jax generate --workdir {_WORKDIR.value}/gpt '
+      f"--prompt 'The return statement'")
+  print(json.dumps({'workdir': _WORKDIR.value, 'wall_sec': total, 'models': results}),
+        flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

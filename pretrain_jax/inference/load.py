@@ -96,6 +96,10 @@ class Pretrained:
     out = self._apply(self.params, batch)
     return BertOutput(*out) if isinstance(out, tuple) else out
 
+  def replace_params(self, params) -> 'Pretrained':
+    """The same model with other parameters (e.g. training.evaluate.random_init_params)."""
+    return dataclasses.replace(self, params=params)
+
   def generate(self, prompts, **sampling) -> list:
     """GPT: continue each prompt; T5: fill its <extra_id_N> spans (inference.text)."""
     from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
