@@ -40,7 +40,13 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    try:
+      jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    except (RuntimeError, ValueError) as e:  # auto-detection found no Cloud TPU / SLURM cluster
+      why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      sys.exit(f'error: --multihost could not detect the cluster ({why}); on a Cloud TPU VM '
+               'slice run the command on every worker; elsewhere pass '
+               '--coordinator_address=HOST:PORT --num_processes=N --process_id=I')
   from pretrain_jax.training import loop, synthetic  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   datasets = synthetic.synthetic_datasets(config) if _SYNTHETIC.value else None
