@@ -131,6 +131,7 @@ def sigterm_at_batch(monkeypatch, n):
   monkeypatch.setattr(data, 'make_dataset', make)
 
 
+@pytest.mark.slow
 def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path):
   start = time.time()
   files = upload_corpus(f'{gcs}/corpus')
