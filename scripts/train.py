@@ -37,7 +37,14 @@ def main(argv):
   import jax
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    try:
+      jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    except (RuntimeError, ValueError) as e:  # auto-detection found no Cloud TPU / SLURM cluster
+      why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      raise ValueError(f'--multihost could not detect the cluster ({why}); on a Cloud TPU VM '
+                       'slice run the command on every worker; elsewhere pass '
+                       '--coordinator_address=HOST:PORT --num_processes=N '
+                       '--process_id=I') from None
   from pretrain_jax.hf import config as hf_config
   from pretrain_jax.models import ModelConfig
   from pretrain_jax.training import loop, synthetic

@@ -7,7 +7,8 @@ paragraph group each -- enough documents for shuffling, a held-out split and NSP
 """
 import hashlib
 import json
-import os
+
+from pretrain_jax import paths
 
 MAX_CHARS = 3000  # longer sections are cut at paragraph breaks into pieces about this size
 
@@ -54,11 +55,7 @@ def write_embedded_corpus(directory: str) -> str:
   """
   lines = ''.join(json.dumps({'text': d}) + '\n' for d in embedded_documents())
   digest = hashlib.sha256(lines.encode()).hexdigest()[:16]
-  path = os.path.join(directory, f'embedded_pydoc_{digest}.jsonl')
-  if not os.path.exists(path):
-    os.makedirs(directory, exist_ok=True)
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.write(lines)
-    os.replace(tmp, path)
+  path = paths.join(directory, f'embedded_pydoc_{digest}.jsonl')
+  if not paths.exists(path):
+    paths.write_text(path, lines)  # atomic
   return path

@@ -1,6 +1,6 @@
 """Local C4-format files as a tfds dataset, so they flow through the same tf.data pipeline.
 
-Accepted files: `.json` / `.jsonl` / `.json.gz` / `.jsonl.gz` with one JSON object per line
+Files may be local or on gs:// (pretrain_jax.paths; globs work on both). Accepted files: `.json` / `.jsonl` / `.json.gz` / `.jsonl.gz` with one JSON object per line
 and the text under `text_key` (C4's own format; a `.json` file holding one JSON list of objects
 also works), and `.txt` / `.txt.gz` with one document per blank-line-separated block.
 
@@ -16,15 +16,15 @@ and the split settings.
 """
 import collections
 import contextlib
-import glob
 import gzip
 import hashlib
 import json
 import logging
-import os
 import sys
 
 import tensorflow_datasets as tfds
+
+from pretrain_jax import paths as paths_lib
 
 log = logging.getLogger(__name__)
 EXTENSIONS = ('.jsonl.gz', '.json.gz', '.jsonl', '.json', '.txt.gz', '.txt')
@@ -35,7 +35,7 @@ def expand_files(pattern: str) -> list:
   """Sorted paths matching a glob (or comma-separated globs); errors name what is wrong."""
   paths = []
   for part in [p.strip() for p in pattern.split(',') if p.strip()]:
-    matched = sorted(glob.glob(os.path.expanduser(part), recursive=True))
+    matched = paths_lib.glob(part)
     if not matched:
       raise FileNotFoundError(f'config.data.files: {part!r} matches no file')
     paths += matched
@@ -49,8 +49,8 @@ def expand_files(pattern: str) -> list:
 
 
 def _open_bytes(path: str) -> bytes:
-  with (gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')) as f:
-    return f.read()
+  data = paths_lib.read_bytes(path)
+  return gzip.decompress(data) if path.endswith('.gz') else data
 
 
 def _decode(raw: bytes, where: str, stats: collections.Counter):
@@ -184,8 +184,8 @@ def fingerprint(paths: list, text_key: str, validation_fraction: float) -> str:
   """Short hash of the files (path, size, mtime) and the split settings."""
   h = hashlib.sha256(repr((FORMAT_VERSION, text_key, validation_fraction)).encode())
   for p in paths:
-    st = os.stat(p)
-    h.update(repr((os.path.abspath(p), st.st_size, st.st_mtime_ns)).encode())
+    size, mtime_ns = paths_lib.size_and_mtime(p)
+    h.update(repr((paths_lib.absolute(p), size, mtime_ns)).encode())
   return 'f' + h.hexdigest()[:16]
 
 

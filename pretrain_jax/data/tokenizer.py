@@ -19,6 +19,8 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 
+from pretrain_jax import paths
+
 NUM_SENTINELS = 100
 VOCAB_MULTIPLE = 128
 BERT_SPECIALS = ('[CLS]', '[SEP]', '[MASK]')
@@ -43,14 +45,14 @@ class Tokenizer:
   """
 
   def __init__(self, path: str):
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
       raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
                               'sentencepiece .model file')
     self.path = path
     self.sp = spm.SentencePieceProcessor()
     try:
-      self.sp.Load(path)
-    except (OSError, RuntimeError) as e:
+      self.sp.LoadFromSerializedProto(paths.read_bytes(path))
+    except (OSError, RuntimeError, TypeError) as e:
       raise ValueError(f'{path!r} is not a sentencepiece model: {e}') from None
     n = self.sp.get_piece_size()
     self.pad_id, self.eos_id, self.unk_id = self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()
@@ -214,11 +216,8 @@ def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 
             return
 
   proto = _train_proto(lines(), learned, model_type)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(add_filler_and_sentinels(proto, total))
-  os.replace(tmp, path)  # atomic: a concurrent reader sees no file or the whole file
+  # atomic: a concurrent reader sees no file or the whole file (local rename, or one object)
+  paths.write_bytes(path, add_filler_and_sentinels(proto, total))
   return path
 
 
@@ -249,7 +248,8 @@ def load_tokenizer(data_config) -> Tokenizer:
   corpus) and every later run, host or test with the same settings loads the same file.
   """
   if data_config.tokenizer:
-    return Tokenizer(os.path.expanduser(data_config.tokenizer))
+    return Tokenizer(paths.absolute(data_config.tokenizer) if paths.is_remote(
+        data_config.tokenizer) else os.path.expanduser(data_config.tokenizer))
   import hashlib
   from pretrain_jax.data import sources  # TensorFlow only when a source is read
   source = sources.open_source(data_config)
@@ -257,10 +257,10 @@ def load_tokenizer(data_config) -> Tokenizer:
               data_config.tokenizer_type, round_up(data_config.tokenizer_vocab_size),
               data_config.tokenizer_train_chars)
   key = hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
-  path = os.path.join(sources.cache_dir(), 'tokenizers',
+  path = paths.join(sources.cache_dir(), 'tokenizers',
                       f'{data_config.tokenizer_type}_{round_up(data_config.tokenizer_vocab_size)}'
                       f'_{key}.model')
-  if not os.path.exists(path):
+  if not paths.exists(path):
     texts = sources.iter_texts(data_config, data_config.train_split,
                                data_config.tokenizer_train_chars)
     train_sentencepiece(texts, path, vocab_size=data_config.tokenizer_vocab_size,

@@ -9,8 +9,8 @@ Mapping layers: pretrain_jax.hf.config (config.json <-> ModelConfig), pretrain_j
 (state dict <-> params), pretrain_jax.hf.tokenizers. Workdirs: pretrain_jax.hf.workdir.
 """
 import json
-import os
 
+from pretrain_jax import paths
 from pretrain_jax.hf.io import load_hf, read_state_dict, save_hf
 from pretrain_jax.hf.tokenizers import load_tokenizer
 
@@ -18,14 +18,13 @@ from pretrain_jax.hf.tokenizers import load_tokenizer
 def is_hf_dir(path: str) -> bool:
   """True when `path` holds a Hugging Face config.json (one with a `model_type`; a training
   workdir's config.json has a `model` section instead)."""
-  config = os.path.join(path, 'config.json')
-  if not os.path.isfile(config):
+  config = paths.join(path, 'config.json')
+  if not paths.isfile(config):
     return False
-  with open(config) as f:
-    try:
-      return 'model_type' in json.load(f)
-    except ValueError:
-      return False
+  try:
+    return 'model_type' in json.loads(paths.read_text(config))
+  except ValueError:
+    return False
 
 
 __all__ = ['is_hf_dir', 'load_hf', 'load_tokenizer', 'read_state_dict', 'save_hf']

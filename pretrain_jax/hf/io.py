@@ -6,7 +6,8 @@
 Weights: model.safetensors (read with safetensors' numpy API, no PyTorch), a sharded
 model.safetensors.index.json, or pytorch_model.bin[.index.json] (needs torch). Writes go to a
 temporary directory next to the target that is renamed into place, so a failure leaves nothing
-half-written.
+half-written. A gs:// directory is read from a local copy (paths.local_copy) and written in place
+(object stores have no rename): a failure removes what was written.
 """
 import contextlib
 import json
@@ -17,6 +18,7 @@ import tempfile
 
 import numpy as np
 
+from pretrain_jax import paths
 from pretrain_jax.hf import config as config_lib
 from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.hf import weights as weights_lib
@@ -26,11 +28,10 @@ WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_mo
 
 
 def read_config(hf_dir: str) -> dict:
-  path = os.path.join(hf_dir, 'config.json')
-  if not os.path.isfile(path):
+  path = paths.join(hf_dir, 'config.json')
+  if not paths.isfile(path):
     raise FileNotFoundError(f'{path} not found; expected a Hugging Face model directory')
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(paths.read_text(path))
 
 
 def _read_safetensors(path: str) -> dict:
@@ -68,6 +69,7 @@ def _read_torch(path: str) -> dict:
 
 def read_state_dict(hf_dir: str) -> dict:
   """All tensors of the checkpoint in `hf_dir`, name -> numpy array."""
+  hf_dir = paths.local_copy(hf_dir)  # below: local files only
   path = lambda name: os.path.join(hf_dir, name)
   found = [n for n in WEIGHT_FILES if os.path.isfile(path(n))]
   if not found:
@@ -93,6 +95,7 @@ def load_hf(hf_dir: str, **overrides):
   `overrides` are ModelConfig fields applied to the imported config (e.g. scan_layers=True,
   dtype=jnp.bfloat16); params are float32 numpy arrays in the layout the config asks for.
   """
+  hf_dir = paths.local_copy(hf_dir)  # below: local files only
   hf = read_config(hf_dir)
   family = config_lib.family_of(hf)
   state_dict = weights_lib.normalize_names(family, read_state_dict(hf_dir))
@@ -103,8 +106,8 @@ def load_hf(hf_dir: str, **overrides):
 
 def check_free(target: str) -> str:
   """abspath of `target`; FileExistsError unless it is absent or an empty directory."""
-  target = os.path.abspath(target)
-  if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+  target = paths.absolute(target)
+  if paths.exists(target) and (not paths.isdir(target) or paths.listdir(target)):
     raise FileExistsError(f'{target} already exists and is not an empty directory; '
                           'refusing to overwrite it')
   return target
@@ -118,6 +121,13 @@ def atomic_directory(target: str):
   removed and `target` is untouched.
   """
   target = check_free(target)
+  if paths.is_remote(target):
+    try:
+      yield target
+    except BaseException:
+      paths.rmtree(target)
+      raise
+    return
   parent = os.path.dirname(target)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.tmp-', dir=parent)
@@ -149,18 +159,19 @@ def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -
     pad_id, eos_id = _maybe(lambda: tokenizer.pad_id), _maybe(lambda: tokenizer.eos_id)
   hf = config_lib.hf_config_from_model(cfg, pad_id=pad_id, eos_id=eos_id)
   tensors = weights_lib.params_to_hf(cfg, params)
-  save_file(tensors, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
-  with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2, sort_keys=True)
+  with tempfile.TemporaryDirectory() as tmp:  # safetensors writes local files only
+    save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
+    paths.copy(os.path.join(tmp, 'model.safetensors'), paths.join(out_dir, 'model.safetensors'))
+  paths.write_text(paths.join(out_dir, 'config.json'), json.dumps(hf, indent=2, sort_keys=True))
   for path in tokenizer_files:
-    shutil.copyfile(path, os.path.join(out_dir, os.path.basename(path)))
+    paths.copy(path, paths.join(out_dir, paths.basename(path)))
 
 
 def save_hf(hf_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> str:
   """Exports (cfg, params) as a Hugging Face directory `hf_dir` (must not exist yet)."""
   with atomic_directory(hf_dir) as tmp:
     write_hf(tmp, cfg, params, tokenizer=tokenizer, tokenizer_files=tokenizer_files)
-  return os.path.abspath(hf_dir)
+  return paths.absolute(hf_dir)
 
 
 def _maybe(get):

@@ -12,6 +12,8 @@ on import and export).
 import json
 import os
 
+from pretrain_jax import paths
+
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
                    'spiece.model', 'vocab.json', 'merges.txt', 'vocab.txt')
 BERT_SPECIALS = {'pad': '[PAD]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]',
@@ -21,6 +23,7 @@ T5_EXTRA_IDS = 100
 
 def _token_settings(hf_dir: str) -> dict:
   """tokenizer_config.json merged over special_tokens_map.json; token dicts -> their text."""
+  hf_dir = paths.local_copy(hf_dir)  # gs://: read from a local copy
   out = {}
   for name in ('special_tokens_map.json', 'tokenizer_config.json'):
     path = os.path.join(hf_dir, name)
@@ -108,6 +111,7 @@ class HFTokenizer:
 
 def infer_family(hf_dir: str):
   """'t5' | 'gpt' | 'bert' from the tokenizer files in `hf_dir`, or None."""
+  hf_dir = paths.local_copy(hf_dir)  # gs://: read from a local copy
   path = lambda name: os.path.join(hf_dir, name)
   if os.path.isfile(path('spiece.model')):
     return 't5'
@@ -123,6 +127,7 @@ def infer_family(hf_dir: str):
 def load_tokenizer(hf_dir: str, family: str = None):
   """The tokenizer in `hf_dir` for `family` ('bert' | 'gpt' | 't5'; None = guess from the
   files), or None if the directory has none."""
+  hf_dir = paths.local_copy(hf_dir)  # gs://: read from a local copy
   family = family or infer_family(hf_dir)
   if family is None:
     return None
@@ -161,6 +166,7 @@ def load_tokenizer(hf_dir: str, family: str = None):
 
 def tokenizer_files(hf_dir: str) -> list:
   """Paths of the tokenizer files present in `hf_dir`."""
+  hf_dir = paths.local_copy(hf_dir)  # gs://: read from a local copy
   return [os.path.join(hf_dir, n) for n in TOKENIZER_FILES
           if os.path.isfile(os.path.join(hf_dir, n))]
 

@@ -12,11 +12,9 @@ Import writes, into a temporary directory renamed into place at the end:
 so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
 Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory.
 """
-import os
-import shutil
-
 import numpy as np
 
+from pretrain_jax import paths
 from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.models import ModelConfig
@@ -76,18 +74,16 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
   cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
   base, reference = base_config(cfg, base)
   config = training_config(cfg, reference)
-  final = os.path.abspath(workdir)
+  final = paths.absolute(workdir)
   with io_lib.atomic_directory(final) as tmp:
     files = tok_lib.tokenizer_files(hf_dir)
-    if files:
-      os.makedirs(os.path.join(tmp, HF_TOKENIZER_DIR))
-      for path in files:
-        shutil.copyfile(path, os.path.join(tmp, HF_TOKENIZER_DIR, os.path.basename(path)))
+    for path in files:
+      paths.copy(path, paths.join(tmp, HF_TOKENIZER_DIR, paths.basename(path)))
     if isinstance(tokenizer, tok_lib.SentencePieceTokenizer):
-      shutil.copyfile(tokenizer.path, os.path.join(tmp, ckpt_lib.TOKENIZER_FILE))
-      config.data.tokenizer = os.path.join(final, ckpt_lib.TOKENIZER_FILE)
+      paths.copy(tokenizer.path, paths.join(tmp, ckpt_lib.TOKENIZER_FILE))
+      config.data.tokenizer = paths.join(final, ckpt_lib.TOKENIZER_FILE)
     elif tokenizer is not None:  # not sentencepiece: pretrain_jax.data cannot read it (yet)
-      config.data.tokenizer = os.path.join(final, HF_TOKENIZER_DIR)
+      config.data.tokenizer = paths.join(final, HF_TOKENIZER_DIR)
     ckpt_lib.save_workdir_files(config, tmp)
     state_params = jax.tree.map(jnp.asarray, params)
     tx = opt_lib.make_optimizer(config.train)
@@ -104,12 +100,12 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
 
 def workdir_tokenizer(workdir: str, config):
   """(tokenizer or None, files to export with the model) of a workdir."""
-  hf_tok = os.path.join(workdir, HF_TOKENIZER_DIR)
-  if os.path.isdir(hf_tok):
+  hf_tok = paths.join(workdir, HF_TOKENIZER_DIR)
+  if paths.isdir(hf_tok):
     return tok_lib.load_tokenizer(hf_tok), tok_lib.tokenizer_files(hf_tok)
   sp_path = config.data.get('tokenizer') or ''
-  if config.model.family == 't5' and sp_path.endswith('.model') and os.path.isfile(sp_path):
-    tokenizer = tok_lib.SentencePieceTokenizer(sp_path)
+  if config.model.family == 't5' and sp_path.endswith('.model') and paths.isfile(sp_path):
+    tokenizer = tok_lib.SentencePieceTokenizer(paths.local_copy(sp_path))
     return tokenizer, [sp_path]  # written as spiece.model by export_hf
   return None, []
 
@@ -128,9 +124,9 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   with io_lib.atomic_directory(hf_dir) as tmp:
     io_lib.write_hf(tmp, cfg, params, tokenizer=tokenizer)
     for path in files:
-      name = os.path.basename(path)
+      name = paths.basename(path)
       if isinstance(tokenizer, tok_lib.SentencePieceTokenizer) and name.endswith('.model'):
         name = 'spiece.model'
-      shutil.copyfile(path, os.path.join(tmp, name))
-  return {'hf_dir': os.path.abspath(hf_dir), 'family': cfg.family, 'step': int(step),
-          'tokenizer_files': sorted(os.path.basename(p) for p in files)}
+      paths.copy(path, paths.join(tmp, name))
+  return {'hf_dir': paths.absolute(hf_dir), 'family': cfg.family, 'step': int(step),
+          'tokenizer_files': sorted(paths.basename(p) for p in files)}

@@ -13,7 +13,6 @@ count real tokens only, so left- and right-padded rows both work.
 """
 import dataclasses
 import functools
-import os
 from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
@@ -21,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import step as step_lib
@@ -125,10 +125,10 @@ class Pretrained:
 
 def _split_checkpoint_path(path: str):
   """'W/checkpoints/300' -> (W, 300); a workdir -> (W, None)."""
-  path = os.path.abspath(path.rstrip('/'))
-  parent, name = os.path.split(path)
-  if name.isdigit() and os.path.basename(parent) == 'checkpoints':
-    return os.path.dirname(parent), int(name)
+  path = paths.absolute(path)
+  parent, name = paths.dirname(path), paths.basename(path)
+  if name.isdigit() and paths.basename(parent) == 'checkpoints':
+    return paths.dirname(parent), int(name)
   return path, None
 
 
@@ -138,7 +138,7 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
   """
   from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(path):
+  if not paths.isdir(path):
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
                             'checkpoint directory or a Hugging Face model directory')
   if hf.is_hf_dir(path):
@@ -151,7 +151,7 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   config, params, step = checkpoint.restore_params(workdir, step if step is not None
                                                    else path_step)
   cfg = ModelConfig.from_config(config.model).replace(**model_overrides)
-  if os.path.isdir(config.data.tokenizer or ''):  # an imported HF tokenizer (WordPiece / BPE)
+  if paths.isdir(config.data.tokenizer or ''):  # an imported HF tokenizer (WordPiece / BPE)
     tokenizer = hf.load_tokenizer(config.data.tokenizer, cfg.family)
   else:
     tokenizer = data.load_tokenizer(config.data)

@@ -20,8 +20,6 @@ holds exactly that shard (same mesh), others are counted as unchecked. Restored 
 arrays must also be finite. The host copy costs one device->host transfer of the state per save.
 """
 import json
-import os
-import shutil
 import sys
 import time
 import zlib
@@ -32,15 +30,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
 from pretrain_jax.training import state as state_lib
 
 CONFIG_FILE = 'config.json'
 TOKENIZER_FILE = 'tokenizer.model'
+COMMIT_SUCCESS_FILE = 'commit_success.txt'  # orbax's marker of a finished step on GCS
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+  return paths.join(paths.absolute(workdir), 'checkpoints')
 
 
 class CheckpointSaveError(RuntimeError):
@@ -109,8 +109,8 @@ class Checkpointer:
   def _save_error(self, error) -> CheckpointSaveError:
     failed, self.pending = self.pending, None
     if jax.process_index() == 0:
-      remove_temporary(os.path.dirname(self.directory), quiet=True)
-    done = complete_steps(os.path.dirname(self.directory))
+      remove_temporary(paths.dirname(self.directory), quiet=True)
+    done = complete_steps(paths.dirname(self.directory))
     done = [s for s in done if s != failed]
     newest = f'step {done[-1]}' if done else 'none'
     return CheckpointSaveError(
@@ -141,9 +141,9 @@ class Checkpointer:
                             'inspect the files, or train in a new workdir'.format(
                                 self.directory, ' | '.join(f for _, f in failures)))
     for bad, why in failures:
-      aside = f'{os.path.join(self.directory, str(bad))}.corrupt-{time.strftime("%Y%m%d-%H%M%S")}'
+      aside = f'{paths.join(self.directory, str(bad))}.corrupt-{time.strftime("%Y%m%d-%H%M%S")}'
       if jax.process_index() == 0:
-        os.rename(os.path.join(self.directory, str(bad)), aside)
+        paths.rename(paths.join(self.directory, str(bad)), aside)
       _log(f'checkpoint {bad} is damaged and was moved aside to {aside}: {why}; '
            f'resuming from step {s}')
     if failures:
@@ -157,9 +157,9 @@ class Checkpointer:
     return state, data['processes'][jax.process_index()]
 
   def _restore_verified(self, abstract_state, step: int):
-    path = os.path.join(self.directory, str(step))
+    path = paths.join(self.directory, str(step))
     items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
-    if os.path.isdir(os.path.join(path, 'checksums')):
+    if paths.isdir(paths.join(path, 'checksums')):
       items['checksums'] = ocp.args.JsonRestore()
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
@@ -257,23 +257,27 @@ def _verify_checksums(name, leaf, full, checksums, where) -> int:
 
 
 def complete_steps(workdir: str) -> list:
-  """Steps of the finished checkpoints on disk (integer-named folders), ascending."""
+  """Steps of the finished checkpoints (integer-named folders), ascending. On object stores
+  orbax writes a step in place and marks it finished with commit_success.txt."""
   root = checkpoint_dir(workdir)
-  if not os.path.isdir(root):
-    return []
-  return sorted(int(n) for n in os.listdir(root)
-                if n.isdigit() and os.path.isdir(os.path.join(root, n)))
+  names = [n for n in paths.listdir(root) if n.isdigit()]
+  if paths.is_remote(root):
+    return sorted(int(n) for n in names
+                  if paths.exists(paths.join(root, n, COMMIT_SUCCESS_FILE)))
+  return sorted(int(n) for n in names if paths.isdir(paths.join(root, n)))
 
 
 def remove_temporary(workdir: str, quiet: bool = False) -> list:
-  """Deletes the `*.orbax-checkpoint-tmp*` folders of interrupted saves (process 0, lock held)."""
+  """Deletes the unfinished folders of interrupted saves (process 0, lock held): local
+  `*.orbax-checkpoint-tmp*`, on object stores step folders without commit_success.txt."""
   root = checkpoint_dir(workdir)
   gone = []
-  if os.path.isdir(root):
-    for name in sorted(os.listdir(root)):
-      if '.orbax-checkpoint-tmp' in name:
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        gone.append(name)
+  finished = set(complete_steps(workdir))
+  for name in paths.listdir(root):
+    unfinished = name.isdigit() and int(name) not in finished if paths.is_remote(root) else False
+    if '.orbax-checkpoint-tmp' in name or unfinished:
+      paths.rmtree(paths.join(root, name))
+      gone.append(name)
   if gone and not quiet:
     _log(f'removed unfinished checkpoint folders of interrupted saves under {root}: '
          f'{", ".join(gone)}')
@@ -299,28 +303,25 @@ def save_workdir_files(config, workdir: str, tokenizer_path: str = '') -> ml_col
   Returns the config as saved: `data.tokenizer` names the copy when there is one.
   """
   config = ml_collections.ConfigDict(config.to_dict())
-  os.makedirs(workdir, exist_ok=True)
-  if tokenizer_path and os.path.isfile(tokenizer_path):
-    copy = os.path.join(os.path.abspath(workdir), TOKENIZER_FILE)
-    if jax.process_index() == 0 and os.path.abspath(tokenizer_path) != copy:
-      shutil.copyfile(tokenizer_path, copy)
+  if tokenizer_path and paths.isfile(tokenizer_path):
+    copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
+    if jax.process_index() == 0 and paths.absolute(tokenizer_path) != copy:
+      paths.copy(tokenizer_path, copy)
     config.data.tokenizer = copy
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, CONFIG_FILE), 'w') as f:
-      f.write(config.to_json(indent=2, sort_keys=True))
+    paths.write_text(paths.join(workdir, CONFIG_FILE), config.to_json(indent=2, sort_keys=True))
   return config
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a workdir was trained with. A tokenizer path that no longer exists (the workdir
   was moved) is pointed at the workdir's copy."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(workdir, CONFIG_FILE)
+  if not paths.isfile(path):
     raise FileNotFoundError(f'{path} not found; expected a workdir written by scripts/train.py')
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  copy = os.path.join(os.path.abspath(workdir), TOKENIZER_FILE)
-  if not os.path.isfile(config.data.tokenizer or '') and os.path.isfile(copy):
+  config = ml_collections.ConfigDict(json.loads(paths.read_text(path)))
+  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
+  if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
     config.data.tokenizer = copy
   return config
 
@@ -347,13 +348,13 @@ def restore_params(workdir: str, step=None):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                         state_lib.abstract_params(model))
-  path = os.path.join(checkpoint_dir(workdir), str(step))
+  path = paths.join(checkpoint_dir(workdir), str(step))
   try:
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
             {'params': target}), partial_restore=True)))
     sums = None
-    if os.path.isdir(os.path.join(path, 'checksums')):
+    if paths.isdir(paths.join(path, 'checksums')):
       sums = manager.restore(step, args=ocp.args.Composite(
           checksums=ocp.args.JsonRestore()))['checksums']
     params = restored['state']['params']

@@ -20,17 +20,19 @@ from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import workdir as workdir_lib
 
-def open_datasets(config, datasets=None):
+def open_datasets(config, datasets=None, workdir=None):
   """(train iterator, eval iterator, tokenizer path) of this host's share of the batch.
 
   `datasets(split=, batch_size=, process_index=, process_count=, repeat=)` replaces
-  pretrain_jax.data (tests pass synthetic data); by default the tokenizer is loaded and
+  pretrain_jax.data (tests pass synthetic data); by default the tokenizer is loaded (with a
+  `workdir` and no data.tokenizer: the workdir's one copy, workdir_lib.shared_tokenizer) and
   checked against the model's vocabulary.
   """
   tokenizer_path = ''
   if datasets is None:
     from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
-    tokenizer = data.load_tokenizer(config.data)
+    tokenizer = (workdir_lib.shared_tokenizer(config.data, workdir) if workdir is not None
+                 else data.load_tokenizer(config.data))
     if tokenizer.vocab_size != config.model.vocab_size:
       raise ValueError(f'config.model.vocab_size={config.model.vocab_size} but the tokenizer '
                        f'has {tokenizer.vocab_size} pieces; set --config.model.vocab_size='
@@ -107,7 +109,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(config),
                               init_length=config.data.seq_len)
 
-  train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets)
+  train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets, workdir)
   eval_start = eval_iter.get_state()
   config = workdir_lib.write_config(config, workdir, tokenizer_path,
                                     (ckpt_lib.complete_steps(workdir) or [None])[-1],

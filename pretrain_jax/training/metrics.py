@@ -3,15 +3,25 @@
 TensorBoard goes through tensorboardX: a pure-Python event writer, so the training process
 does not start TensorFlow's runtime (threads, device discovery) just to write scalars, and the
 files are the same TensorBoard reads. Only process 0 writes anything.
+
+On gs:// (object stores cannot append; gcsfs's append silently rewrites), metrics.jsonl is kept
+in memory (the lines already there are read first) and the whole object is rewritten at most
+every `flush_sec` and at close. TensorBoard events are written to a local temporary folder and
+copied whole to `<workdir>/tensorboard/` at the same times (not tensorboardX's own gs:// writer:
+its background uploads retry for 120 s after a failure, and it would be a second GCS client).
+A crash loses at most `flush_sec` of log lines and scalars, never a checkpoint.
+A local workdir appends and flushes each line, as before.
 """
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 
 import jax
 
+from pretrain_jax import paths
 from pretrain_jax.models import family_of, flops
 
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
@@ -92,14 +102,21 @@ class StepClock:
 class MetricWriter:
   """Writes scalars to stdout (one line), TensorBoard and `<workdir>/metrics.jsonl`."""
 
-  def __init__(self, workdir: str, *, enabled: bool = True):
+  def __init__(self, workdir: str, *, enabled: bool = True, flush_sec: float = 30.0):
     self.enabled = enabled and jax.process_index() == 0
     self.tb = self.jsonl = None
+    self.path = paths.join(paths.absolute(workdir), 'metrics.jsonl')
+    self.remote, self.flush_sec, self.flushed = paths.is_remote(workdir), flush_sec, 0.0
     if self.enabled:
-      os.makedirs(workdir, exist_ok=True)
+      paths.makedirs(workdir)
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      self.tb_dir = paths.join(paths.absolute(workdir), 'tensorboard')
+      self.tb_local = tempfile.mkdtemp(prefix='pretrain_jax-tb-') if self.remote else None
+      self.tb = SummaryWriter(self.tb_local or self.tb_dir)
+      if self.remote:
+        self.lines = [paths.read_text(self.path)] if paths.isfile(self.path) else []
+      else:
+        self.jsonl = open(self.path, 'a')
 
   def write(self, step: int, scalars: dict, prefix: str = 'train') -> None:
     if not self.enabled:
@@ -108,9 +125,26 @@ class MetricWriter:
       self.tb.add_scalar(f'{prefix}/{key}', value, step)
     record = {'step': int(step), 'split': prefix, 'time': time.time()}
     record.update({k: _json_number(v) for k, v in scalars.items()})
-    self.jsonl.write(json.dumps(record) + '\n')
-    self.jsonl.flush()
-    self.tb.flush()
+    if self.remote:
+      self.lines.append(json.dumps(record) + '\n')
+      if time.time() - self.flushed >= self.flush_sec:
+        self.flush()
+    else:
+      self.jsonl.write(json.dumps(record) + '\n')
+      self.jsonl.flush()
+      self.tb.flush()
+
+  def flush(self) -> None:
+    """Writes what is buffered (gs://: rewrites metrics.jsonl and the event file whole)."""
+    if self.enabled:
+      self.tb.flush()
+      if self.remote:
+        paths.write_text(self.path, ''.join(self.lines))
+        for name in paths.listdir(self.tb_local):
+          paths.copy(paths.join(self.tb_local, name), paths.join(self.tb_dir, name))
+      else:
+        self.jsonl.flush()
+      self.flushed = time.time()
 
   def line(self, text: str) -> None:
     if self.enabled:
@@ -119,7 +153,11 @@ class MetricWriter:
   def close(self) -> None:
     if self.enabled:
       self.tb.close()
-      self.jsonl.close()
+      self.flush()
+      if self.jsonl is not None:
+        self.jsonl.close()
+      if self.tb_local:
+        paths.rmtree(self.tb_local)
 
 
 def _json_number(value):

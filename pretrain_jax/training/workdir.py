@@ -12,7 +12,6 @@ Run the guards in this order, before anything else touches the workdir: `acquire
 import contextlib
 import json
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -21,6 +20,7 @@ import time
 import ml_collections
 import numpy as np
 
+from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig
 
 LOCK_FILE = 'LOCK'
@@ -53,10 +53,10 @@ class LockHeld(RuntimeError):
 class WorkdirLock:
   """The interface of a workdir lock: `acquire()` (raises LockHeld), `refresh()`, `release()`.
 
-  `LocalLock` implements it with O_CREAT|O_EXCL on a POSIX filesystem. A gs:// lock can be
-  added behind the same three methods: create the object with the precondition
-  `ifGenerationMatch=0` (fails if it exists), refresh and release with
-  `ifGenerationMatch=<the generation we wrote>` so that a taken-over lock is never clobbered.
+  `LocalLock` implements it with O_CREAT|O_EXCL on a POSIX filesystem; `gcs_lock.GcsLock` on
+  gs:// with generation preconditions (create with `ifGenerationMatch=0`, which fails if the
+  object exists; heartbeat, takeover and release with `ifGenerationMatch=<the generation read>`,
+  so a taken-over lock is never clobbered). Both take over a stale lock by `stale_reason`.
   """
 
   def acquire(self) -> str:
@@ -111,13 +111,7 @@ class LocalLock(WorkdirLock):
       return {}, age  # a holder killed between create and write: judged by the file's age
 
   def _stale(self, holder: dict, age: float) -> str:
-    """Why `holder` is stale, or '' when it is alive."""
-    heartbeat_age = time.time() - holder['heartbeat'] if 'heartbeat' in holder else age
-    if holder.get('host') == socket.gethostname() and not _pid_alive(int(holder.get('pid', -1))):
-      return f'pid {holder.get("pid")} on this host is gone'
-    if heartbeat_age > self.stale_sec:
-      return f'heartbeat {heartbeat_age:.0f} s old (> {self.stale_sec:.0f} s)'
-    return ''
+    return stale_reason(holder, age, self.stale_sec)
 
   def _create(self) -> bool:
     now = time.time()
@@ -139,11 +133,7 @@ class LocalLock(WorkdirLock):
       holder, age = self._holder()
       reason = self._stale(holder, age) if holder is not None else 'it vanished'
       if not reason:
-        raise LockHeld(
-            f'{os.path.dirname(self.path)} is in use by pid {holder.get("pid")} on '
-            f'{holder.get("host")} (started {_when(holder.get("start"))}, heartbeat '
-            f'{_when(holder.get("heartbeat"))}); wait for it to finish, stop it, or delete '
-            f'{self.path} if that trainer is certainly dead')
+        raise LockHeld(held_message(os.path.dirname(self.path), holder, self.path))
       aside = f'{self.path}.stale-{socket.gethostname()}-{os.getpid()}'
       try:
         os.rename(self.path, aside)
@@ -172,7 +162,7 @@ class LocalLock(WorkdirLock):
           holder.get('start') != self.record['start']:
         return
       self.record['heartbeat'] = time.time()
-      _write_atomic(self.path, json.dumps(self.record))
+      paths.write_text(self.path, json.dumps(self.record))
 
   def release(self) -> None:
     self._stop.set()
@@ -186,24 +176,35 @@ class LocalLock(WorkdirLock):
       self.record = None
 
 
+def stale_reason(holder: dict, age: float, stale_sec: float) -> str:
+  """Why the lock `holder` (its file `age` seconds old) is stale, or '' when it is alive."""
+  heartbeat_age = time.time() - holder['heartbeat'] if 'heartbeat' in holder else age
+  if holder.get('host') == socket.gethostname() and not _pid_alive(int(holder.get('pid', -1))):
+    return f'pid {holder.get("pid")} on this host is gone'
+  if heartbeat_age > stale_sec:
+    return f'heartbeat {heartbeat_age:.0f} s old (> {stale_sec:.0f} s)'
+  return ''
+
+
+def held_message(where: str, holder: dict, lock_path: str) -> str:
+  return (f'{where} is in use by pid {holder.get("pid")} on {holder.get("host")} (started '
+          f'{_when(holder.get("start"))}, heartbeat {_when(holder.get("heartbeat"))}); wait for '
+          f'it to finish, stop it, or delete {lock_path} if that trainer is certainly dead')
+
+
 def _when(t) -> str:
   return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t)) if t else '?'
 
 
 def open_lock(workdir: str) -> WorkdirLock:
-  if '://' in workdir:
-    raise ValueError(f'workdir {workdir!r}: the workdir lock is implemented for local '
-                     'filesystems only (see WorkdirLock for how to add gs://)')
-  return LocalLock(workdir)
-
-
-def _write_atomic(path: str, text: str) -> None:
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  scheme, _ = paths.bucket_of(workdir)
+  if scheme is None:
+    return LocalLock(workdir)
+  if scheme == 'gs':
+    from pretrain_jax.training import gcs_lock  # pylint: disable=g-import-not-at-top
+    return gcs_lock.GcsLock(workdir)
+  raise ValueError(f'workdir {workdir!r}: the workdir lock is implemented for local paths and '
+                   f'gs:// only, not {scheme}://')
 
 
 def check_cadence(t) -> None:
@@ -260,11 +261,10 @@ def resolved(config: dict) -> dict:
 
 
 def read_config(workdir: str):
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(workdir, CONFIG_FILE)
+  if not paths.isfile(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(paths.read_text(path))
 
 
 def write_config(config, workdir: str, tokenizer_path: str, start_step,
@@ -276,12 +276,12 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
   checkpoint's step (None: a fresh workdir).
   """
   config = ml_collections.ConfigDict(config.to_dict())
-  root = os.path.abspath(workdir)
-  copy = os.path.join(root, TOKENIZER_FILE)
-  copy_needed = bool(tokenizer_path) and os.path.isfile(tokenizer_path) and \
-      os.path.abspath(tokenizer_path) != copy
-  if tokenizer_path and os.path.isfile(tokenizer_path):
-    if copy_needed and os.path.isfile(copy) and not _same_bytes(tokenizer_path, copy):
+  root = paths.absolute(workdir)
+  copy = paths.join(root, TOKENIZER_FILE)
+  tokenizer_found = bool(tokenizer_path) and paths.isfile(tokenizer_path)
+  copy_needed = tokenizer_found and paths.absolute(tokenizer_path) != copy
+  if tokenizer_found:
+    if copy_needed and paths.isfile(copy) and not _same_bytes(tokenizer_path, copy):
       raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
                        f'trained with ({copy}); resume with that one or use a new workdir')
     config.data.tokenizer = copy
@@ -290,7 +290,7 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
     lines = config_differences(resolved(saved), resolved(config.to_dict()),
                                config.train.get('allow_config_change'))
     if lines:
-      raise ValueError(f'the config differs from {os.path.join(root, CONFIG_FILE)} (the '
+      raise ValueError(f'the config differs from {paths.join(root, CONFIG_FILE)} (the '
                        f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
                        'the same settings, name safe keys in --config.train.allow_config_change, '
                        'or use a new workdir')
@@ -299,22 +299,37 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
                      f'{CONFIG_FILE}; restore it or use a new workdir')
   if not is_writer:
     return config
-  if copy_needed and not os.path.isfile(copy):
-    shutil.copyfile(tokenizer_path, copy + '.tmp')
-    os.replace(copy + '.tmp', copy)
+  if copy_needed and not paths.isfile(copy):
+    paths.copy(tokenizer_path, copy)   # atomic: a local temporary file renamed, or one object
   text = config.to_json(indent=2, sort_keys=True)
   if saved is None or json.loads(text) != saved:
-    history = os.path.join(root, HISTORY_DIR)
-    os.makedirs(history, exist_ok=True)
-    n = len([f for f in os.listdir(history) if f.endswith('.json')])
-    _write_atomic(os.path.join(history, f'{n}_step{start_step or 0}.json'), text)
-    _write_atomic(os.path.join(root, CONFIG_FILE), text)
+    history = paths.join(root, HISTORY_DIR)
+    n = len([f for f in paths.listdir(history) if f.endswith('.json')])
+    paths.write_text(paths.join(history, f'{n}_step{start_step or 0}.json'), text)
+    paths.write_text(paths.join(root, CONFIG_FILE), text)
   return config
 
 
 def _same_bytes(a: str, b: str) -> bool:
-  with open(a, 'rb') as fa, open(b, 'rb') as fb:
-    return fa.read() == fb.read()
+  return paths.read_bytes(a) == paths.read_bytes(b)
+
+
+def shared_tokenizer(data_config, workdir: str):
+  """The tokenizer every process uses: `data.tokenizer` when set; else `<workdir>/tokenizer.model`,
+  which process 0 creates (trained once, or copied from its cache: data.load_tokenizer) while
+  the others wait at a barrier, so all hosts load the same file and no host-local cache matters
+  for correctness."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
+  if data_config.tokenizer:
+    return data.load_tokenizer(data_config)
+  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
+  if jax.process_index() == 0 and not paths.isfile(copy):
+    paths.copy(data.load_tokenizer(data_config).path, copy)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('pretrain_jax: the workdir tokenizer is written')
+  return data.Tokenizer(copy)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,296 @@
+"""Every path a user gives (workdir, data files, tokenizer, Hugging Face dirs) goes through here.
+
+Local paths use the standard library; `gs://` (and any scheme etils.epath reads) goes through
+etils.epath, which orbax uses too. With `EPATH_USE_TF=false` (set below unless the user chose)
+epath reads gs:// with gcsfs, and the lock uses google-cloud-storage: both honour
+STORAGE_EMULATOR_HOST and the same Application Default Credentials, while tf.io.gfile would
+ignore an emulator. Functions take and return strings; nothing here imports pretrain_jax.
+
+GCS has no append and no rename: `write_text` / `write_bytes` replace a whole object (atomic on
+GCS: readers see the old or the new object), and on local disks write a temporary file and
+rename it. Callers never append to a remote file (training/metrics.py rewrites its log).
+
+The first time a process touches a bucket, `check_bucket` lists one object with a 10 s timeout
+and no retries, so a bucket that is unreachable, missing or not readable with the credentials
+at hand is one clear error naming the path within seconds (gcsfs would retry for ~35 s).
+"""
+import contextlib
+import fnmatch
+import glob as glob_lib
+import os
+import shutil
+import tempfile
+
+os.environ.setdefault('EPATH_USE_TF', 'false')
+
+from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+PROBE_TIMEOUT_SEC = 10.0
+_CHECKED = set()
+
+
+class PathError(OSError):
+  """A remote path that cannot be used: unreachable, no credentials, no such bucket."""
+
+
+def is_remote(path) -> bool:
+  return '://' in str(path)
+
+
+def absolute(path) -> str:
+  """Local: the absolute, user-expanded path. Remote: unchanged (without a trailing '/')."""
+  path = str(path)
+  if is_remote(path):
+    return path.rstrip('/') if not path.endswith('://') else path
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def join(base, *names) -> str:
+  base = str(base)
+  if is_remote(base):
+    return '/'.join([base.rstrip('/')] + [str(n).strip('/') for n in names])
+  return os.path.join(base, *[str(n) for n in names])
+
+
+def basename(path) -> str:
+  return str(path).rstrip('/').rsplit('/', 1)[-1]
+
+
+def dirname(path) -> str:
+  """The parent: 'gs://b/run' for 'gs://b/run/x' (never 'gs:')."""
+  path = str(path).rstrip('/')
+  if is_remote(path):
+    head, _, _ = path.rpartition('/')
+    return head if not head.endswith(':/') else path
+  return os.path.dirname(path)
+
+
+def bucket_of(path) -> tuple:
+  """('gs', 'bucket') of 'gs://bucket/x'; (None, None) for a local path."""
+  path = str(path)
+  if not is_remote(path):
+    return None, None
+  scheme, rest = path.split('://', 1)
+  return scheme, rest.split('/', 1)[0]
+
+
+def check_bucket(path) -> None:
+  """Raises PathError (naming `path`) unless its bucket answers a one-object listing.
+
+  Once per bucket and process; gs:// only (other schemes are left to their library)."""
+  scheme, bucket = bucket_of(path)
+  if scheme != 'gs' or bucket in _CHECKED:
+    return
+  try:
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise PathError(f'{path}: gs:// paths need google-cloud-storage and gcsfs '
+                    '(pip install -r requirements.txt)') from None
+  try:
+    client = storage.Client()
+    list(client.list_blobs(bucket, max_results=1, timeout=PROBE_TIMEOUT_SEC, retry=None))
+  except Exception as e:  # pylint: disable=broad-exception-caught  (auth, HTTP, socket errors)
+    why = str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)
+    raise PathError(f'{path}: cannot list gs://{bucket} ({type(e).__name__}: {why}); expected a '
+                    'reachable bucket and credentials that may read it (gcloud auth '
+                    'application-default login, or a service account on the VM)') from None
+  _CHECKED.add(bucket)
+
+
+def _epath(path) -> epath.Path:
+  check_bucket(path)
+  return epath.Path(str(path))
+
+
+def exists(path) -> bool:
+  if not str(path):
+    return False
+  return os.path.exists(absolute(path)) if not is_remote(path) else _epath(path).exists()
+
+
+def isfile(path) -> bool:
+  if not str(path):
+    return False
+  if not is_remote(path):
+    return os.path.isfile(absolute(path))
+  p = _epath(path)
+  return p.exists() and not p.is_dir()
+
+
+def isdir(path) -> bool:
+  if not str(path):
+    return False
+  return os.path.isdir(absolute(path)) if not is_remote(path) else _epath(path).is_dir()
+
+
+def listdir(path) -> list:
+  """Sorted names in a folder ([] when it does not exist)."""
+  if not is_remote(path):
+    path = absolute(path)
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+  p = _epath(path)
+  return sorted(c.name for c in p.iterdir()) if p.is_dir() else []
+
+
+def makedirs(path) -> None:
+  """Creates a folder and its parents (a no-op on object stores, which have no folders)."""
+  if not is_remote(path):
+    os.makedirs(absolute(path), exist_ok=True)
+  else:
+    _epath(path).mkdir(parents=True, exist_ok=True)
+
+
+def read_bytes(path) -> bytes:
+  if not is_remote(path):
+    with open(absolute(path), 'rb') as f:
+      return f.read()
+  return _epath(path).read_bytes()
+
+
+def read_text(path) -> str:
+  return read_bytes(path).decode('utf-8')
+
+
+def write_bytes(path, data: bytes) -> None:
+  """Replaces `path` whole, atomically (readers see the old or the new content)."""
+  if is_remote(path):
+    _epath(path).write_bytes(data)
+    return
+  path = absolute(path)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def write_text(path, text: str) -> None:
+  write_bytes(path, text.encode('utf-8'))
+
+
+def copy(src, dst) -> None:
+  """Copies a file, local or remote on either side (the destination is replaced whole)."""
+  write_bytes(dst, read_bytes(src))
+
+
+def copy_tree(src, dst) -> None:
+  """Copies the files of folder `src` (recursively) under `dst`."""
+  for name in listdir(src):
+    source = join(src, name)
+    if isdir(source):
+      copy_tree(source, join(dst, name))
+    else:
+      copy(source, join(dst, name))
+
+
+def remove(path) -> None:
+  if not is_remote(path):
+    os.remove(absolute(path))
+  else:
+    _epath(path).unlink()
+
+
+def rmtree(path) -> None:
+  if not is_remote(path):
+    shutil.rmtree(absolute(path), ignore_errors=True)
+  elif exists(path):
+    _epath(path).rmtree()
+
+
+def rename(src, dst) -> None:
+  """Moves a file or folder (on GCS: a copy then a delete, so not atomic)."""
+  if not is_remote(src) and not is_remote(dst):
+    os.rename(absolute(src), absolute(dst))
+  else:
+    _epath(src).rename(str(dst))
+
+
+def size_and_mtime(path) -> tuple:
+  """(bytes, modification time in ns) of a file, for fingerprints."""
+  if not is_remote(path):
+    st = os.stat(absolute(path))
+    return st.st_size, st.st_mtime_ns
+  st = _epath(path).stat()
+  return st.length, int(st.mtime * 1e9)
+
+
+def glob(pattern) -> list:
+  """Sorted paths matching `pattern` ('**' crosses folders). Remote: the part before the first
+  wildcard is listed, the rest matched with fnmatch."""
+  if not is_remote(pattern):
+    return sorted(glob_lib.glob(os.path.expanduser(pattern), recursive=True))
+  parts = pattern.split('/')
+  fixed = next((i for i, part in enumerate(parts) if any(c in part for c in '*?[')), len(parts))
+  if fixed == len(parts):
+    return [pattern] if isfile(pattern) else []
+  base, rest = '/'.join(parts[:fixed]), '/'.join(parts[fixed:])
+  root = _epath(base)
+  if not root.is_dir():
+    return []
+  found = []
+  for p in _files_under(root, deep='**' in rest or '/' in rest):
+    relative = str(p)[len(str(root)):].lstrip('/')
+    if fnmatch.fnmatchcase(relative, rest) or (rest.startswith('**/') and fnmatch.fnmatchcase(
+        relative, rest[3:])):
+      found.append(join(base, relative))
+  return sorted(found)
+
+
+def _files_under(root, deep: bool):
+  for p in root.iterdir():
+    if p.is_dir():
+      if deep:
+        yield from _files_under(p, deep)
+    else:
+      yield p
+
+
+@contextlib.contextmanager
+def local_file(path):
+  """A local filename holding `path`'s bytes (for libraries that only open local files)."""
+  if not is_remote(path):
+    yield absolute(path)
+    return
+  with tempfile.TemporaryDirectory(prefix='pretrain_jax-') as tmp:
+    local = os.path.join(tmp, basename(path))
+    with open(local, 'wb') as f:
+      f.write(read_bytes(path))
+    yield local
+
+
+_STAGED = {}
+
+
+def local_copy(path) -> str:
+  """A local path holding `path` (a file or a folder, copied once per process and deleted at
+  exit); `path` itself when it is local. For libraries that only read local files
+  (safetensors, tokenizers, sentencepiece's HF wrapper)."""
+  if not is_remote(path):
+    return str(path)
+  path = absolute(path)
+  if path not in _STAGED:
+    if not _STAGED:
+      import atexit  # pylint: disable=g-import-not-at-top
+      atexit.register(lambda: [shutil.rmtree(os.path.dirname(p), ignore_errors=True)
+                               for p in _STAGED.values()])
+    local = os.path.join(tempfile.mkdtemp(prefix='pretrain_jax-staged-'), basename(path))
+    if isdir(path):
+      _download_tree(path, local)
+    else:
+      with open(local, 'wb') as f:
+        f.write(read_bytes(path))
+    _STAGED[path] = local
+  return _STAGED[path]
+
+
+def _download_tree(src, local: str) -> None:
+  os.makedirs(local, exist_ok=True)
+  for name in listdir(src):
+    source = join(src, name)
+    if isdir(source):
+      _download_tree(source, os.path.join(local, name))
+    else:
+      with open(os.path.join(local, name), 'wb') as f:
+        f.write(read_bytes(source))

@@ -1,0 +1,121 @@
+"""The workdir lock on gs://: one object, `<workdir>/LOCK`, guarded by generation preconditions.
+
+GCS has no O_EXCL and no rename, but every write can be made conditional on the object's
+generation (a number that changes on every write):
+  acquire    upload with if_generation_match=0: fails (412) when the object exists
+  takeover   of a stale lock (workdir.stale_reason: heartbeat older than stale_sec, or a dead pid
+             on this host): upload with if_generation_match=<the stale generation we read>;
+             of two trainers racing, one wins, the other gets 412 and refuses
+  heartbeat  upload with if_generation_match=<our generation>; a 412 means we were taken over:
+             the heartbeat stops and says so (training goes on; the newer trainer owns the run)
+  release    delete with if_generation_match=<our generation>
+"""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from pretrain_jax import paths
+from pretrain_jax.training import workdir as workdir_lib
+
+TIMEOUT_SEC = 30.0
+
+
+class GcsLock(workdir_lib.WorkdirLock):
+  """`gs://bucket/run/LOCK`; a daemon thread refreshes its heartbeat."""
+
+  def __init__(self, workdir: str, *, heartbeat_sec: float = workdir_lib.HEARTBEAT_SEC,
+               stale_sec: float = workdir_lib.STALE_SEC):
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+    self.path = paths.join(paths.absolute(workdir), workdir_lib.LOCK_FILE)
+    _, bucket = paths.bucket_of(self.path)
+    paths.check_bucket(self.path)
+    self.blob = storage.Client().bucket(bucket).blob(self.path.split('/', 3)[3])
+    self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
+    self.record, self.generation = None, None
+    self._stop = threading.Event()
+    self._thread = None
+    self._mutex = threading.Lock()
+
+  def _holder(self):
+    """(record or None, age in seconds, generation) of the lock object."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    blob = self.blob.bucket.blob(self.blob.name)
+    try:
+      text = blob.download_as_bytes(timeout=TIMEOUT_SEC)
+    except exceptions.NotFound:
+      return None, 0.0, None
+    age = time.time() - blob.updated.timestamp() if blob.updated else 0.0
+    try:
+      return json.loads(text), age, blob.generation
+    except ValueError:
+      return {}, age, blob.generation
+
+  def _write(self, record: dict, generation: int) -> bool:
+    """Uploads `record` if the object's generation is `generation` (0: absent); False on 412."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    try:
+      self.blob.upload_from_string(json.dumps(record), content_type='application/json',
+                                   if_generation_match=generation, timeout=TIMEOUT_SEC)
+    except exceptions.PreconditionFailed:
+      return False
+    self.record, self.generation = record, self.blob.generation
+    return True
+
+  def _new_record(self) -> dict:
+    now = time.time()
+    return {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
+
+  def acquire(self) -> str:
+    message = ''
+    if not self._write(self._new_record(), 0):
+      holder, age, generation = self._holder()
+      reason = workdir_lib.stale_reason(holder, age, self.stale_sec) if holder is not None \
+          else 'it vanished'
+      if not reason:
+        raise workdir_lib.LockHeld(workdir_lib.held_message(
+            paths.dirname(self.path), holder, self.path))
+      if not self._write(self._new_record(), generation or 0):
+        holder, _, _ = self._holder()
+        raise workdir_lib.LockHeld(f'{paths.dirname(self.path)} was taken over by pid '
+                                   f'{(holder or {}).get("pid")} on '
+                                   f'{(holder or {}).get("host")} just now')
+      message = (f'took over the stale lock {self.path} of pid {(holder or {}).get("pid")} on '
+                 f'{(holder or {}).get("host")}: {reason}')
+    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
+    self._thread.start()
+    return message
+
+  def _beat(self):
+    while not self._stop.wait(self.heartbeat_sec):
+      try:
+        self.refresh()
+      except Exception as e:  # pylint: disable=broad-exception-caught  (a network blip)
+        print(f'workdir lock heartbeat {self.path} failed: {type(e).__name__}: {e}; retrying in '
+              f'{self.heartbeat_sec:.0f} s', file=sys.stderr, flush=True)
+
+  def refresh(self) -> None:
+    """Rewrites the heartbeat if the object is still the one we wrote."""
+    with self._mutex:
+      if self.record is None:
+        return
+      record = dict(self.record, heartbeat=time.time())
+      if not self._write(record, self.generation):
+        print(f'workdir lock {self.path} was taken over by another trainer; this one no longer '
+              'holds the run', file=sys.stderr, flush=True)
+        self.record = None
+
+  def release(self) -> None:
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    with self._mutex:
+      if self.record is not None:
+        try:
+          self.blob.delete(if_generation_match=self.generation, timeout=TIMEOUT_SEC)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+          pass  # taken over or removed by hand: not ours to delete
+      self.record = None

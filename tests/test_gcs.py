@@ -1,0 +1,179 @@
+"""gs:// everywhere, against a GCS emulator on 127.0.0.1 (tests/gcs_emulator.py).
+
+What the emulator cannot show: real GCS latency, IAM, and tf.io.gfile (it ignores emulators;
+the library never uses it for gs://: epath runs on gcsfs with EPATH_USE_TF=false).
+"""
+import gzip
+import json
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import gcs_emulator
+import pretrain_jax
+from configs import tiny_gpt
+from pretrain_jax import data, paths
+from pretrain_jax.data import corpus
+from pretrain_jax.training import checkpoint, loop, metrics, workdir as workdir_lib
+from pretrain_jax.training import gcs_lock
+
+
+@pytest.fixture(scope='module')
+def gcs(tmp_path_factory):
+  """The emulator with bucket 'bucket', its variables in os.environ, and a fresh data cache."""
+  saved = dict(os.environ)
+  with gcs_emulator.serve() as env:
+    os.environ.update(env)
+    os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
+    try:
+      yield 'gs://bucket'
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+
+
+def test_paths_round_trip(gcs):
+  target = f'{gcs}/t/a/b.txt'
+  paths.write_text(target, 'hello')
+  assert paths.read_text(target) == 'hello' and paths.isfile(target)
+  assert paths.isdir(f'{gcs}/t/a') and not paths.isfile(f'{gcs}/t/a')
+  assert paths.listdir(f'{gcs}/t') == ['a'] and paths.listdir(f'{gcs}/t/none') == []
+  paths.write_text(f'{gcs}/t/a/c.jsonl', '{}')
+  assert paths.glob(f'{gcs}/t/*/*.txt') == [target]
+  assert paths.glob(f'{gcs}/t/**/*.jsonl') == [f'{gcs}/t/a/c.jsonl']
+  paths.copy(target, f'{gcs}/t/d.txt')
+  assert paths.read_bytes(f'{gcs}/t/d.txt') == b'hello'
+  paths.rmtree(f'{gcs}/t')
+  assert not paths.exists(target)
+
+
+def test_metrics_log_is_rewritten_whole_never_appended(gcs):
+  workdir = f'{gcs}/metrics'
+  for run in range(2):   # a resumed run keeps the lines already there
+    writer = metrics.MetricWriter(workdir, flush_sec=0.0)
+    writer.write(run + 1, {'loss': 1.0 / (run + 1)})
+    writer.close()
+  rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  assert [r['step'] for r in rows] == [1, 2]
+  events = paths.listdir(f'{workdir}/tensorboard')
+  # One event file per run (named by start second and host: the two runs here may share one).
+  assert events and all(e.startswith('events.out.tfevents') for e in events)
+  assert paths.read_bytes(f'{workdir}/tensorboard/{events[-1]}')  # uploaded, not empty
+
+
+def test_lock_create_refuse_heartbeat_takeover_release(gcs):
+  workdir = f'{gcs}/locked'
+  first = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  assert first.acquire() == ''
+  with pytest.raises(workdir_lib.LockHeld, match=r'gs://bucket/locked is in use by pid'):
+    gcs_lock.GcsLock(workdir).acquire()
+  generation = first.generation
+  first.refresh()                                   # heartbeat: a new generation, still ours
+  assert first.generation != generation and first.record is not None
+  # A stale holder (heartbeat 20 min old) is taken over; the old one then stops claiming it.
+  stale = dict(first.record, heartbeat=time.time() - 1200, host='elsewhere')
+  assert first._write(stale, first.generation)
+  second = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  assert 'took over the stale lock gs://bucket/locked/LOCK' in second.acquire()
+  first.refresh()
+  assert first.record is None                       # 412: it knows it lost the lock
+  first.release()                                   # and deletes nothing
+  assert json.loads(paths.read_text(f'{workdir}/LOCK'))['pid'] == os.getpid()
+  second.release()
+  assert not paths.exists(f'{workdir}/LOCK')
+  assert isinstance(workdir_lib.open_lock(workdir), gcs_lock.GcsLock)
+
+
+def _small(config, steps):
+  config.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                      max_len=64)
+  config.data.seq_len = 64
+  config.train.update(batch_size=4, steps=steps, warmup_steps=1, log_every=1,
+                      eval_every=steps, eval_batches=1, checkpoint_every=100)
+  return config
+
+
+def upload_corpus(root: str) -> str:
+  """The embedded corpus as a .jsonl, a .json.gz and a .txt file under `root`; their glob."""
+  docs = corpus.embedded_documents()
+  third = len(docs) // 3
+  paths.write_text(f'{root}/a.jsonl', ''.join(json.dumps({'text': d}) + '\n'
+                                              for d in docs[:third]))
+  paths.write_bytes(f'{root}/b.json.gz', gzip.compress(''.join(
+      json.dumps({'text': d}) + '\n' for d in docs[third:2 * third]).encode()))
+  paths.write_text(f'{root}/c.txt', '\n\n'.join(d.replace('\n\n', '\n')
+                                                for d in docs[2 * third:]))
+  return f'{root}/*'
+
+
+def sigterm_at_batch(monkeypatch, n):
+  """data.make_dataset's train split sends SIGTERM when its n-th batch is drawn."""
+  real = data.make_dataset
+
+  def make(data_config, tokenizer, *, split, **kw):
+    it = real(data_config, tokenizer, split=split, **kw)
+    if split != data_config.train_split:
+      return it
+    nxt, drawn = it.__next__, [0]
+
+    class Hooked(type(it)):
+      def __next__(self):
+        drawn[0] += 1
+        if drawn[0] == n:
+          os.kill(os.getpid(), signal.SIGTERM)
+        return nxt()
+    it.__class__ = Hooked
+    return it
+  monkeypatch.setattr(data, 'make_dataset', make)
+
+
+@pytest.mark.slow
+def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path):
+  start = time.time()
+  files = upload_corpus(f'{gcs}/corpus')
+  config = _small(tiny_gpt.get_config(), steps=6)
+  config.data.files = files
+  whole = loop.train_and_evaluate(config, f'{gcs}/whole')
+  assert whole['step'] == 6
+  with monkeypatch.context() as m:
+    sigterm_at_batch(m, 3)
+    first = loop.train_and_evaluate(config, f'{gcs}/parts')
+  assert first['preempted'] and first['checkpoint_steps'] == [3]
+  second = loop.train_and_evaluate(config, f'{gcs}/parts')
+  assert second['start_step'] == 3 and second['step'] == 6
+  # Bit-exact resume: the same losses at every step, the same parameters.
+  losses = lambda w: {r['step']: r['loss'] for r in map(json.loads, paths.read_text(
+      f'{w}/metrics.jsonl').splitlines()) if r['split'] == 'train'}
+  assert losses(f'{gcs}/parts') == losses(f'{gcs}/whole') and len(losses(f'{gcs}/whole')) == 6
+  _, whole_params, _ = checkpoint.restore_params(f'{gcs}/whole')
+  _, part_params, step = checkpoint.restore_params(f'{gcs}/parts')
+  assert step == 6
+  jax.tree.map(np.testing.assert_array_equal, whole_params, part_params)
+  # The workdir holds everything; nothing was written to a local 'gs:' folder.
+  names = set(paths.listdir(f'{gcs}/parts'))
+  assert {'config.json', 'tokenizer.model', 'checkpoints', 'metrics.jsonl', 'tensorboard',
+          'config_history'} <= names and 'LOCK' not in names
+  assert json.loads(paths.read_text(f'{gcs}/parts/config.json'))['data']['tokenizer'] == \
+      f'{gcs}/parts/tokenizer.model'
+  assert not os.path.exists('gs:') and not os.path.exists(os.path.join(str(tmp_path), 'gs:'))
+  # load_pretrained('gs://...') + evaluate reproduces the logged eval loss.
+  model = pretrain_jax.load_pretrained(f'{gcs}/parts')
+  assert model.step == 6 and model.tokenizer.path == f'{gcs}/parts/tokenizer.model'
+  batches = data.make_dataset(model.config.data, model.tokenizer,
+                              split=model.config.data.eval_split, batch_size=4, repeat=False)
+  logged = [r for r in map(json.loads, paths.read_text(f'{gcs}/parts/metrics.jsonl')
+                           .splitlines()) if r['split'] == 'eval'][-1]['loss']
+  assert model.evaluate(batches, max_batches=1)['loss'] == pytest.approx(logged, abs=1e-5)
+  # Export to a Hugging Face directory in the bucket, and load it back from there.
+  from pretrain_jax.hf import workdir as hf_workdir
+  out = hf_workdir.export_hf(f'{gcs}/parts', f'{gcs}/hf/gpt')
+  assert out['hf_dir'] == f'{gcs}/hf/gpt' and out['step'] == 6
+  assert {'config.json', 'model.safetensors'} <= set(paths.listdir(f'{gcs}/hf/gpt'))
+  again = pretrain_jax.load_pretrained(f'{gcs}/hf/gpt')
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b)),
+               again.params, jax.tree.map(np.asarray, model.params))
+  print(f'end to end on the emulator: {time.time() - start:.1f} s')

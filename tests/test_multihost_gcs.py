@@ -1,0 +1,70 @@
+"""Two local processes (jax.distributed over gloo, as tests/test_multihost.py) sharing a gs://
+workdir and gs:// data files in the emulator: one tokenizer is trained (by process 0, into the
+workdir), both use it, only process 0 writes workdir files, and the run resumes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import gcs_emulator
+from pretrain_jax import paths
+from test_gcs import upload_corpus
+from test_multihost import ROOT, SMALL, TRAIN, _env, _free_port
+
+
+def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):
+  run = subprocess.run([sys.executable, TRAIN, *SMALL, '--workdir', str(tmp_path / 'w'),
+                        '--multihost'], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 2   # a user error (pretrain_jax.cli)
+  last = run.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: --multihost could not detect the cluster') and \
+      '--coordinator_address=HOST:PORT --num_processes=N --process_id=I' in last
+
+
+def _two_processes(env, workdir, files, caches, steps):
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, TRAIN, *SMALL, '--workdir', workdir, f'--config.train.steps={steps}',
+       f'--config.data.files={files}', '--multihost', f'--coordinator_address=127.0.0.1:{port}',
+       '--num_processes=2', f'--process_id={i}'], cwd=ROOT,
+      env=dict(env, PRETRAIN_JAX_CACHE=caches[i]), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert not [l for l in outs[1][0].splitlines() if l.startswith('{')]  # process 0 alone
+  return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_gs_workdir_and_one_tokenizer(tmp_path):
+  with gcs_emulator.serve() as gcs_env:
+    saved = dict(os.environ)
+    os.environ.update(gcs_env)
+    try:
+      files = upload_corpus('gs://bucket/corpus')
+      env = dict(_env(), **gcs_env)
+      caches = [str(tmp_path / 'cache0'), str(tmp_path / 'cache1')]
+      workdir = 'gs://bucket/run'
+      first = _two_processes(env, workdir, files, caches, steps=3)
+      assert first['step'] == 3 and first['checkpoint_steps'] == [3]
+      # One tokenizer, trained by process 0; process 1 trained none and loaded the workdir's.
+      assert os.listdir(os.path.join(caches[0], 'tokenizers'))
+      assert not os.path.exists(os.path.join(caches[1], 'tokenizers'))
+      config = json.loads(paths.read_text(f'{workdir}/config.json'))
+      assert config['data']['tokenizer'] == f'{workdir}/tokenizer.model'
+      rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+      assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3]  # written once
+      assert len(paths.listdir(f'{workdir}/config_history')) == 1
+
+      resumed = _two_processes(env, workdir, files, caches, steps=5)
+      assert resumed['start_step'] == 3 and resumed['step'] == 5
+      rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+      assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3, 4, 5]
+      assert not paths.exists(f'{workdir}/LOCK')
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
