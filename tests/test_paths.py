@@ -19,6 +19,8 @@ ALLOWED = {
     # Not user paths: the launcher runs on the user's machine with local files only.
     ('cloud/launcher.py', ''): 'the TPU launcher: local repo, tarball and gcloud binary',
     ('cloud/gcloud.py', ''): 'the TPU launcher: local gcloud state',
+    ('__main__.py', ''): 'pretrain-jax: the checkout\'s own scripts/ beside the package',
+    ('cli.py', 'os.path.exists(path.split'): 'config files are Python modules: local only',
     ('training/metrics.py', "open('/proc/cpuinfo')"): 'CPU flags of this machine',
     ('training/metrics.py', "open(self.path, 'a')"):
         'the local branch of metrics.jsonl (is_remote checked); gs:// rewrites the object',
