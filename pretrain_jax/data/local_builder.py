@@ -154,6 +154,14 @@ class LocalTextFiles(tfds.core.GeneratorBasedBuilder):
     super().__init__(config=tfds.core.BuilderConfig(name=fingerprint(
         paths, text_key, validation_fraction)), **kwargs)
 
+  def _log_download_bytes(self) -> None:
+    """tfds announces 'Downloading and preparing dataset Unknown size'; nothing downloads."""
+    print(f'preparing {len(self._paths)} local text file(s) for tf.data (once) in '
+          f'{self.data_dir} ...', file=sys.stderr, flush=True)
+
+  def _log_download_done(self) -> None:
+    print('prepared; later runs reuse it', file=sys.stderr, flush=True)
+
   def _info(self):
     return tfds.core.DatasetInfo(
         builder=self, description='Local C4-format text files (pretrain_jax.data.local_builder).',
