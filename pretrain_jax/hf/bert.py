@@ -1,4 +1,5 @@
 """Hugging Face BERT (BertForPreTraining / BertForMaskedLM) <-> our BERT: the family record."""
+from pretrain_jax.hf import spm
 from pretrain_jax.hf.adapters import HFTokenizer
 from pretrain_jax.hf.family import (ACTIVATIONS, HF_ACTIVATIONS, HfFamily, activation,
                                     clamp_seq_len, get, head_dim, learned_position_problems)
@@ -78,6 +79,13 @@ def tokenizer(files: dict, settings: dict):
   return HFTokenizer(tok, 'bert', specials, list(files.values()), fallbacks={'eos': 'sep'})
 
 
+def from_sentencepiece(model_path: str) -> dict:
+  """The project's tokenizer (<pad> <unk> [CLS] [SEP] [MASK]) as tokenizer.json."""
+  return spm.tokenizer_files(model_path, {'pad_token': '<pad>', 'unk_token': '<unk>',
+                                          'cls_token': '[CLS]', 'sep_token': '[SEP]',
+                                          'mask_token': '[MASK]'})
+
+
 HF = HfFamily(
     name='bert', model_type='bert', architectures=('BertForPreTraining', 'BertForMaskedLM'),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules,
@@ -86,4 +94,5 @@ HF = HfFamily(
           ('cls.predictions.decoder.bias', 'cls.predictions.bias')),
     stacks=(('layer',),), export_problems=learned_position_problems,
     tokenizer=tokenizer, tokenizer_json_type='WordPiece', vocab_file='vocab.txt',
+    from_sentencepiece=from_sentencepiece,
     data_settings=lambda cfg, data: dict(clamp_seq_len(cfg, data), nsp=cfg.nsp))

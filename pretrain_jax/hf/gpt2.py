@@ -6,6 +6,7 @@ output axis.
 import numpy as np
 
 from pretrain_jax import paths
+from pretrain_jax.hf import spm
 from pretrain_jax.hf.adapters import HFTokenizer
 from pretrain_jax.hf.family import (ACTIVATIONS, HF_ACTIVATIONS, HfFamily, activation,
                                     clamp_seq_len, get, head_dim, learned_position_problems)
@@ -89,9 +90,16 @@ def tokenizer(files: dict, settings: dict):
   return HFTokenizer(tok, 'gpt', specials, list(files.values()), fallbacks={'pad': 'eos'})
 
 
+def from_sentencepiece(model_path: str) -> dict:
+  """The project's tokenizer (<pad> </s> <unk>) as tokenizer.json."""
+  return spm.tokenizer_files(model_path, {'pad_token': '<pad>', 'eos_token': '</s>',
+                                          'unk_token': '<unk>'})
+
+
 HF = HfFamily(
     name='gpt', model_type='gpt2', architectures=('GPT2LMHeadModel', 'GPT2Model'),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules,
     tied=(('lm_head.weight', 'transformer.wte.weight'),), stacks=(('h',),), rename=rename,
     export_problems=learned_position_problems, tokenizer=tokenizer,
-    tokenizer_json_type='BPE', vocab_file='vocab.json', data_settings=clamp_seq_len)
+    tokenizer_json_type='BPE', vocab_file='vocab.json', from_sentencepiece=from_sentencepiece,
+    data_settings=clamp_seq_len)

@@ -10,7 +10,9 @@ Import writes, into a temporary directory renamed into place at the end:
                           iterator state None ("start of the stream")
 
 so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
-Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory.
+Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory, with
+hf_tokenizer/'s files or those the family's record makes of the run's sentencepiece model
+(T5: spiece.model; BERT / GPT-2: tokenizer.json + tokenizer_config.json, hf/spm.py).
 """
 import tempfile
 
