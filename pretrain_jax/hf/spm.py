@@ -20,9 +20,11 @@ def tokenizer_files(model_path: str, roles: dict) -> dict:
   """{file name: bytes} of the HF tokenizer equal to the sentencepiece model at `model_path`;
   empty when it cannot be converted. `roles` maps tokenizer_config keys ('pad_token', ...) to
   the piece that plays them; a role whose piece the model lacks is left out."""
-  from sentencepiece import sentencepiece_model_pb2 as sp_model  # pylint: disable=g-import-not-at-top
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2 as sp_model
+  import tokenizers
+  from tokenizers import decoders, normalizers, pre_tokenizers
+  # pylint: enable=g-import-not-at-top
   m = sp_model.ModelProto()
   m.ParseFromString(paths.read_bytes(model_path))
   if m.trainer_spec.model_type not in (UNIGRAM, CHAR) or m.trainer_spec.byte_fallback:
