@@ -7,6 +7,8 @@ and T5 v1.0 / v1.1 (T5ForConditionalGeneration).
 
 Mapping layers: pretrain_jax.hf.config (config.json <-> ModelConfig), pretrain_jax.hf.weights
 (state dict <-> params), pretrain_jax.hf.tokenizers. Workdirs: pretrain_jax.hf.workdir.
+What differs by family is one record per family (hf/bert.py, hf/gpt2.py, hf/t5.py, each ending
+with `HF = HfFamily(...)`), looked up in pretrain_jax.hf.families.
 """
 import json
 

@@ -10,11 +10,16 @@ Import writes, into a temporary directory renamed into place at the end:
                           iterator state None ("start of the stream")
 
 so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
-Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory.
+Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory, with
+hf_tokenizer/'s files or those the family's record makes of the run's sentencepiece model
+(T5: spiece.model; BERT / GPT-2: tokenizer.json + tokenizer_config.json, hf/spm.py).
 """
+import tempfile
+
 import numpy as np
 
 from pretrain_jax import paths
+from pretrain_jax.hf import families
 from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.models import ModelConfig
@@ -33,10 +38,8 @@ def training_config(cfg: ModelConfig, base):
   import ml_collections  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(base.to_dict())
   config.model = ml_collections.ConfigDict(model_section(cfg))
-  if cfg.family in ('bert', 'gpt'):
-    config.data.seq_len = min(config.data.seq_len, cfg.max_len)
-  if cfg.family == 'bert':
-    config.data.nsp = cfg.nsp
+  for key, value in families.of(cfg).data_settings(cfg, config.data).items():
+    config.data[key] = value
   return config
 
 
@@ -98,16 +101,26 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
           'train_flags': train_overrides(config, reference)}
 
 
-def workdir_tokenizer(workdir: str, config):
-  """(tokenizer or None, files to export with the model) of a workdir."""
+def workdir_tokenizer(workdir: str, config, local_dir: str):
+  """(tokenizer or None, files to export with the model) of a workdir.
+
+  An imported workdir has the HF files in hf_tokenizer/; a run trained with a sentencepiece
+  model gets the files its family's record makes of it (`from_sentencepiece`: T5's
+  spiece.model, BERT / GPT-2's tokenizer.json), written to the local directory `local_dir`.
+  """
   hf_tok = paths.join(workdir, HF_TOKENIZER_DIR)
   if paths.isdir(hf_tok):
     return tok_lib.load_tokenizer(hf_tok), tok_lib.tokenizer_files(hf_tok)
   sp_path = config.data.get('tokenizer') or ''
-  if config.model.family == 't5' and sp_path.endswith('.model') and paths.isfile(sp_path):
-    tokenizer = tok_lib.SentencePieceTokenizer(paths.local_copy(sp_path))
-    return tokenizer, [sp_path]  # written as spiece.model by export_hf
-  return None, []
+  if not (sp_path.endswith('.model') and paths.isfile(sp_path)):
+    return None, []
+  made = families.of(config.model.family).from_sentencepiece(paths.local_copy(sp_path))
+  for name, data in made.items():
+    paths.write_bytes(paths.join(local_dir, name), data)
+  if not made:
+    return None, []
+  return (tok_lib.load_tokenizer(local_dir, config.model.family),
+          tok_lib.tokenizer_files(local_dir))
 
 
 def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
@@ -120,13 +133,8 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   config, params, step = ckpt_lib.restore_params(workdir, step)
   cfg = ModelConfig.from_config(config.model)
   params = jax.tree.map(np.asarray, nn.unbox(params))
-  tokenizer, files = workdir_tokenizer(workdir, config)
-  with io_lib.atomic_directory(hf_dir) as tmp:
-    io_lib.write_hf(tmp, cfg, params, tokenizer=tokenizer)
-    for path in files:
-      name = paths.basename(path)
-      if isinstance(tokenizer, tok_lib.SentencePieceTokenizer) and name.endswith('.model'):
-        name = 'spiece.model'
-      paths.copy(path, paths.join(tmp, name))
+  with tempfile.TemporaryDirectory() as local, io_lib.atomic_directory(hf_dir) as tmp:
+    tokenizer, files = workdir_tokenizer(workdir, config, local)
+    io_lib.write_hf(tmp, cfg, params, tokenizer=tokenizer, tokenizer_files=files)
   return {'hf_dir': paths.absolute(hf_dir), 'family': cfg.family, 'step': int(step),
           'tokenizer_files': sorted(paths.basename(p) for p in files)}

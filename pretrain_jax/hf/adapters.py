@@ -1,0 +1,87 @@
+"""The tokenizer objects a Hugging Face directory loads into, behind one small interface.
+
+`encode(str) -> list[int]` (no special tokens added), `decode(ids) -> str`, `vocab_size`,
+`pad_id`, `eos_id`, and for BERT `cls_id`, `sep_id`, `mask_id`: the attribute names of
+pretrain_jax.data.tokenizer.Tokenizer. `files` lists the files it was read from.
+Which files make which tokenizer is the family record's business (hf/bert.py, gpt2.py, t5.py).
+"""
+T5_EXTRA_IDS = 100
+
+
+class SentencePieceTokenizer:
+  """T5's spiece.model. Sentinels `<extra_id_i>` are virtual ids after the pieces counting
+  down (<extra_id_0> = pieces + extra_ids - 1), as in HF's T5Tokenizer and seqio;
+  `vocab_size` is rounded up to a multiple of 128 like the project's Tokenizer (32128 for
+  T5's public vocabulary: the model's embedding rows)."""
+
+  def __init__(self, path: str, extra_ids: int = T5_EXTRA_IDS):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    self.sp = spm.SentencePieceProcessor()
+    try:
+      self.sp.Load(path)
+    except (OSError, RuntimeError) as e:
+      raise ValueError(f'{path!r} is not a sentencepiece model: {e}') from None
+    self.path, self.files = path, [path]
+    self.num_pieces = self.sp.get_piece_size()
+    self.extra_ids = extra_ids
+    self.vocab_size = -(-(self.num_pieces + extra_ids) // 128) * 128
+    self.pad_id, self.eos_id, self.unk_id = self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()
+
+  def sentinel_id(self, i: int) -> int:
+    if not 0 <= i < self.extra_ids:
+      raise ValueError(f'sentinel {i}; expected 0 <= i < {self.extra_ids}')
+    return self.num_pieces + self.extra_ids - 1 - i
+
+  def encode(self, text: str) -> list:
+    return self.sp.encode(text)
+
+  def decode(self, ids) -> str:
+    text, run = [], []
+    for i in (int(i) for i in ids):
+      if i < self.num_pieces:
+        run.append(i)
+        continue
+      text.append(self.sp.decode(run))
+      run = []
+      if i < self.num_pieces + self.extra_ids:
+        text.append(f'<extra_id_{self.num_pieces + self.extra_ids - 1 - i}>')
+    return ''.join(text + [self.sp.decode(run)])
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` (byte-level BPE, WordPiece, Unigram) with the special ids we use.
+
+  `specials` maps a role ('pad', 'eos', ...) to its token text; `fallbacks` maps a role the
+  vocabulary lacks to the role that stands in for it (GPT-2's pad is its eos).
+  """
+
+  def __init__(self, tokenizer, family: str, specials: dict, files: list,
+               fallbacks: dict = None):
+    self.tok, self.family, self.files = tokenizer, family, files
+    self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    self._ids = {}
+    for role, text in specials.items():
+      if text is not None and tokenizer.token_to_id(text) is not None:
+        self._ids[role] = tokenizer.token_to_id(text)
+    # vocab.json + merges.txt alone do not mark '<|endoftext|>' as one token; transformers does
+    tokenizer.add_special_tokens([specials[r] for r in self._ids])
+    for role, stand_in in (fallbacks or {}).items():
+      self._ids.setdefault(role, self._ids.get(stand_in))
+
+  def _id(self, role: str) -> int:
+    if self._ids.get(role) is None:
+      raise ValueError(f'the {self.family} tokenizer from {self.files} has no {role} token')
+    return self._ids[role]
+
+  pad_id = property(lambda self: self._id('pad'))
+  eos_id = property(lambda self: self._id('eos'))
+  unk_id = property(lambda self: self._id('unk'))
+  cls_id = property(lambda self: self._id('cls'))
+  sep_id = property(lambda self: self._id('sep'))
+  mask_id = property(lambda self: self._id('mask'))
+
+  def encode(self, text: str) -> list:
+    return self.tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids) -> str:
+    return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)

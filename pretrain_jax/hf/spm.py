@@ -1,0 +1,51 @@
+"""A sentencepiece model (the project's tokenizer) as Hugging Face `tokenizers` files.
+
+BERT and GPT-2 runs trained with the project's sentencepiece tokenizer export it as a
+tokenizer.json (a `tokenizers` Unigram model: sentencepiece's pieces and scores, its
+normalizer's precompiled charsmap, the Metaspace word boundary) plus a tokenizer_config.json
+naming the special tokens, so `transformers.PreTrainedTokenizerFast(tokenizer_file=...)` and
+hf/tokenizers.py give the project's ids. Unigram and char models convert exactly (char pieces
+are single characters, so any segmentation is the same); a BPE model would need its merges
+rebuilt and is not converted.
+"""
+import json
+
+from pretrain_jax import paths
+
+UNIGRAM, CHAR = 1, 4  # sentencepiece TrainerSpec.ModelType
+NEVER = -1e9  # score of control and unused pieces: sentencepiece never produces them from text
+
+
+def tokenizer_files(model_path: str, roles: dict) -> dict:
+  """{file name: bytes} of the HF tokenizer equal to the sentencepiece model at `model_path`;
+  empty when it cannot be converted. `roles` maps tokenizer_config keys ('pad_token', ...) to
+  the piece that plays them; a role whose piece the model lacks is left out."""
+  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2 as sp_model
+  import tokenizers
+  from tokenizers import decoders, normalizers, pre_tokenizers
+  # pylint: enable=g-import-not-at-top
+  m = sp_model.ModelProto()
+  m.ParseFromString(paths.read_bytes(model_path))
+  if m.trainer_spec.model_type not in (UNIGRAM, CHAR) or m.trainer_spec.byte_fallback:
+    return {}
+  kinds = sp_model.ModelProto.SentencePiece
+  vocab = [(p.piece, NEVER if p.type in (kinds.CONTROL, kinds.UNUSED) else p.score)
+           for p in m.pieces]
+  index = {p.piece: i for i, p in enumerate(m.pieces)}
+  tok = tokenizers.Tokenizer(tokenizers.models.Unigram(vocab, m.trainer_spec.unk_id, False))
+  spec = m.normalizer_spec
+  steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+  if spec.remove_extra_whitespaces:
+    steps += [normalizers.Strip(), normalizers.Replace(tokenizers.Regex(' {2,}'), ' ')]
+  tok.normalizer = normalizers.Sequence(steps)
+  scheme = 'always' if spec.add_dummy_prefix else 'never'
+  tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme=scheme)
+  tok.decoder = decoders.Metaspace(replacement='▁', prepend_scheme=scheme)
+  roles = {k: v for k, v in roles.items() if v in index}
+  tok.add_special_tokens([tokenizers.AddedToken(v, special=True, normalized=False)
+                          for v in dict.fromkeys(roles.values())])
+  config = dict(roles, tokenizer_class='PreTrainedTokenizerFast',
+                model_max_length=int(1e30))
+  return {'tokenizer.json': tok.to_str().encode(),
+          'tokenizer_config.json': json.dumps(config, indent=2, sort_keys=True).encode()}

@@ -1,0 +1,63 @@
+"""One Hugging Face record per family (pretrain_jax.hf.families), and the tokenizer.json a
+BERT / GPT-2 run trained with the project's sentencepiece tokenizer exports."""
+import json
+import os
+
+import pytest
+
+import configs
+from pretrain_jax import hf, models
+from pretrain_jax.data import tokenizer as data_tok
+from pretrain_jax.hf import config as hf_config
+from pretrain_jax.hf import families
+from pretrain_jax.hf import workdir as workdir_lib
+
+import modeling  # pylint: disable=g-bad-import-order
+
+TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs',
+        'Tabs\tand ünïcode 42, lower UPPER MiXeD'] * 30
+SENTENCES = ['The quick brown fox jumps over the lazy dog.', '  hello,   ünïcode world 42 ',
+             'MiXeD\tcase\nand lines']
+
+
+def test_one_record_per_model_family():
+  assert set(families.BY_NAME) == set(models.FAMILIES)
+  assert len(families.BY_MODEL_TYPE) == len(families.RECORDS)
+  for name in models.FAMILIES:
+    cfg = modeling.tiny(name)
+    assert families.of(cfg) is families.of(name) is families.BY_NAME[name]
+    assert families.of_config_json(hf_config.hf_config_from_model(cfg)).name == name
+
+
+@pytest.mark.parametrize('family', ['bert', 'gpt'])
+def test_sentencepiece_run_exports_a_tokenizer_json(tmp_path, family):
+  tr = pytest.importorskip('transformers')
+  cfg = modeling.tiny(family, vocab_size=256)
+  src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
+  work = tmp_path / 'work'
+  workdir_lib.import_hf(src, str(work), configs.base_config)
+  sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256)
+  with open(work / 'config.json') as f:  # as if the run had trained with this tokenizer
+    config = json.load(f)
+  config['data']['tokenizer'] = sp_path
+  (work / 'config.json').write_text(json.dumps(config))
+
+  result = workdir_lib.export_hf(str(work), str(tmp_path / 'out'))
+  assert result['tokenizer_files'] == ['tokenizer.json', 'tokenizer_config.json']
+  ours = data_tok.Tokenizer(sp_path)
+  fast = tr.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / 'out' / 'tokenizer.json'))
+  loaded = hf.load_hf(str(tmp_path / 'out'))[2]
+  for text in SENTENCES:
+    assert fast.encode(text, add_special_tokens=False) == ours.encode(text), text
+    assert loaded.encode(text) == ours.encode(text), text
+  roles = ('pad_id', 'cls_id', 'sep_id', 'mask_id') if family == 'bert' else ('pad_id', 'eos_id')
+  assert [getattr(loaded, r) for r in roles] == [getattr(ours, r) for r in roles]
+  with open(tmp_path / 'out' / 'config.json') as f:
+    assert json.load(f)['pad_token_id'] == ours.pad_id
+
+
+def test_bpe_sentencepiece_is_not_converted(tmp_path):
+  sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256,
+                                         model_type='bpe')
+  assert families.of('gpt').from_sentencepiece(sp_path) == {}
+  assert os.path.isfile(sp_path)
