@@ -22,6 +22,7 @@ ALLOWED = {
     'inference': {'models', 'training', 'data', 'hf'},
     'perf': {'models', 'objectives', 'training'},
     'experiments': {'models', 'objectives', 'training'},
+    'finetune': {'models', 'training', 'data', 'inference'},
     'cloud': set(),
     '__init__': {'inference'},
 }
