@@ -161,13 +161,13 @@ def word_order_examples(seed: int = 0, window: int = 4) -> dict:
   'shuffled', else 'original'. Why it is fair: both classes have exactly the same words, so
   no keyword or bag-of-words feature separates them and length says nothing; only word order
   does, which is what a language model learns and a random network does not know. Train and
-  validation are split by DOCUMENT (1 in 8 documents is validation), so no validation
-  sentence's document is seen in fine-tuning. The pre-training corpus did contain the
+  validation are split by DOCUMENT (1 in 8 documents is validation) and a sentence the corpus
+  repeats is kept once, so no validation sentence is seen in fine-tuning. The pre-training corpus did contain the
   original text, never with labels; report the from-scratch baseline beside it.
   """
   from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
   word = re.compile(r"^[A-Za-z][A-Za-z'-]*[,.;:]?$")
-  splits = {'train': [], 'validation': []}
+  splits, seen = {'train': [], 'validation': []}, set()
   for d, doc in enumerate(corpus.embedded_documents()):
     split = 'validation' if zlib.crc32(f'doc{d}'.encode()) % 8 == 0 else 'train'
     text = ' '.join(doc.split())
@@ -175,6 +175,9 @@ def word_order_examples(seed: int = 0, window: int = 4) -> dict:
       words = sentence.split()
       if not 6 <= len(words) <= 40 or sum(bool(word.match(w)) for w in words) < 0.8 * len(words):
         continue
+      if sentence in seen:   # the topics repeat some text: each sentence once, in one split
+        continue
+      seen.add(sentence)
       rng = random.Random(zlib.crc32(f'{seed}:{sentence}'.encode()))
       label = 'original'
       if rng.random() < 0.5:
