@@ -152,13 +152,13 @@ def _tfds_task(name: str, data_dir: str) -> Task:
   return Task(name, splits, labels, metric, prefix)
 
 
-def word_order_examples(seed: int = 0, window: int = 4) -> dict:
+def word_order_examples(seed: int = 0, window: int = 0) -> dict:
   """The embedded task: is this sentence's word order original, or is one window shuffled?
 
   Sentences (6-40 words, mostly ordinary words) come from the embedded corpus (data/corpus.py,
   CPython's documentation). Each sentence appears once: with probability 1/2 (a hash of the
-  sentence) `window` consecutive words are permuted (never the identity), labelled
-  'shuffled', else 'original'. Why it is fair: both classes have exactly the same words, so
+  sentence) its words are permuted (never the identity; `window` > 0: only that many
+  consecutive words, a harder variant), labelled 'shuffled', else 'original'. Why it is fair: both classes have exactly the same words, so
   no keyword or bag-of-words feature separates them and length says nothing; only word order
   does, which is what a language model learns and a random network does not know. Train and
   validation are split by DOCUMENT (1 in 8 documents is validation) and a sentence the corpus
@@ -181,12 +181,13 @@ def word_order_examples(seed: int = 0, window: int = 4) -> dict:
       rng = random.Random(zlib.crc32(f'{seed}:{sentence}'.encode()))
       label = 'original'
       if rng.random() < 0.5:
-        start = rng.randrange(len(words) - window + 1)
-        part = words[start:start + window]
+        size = window or len(words)
+        start = rng.randrange(len(words) - size + 1)
+        part = words[start:start + size]
         for _ in range(10):
           shuffled = rng.sample(part, len(part))
           if shuffled != part:
-            words = words[:start] + shuffled + words[start + window:]
+            words = words[:start] + shuffled + words[start + size:]
             label = 'shuffled'
             break
       splits[split].append({'text': ' '.join(words), 'label': label})
