@@ -24,6 +24,7 @@ ALLOWED = {
     'inference': {'models', 'training', 'data', 'hf'},
     'perf': {'models', 'objectives', 'training'},
     'experiments': {'models', 'objectives', 'training'},
+    'finetune': {'models', 'training', 'data', 'inference'},
     'cloud': set(),
     '__init__': {'inference'},
     '__main__': set(),             # `pretrain-jax COMMAND`: runs scripts/COMMAND.py

@@ -110,6 +110,46 @@ class Pretrained:
     from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
     return text.fill_mask(self, text_with_masks, top_k)
 
+  def predict(self, texts, text_pairs=None, *, batch_size: int = 32) -> list:
+    """A fine-tuned checkpoint's label (a string of config.task.labels) for each text (and
+    pair): BERT/GPT by the argmax of the class logits, T5 by greedy decoding (the decoded text,
+    which may be no label at all)."""
+    from pretrain_jax.data import classification, tasks  # pylint: disable=g-import-not-at-top
+    labels = tuple((self.config.get('task') or {}).get('labels') or ())
+    if not labels:
+      raise ValueError('predict needs a fine-tuned checkpoint (config.task.labels); this one '
+                       'has none (train one with scripts/finetune.py)')
+    if isinstance(texts, str):
+      raise ValueError('predict takes a list of texts; expected [text, ...], got one string')
+    pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
+    if len(pairs) != len(texts):
+      raise ValueError(f'{len(texts)} texts but {len(pairs)} text_pairs; expected one each')
+    examples = [dict({'text': t, 'label': labels[0]}, **({'text_pair': p} if p is not None
+                                                          else {}))
+                for t, p in zip(texts, pairs)]
+    task = tasks.Task('predict', {'train': examples}, labels,
+                      prefix=self.config.task.get('prefix', ''))
+    d = self.config.data
+    rows = classification.encode(task, 'train', self.tokenizer, self.family, d.seq_len,
+                                 d.get('target_len', 0)).rows
+    out = []
+    for start in range(0, len(texts), batch_size):
+      batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()
+               if k in family_of(self.model_config).batch_keys}
+      if self.family == 't5':
+        from pretrain_jax.inference import sampling  # pylint: disable=g-import-not-at-top
+        ids = sampling.t5_generate(self.params, self.model_config, batch['encoder_input_tokens'],
+                                   batch['encoder_segment_ids'], jax.random.key(0),
+                                   max_new_tokens=d.target_len, eos_id=self.tokenizer.eos_id,
+                                   pad_id=self.tokenizer.pad_id)
+        for row in jax.device_get(ids).tolist():
+          row = row[:row.index(self.tokenizer.eos_id)] if self.tokenizer.eos_id in row else row
+          out.append(self.tokenizer.decode([i for i in row if i != self.tokenizer.pad_id]).strip())
+      else:
+        logits = self._apply(self.params, batch)                        # (B, C)
+        out.extend(labels[int(i)] for i in jax.device_get(jnp.argmax(logits, -1)))
+    return out
+
   def evaluate(self, batches, max_batches: int = 0, params=None) -> dict:
     """The train loop's validation metrics (training.evaluate) over `batches` of this family's
     layout; `params` replaces the loaded ones (e.g. random_init_params for a baseline)."""

@@ -53,9 +53,13 @@ class BERT(nn.Module):
     if not cfg.tie_embeddings:
       self.mlm_decoder = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'mlm_decoder',
                                       init=layers.param_init(cfg, cfg.emb_dim), use_bias=False)
-    if cfg.nsp:  # pooler: tanh(dense([CLS])), then a 2-way classifier
+    if cfg.nsp or cfg.num_classes:  # pooler: tanh(dense([CLS])), then a classifier
       self.pooler = layers.dense(cfg, cfg.emb_dim, ['embed'], ['mlp'], 'pooler')
+    if cfg.nsp:
       self.nsp = layers.dense(cfg, 2, ['mlp'], ['classes'], 'nsp')
+    if cfg.num_classes:
+      self.classifier = layers.dense(cfg, cfg.num_classes, ['mlp'], ['classes'], 'classifier')
+      self.pooled_dropout = Dropout(cfg.dropout_rate)
 
   @nn.compact
   def hidden(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
@@ -90,9 +94,18 @@ class BERT(nn.Module):
     pooled = jnp.tanh(self.pooler(hidden[:, 0]))
     return self.nsp(pooled).astype(jnp.float32)                          # (B, 2)
 
+  def classify(self, hidden):                                            # (B, T, E)
+    """BertForSequenceClassification: dropout(tanh(dense([CLS]))) -> classifier (B, C)."""
+    pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+    pooled = self.pooled_dropout(pooled, deterministic=self.cfg.deterministic)
+    return self.classifier(pooled).astype(jnp.float32)                   # (B, C)
+
   def __call__(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
+    """(mlm_logits, nsp_logits or None); with cfg.num_classes the class logits (B, C)."""
     x = self.hidden(inputs, token_type_ids=token_type_ids, segment_ids=segment_ids,
                     positions=positions)
+    if self.cfg.num_classes:
+      return self.classify(x)
     return self.logits(x), self.nsp_logits(x)
 
 
@@ -134,5 +147,7 @@ FAMILY = Family(hf_inputs=(('input_ids', 'inputs'), ('attention_mask', 'segment_
                 weight_key='loss_weights', example_batch=example_batch,
                 forward_flops=forward_flops,
                 heads=(Head(name='nsp', method='nsp_logits', label_key='nsp_labels',
-                            enabled='nsp'),),
+                            enabled='nsp'),
+                       Head(name='class', method='classify', label_key='labels',
+                            enabled='num_classes', params=('pooler', 'classifier'))),
                 fills_masks=True)

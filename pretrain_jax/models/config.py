@@ -52,6 +52,8 @@ class ModelConfig:
   tie_embeddings: bool = True
   type_vocab_size: int = 2               # BERT token types
   nsp: bool = False                      # BERT next-sentence head
+  num_classes: int = 0                   # sequence classification head (BERT/GPT); 0 = none.
+                                         # With one, __call__ returns (B, num_classes) logits
   relative_buckets: int = 32             # T5 relative position bias
   relative_max_distance: int = 128
   scan_layers: bool = False              # nn.scan over layers (compile time flat in depth)
@@ -78,6 +80,10 @@ class ModelConfig:
                  'max_len'):
       value = getattr(self, name)
       check(isinstance(value, int) and value > 0, name, value, 'a positive integer')
+    check(isinstance(self.num_classes, int) and self.num_classes >= 0, 'num_classes',
+          self.num_classes, 'a non-negative integer (0 = no classification head)')
+    check(not self.num_classes or self.family != 't5', 'num_classes', self.num_classes,
+          '0 for t5 (it classifies text-to-text, by decoding the label)')
     check(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', self.dropout_rate, 'in [0, 1)')
     check(0.0 <= self.attention_dropout_rate < 1.0, 'attention_dropout_rate',
           self.attention_dropout_rate, 'in [0, 1)')

@@ -12,11 +12,14 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Head:
-  """An extra classification head trained beside the LM loss (BERT's NSP)."""
+  """A classification head on the hidden states: BERT's NSP beside the LM loss, or the
+  sequence classifier of fine-tuning (`labels`, no LM loss: task.loss_sums)."""
   name: str            # loss / metric prefix: `{name}_loss`, `{name}_accuracy`
-  method: str          # model method: hidden (B, T, E) -> logits (B, C)
-  label_key: str       # batch key of the (B,) int labels
+  method: str          # model method: hidden (B, T, E), **batch[keys] -> logits (B, C)
+  label_key: str       # batch key of the (B,) int labels (-1: a padding row, no loss)
   enabled: str         # ModelConfig field that switches the head on
+  keys: tuple = ()     # batch keys the method also reads (GPT: segment_ids, the last real token)
+  params: tuple = ()   # top-level parameter names it owns: what a linear probe trains
 
 
 @dataclasses.dataclass(frozen=True)

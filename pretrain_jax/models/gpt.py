@@ -7,7 +7,7 @@ import numpy as np
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.dropout import Dropout
-from pretrain_jax.models.family import Family
+from pretrain_jax.models.family import Family, Head
 
 
 class GPTBlock(nn.Module):
@@ -47,6 +47,9 @@ class GPT(nn.Module):
     if not cfg.tie_embeddings:
       self.lm_head = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
                                   init=layers.param_init(cfg, cfg.emb_dim))
+    if cfg.num_classes:  # GPT2ForSequenceClassification's `score`: no bias
+      self.score = layers.dense(cfg, cfg.num_classes, ['embed'], ['classes'], 'score',
+                                use_bias=False)
     if cfg.decode:
       self.decode_cache = layers.DecodeCache()
 
@@ -80,8 +83,20 @@ class GPT(nn.Module):
     head = self.wte.attend if self.cfg.tie_embeddings else self.lm_head
     return head(hidden).astype(jnp.float32)                               # (..., V)
 
+  def classify(self, hidden, segment_ids=None):                           # (B, T, E)
+    """Class logits (B, C) from each row's LAST real token (the last nonzero segment id, so
+    right and left padding both work); the one place a causal model has read the whole row."""
+    if segment_ids is None:
+      segment_ids = jnp.ones(hidden.shape[:2], jnp.int32)
+    t = hidden.shape[1]
+    last = t - 1 - jnp.argmax(jnp.flip(segment_ids != 0, axis=1), axis=1)  # (B,)
+    h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]   # (B, E)
+    return self.score(h).astype(jnp.float32)                              # (B, C)
+
   def __call__(self, inputs, *, segment_ids=None, positions=None):
-    return self.logits(self.hidden(inputs, segment_ids=segment_ids, positions=positions))
+    """LM logits (B, T, V); with cfg.num_classes the class logits (B, C) instead."""
+    h = self.hidden(inputs, segment_ids=segment_ids, positions=positions)
+    return self.classify(h, segment_ids) if self.cfg.num_classes else self.logits(h)
 
 
 def example_batch(tokens, rng=None, *, nsp=False, target_len=None) -> dict:
@@ -103,4 +118,6 @@ FAMILY = Family(hf_inputs=(('input_ids', 'inputs'), ('attention_mask', 'segment_
                 name='gpt', model=GPT, objective='clm', input_keys=('inputs',),
                 kwarg_keys=('segment_ids', 'positions'), target_key='targets',
                 weight_key='loss_weights', example_batch=example_batch,
-                forward_flops=forward_flops, generation='continue')
+                forward_flops=forward_flops, generation='continue',
+                heads=(Head(name='class', method='classify', label_key='labels',
+                            enabled='num_classes', keys=('segment_ids',), params=('score',)),))

@@ -28,10 +28,10 @@ def evaluate(eval_step, params, batches, max_batches: int = 0) -> dict:
     sums = jax.device_get(eval_step(params, batch))
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
     count += 1
-  if not count or not totals[1]['lm']:
-    raise ValueError('evaluation saw no target tokens; is the split empty?')
+  if not count or not any(float(v) for v in totals[1].values()):
+    raise ValueError('evaluation saw no target tokens or labels; is the split empty?')
   metrics = {k: float(v) for k, v in task.metrics_from_sums(*totals).items()}
-  return {'batches': count, 'target_tokens': int(totals[1]['lm']), **metrics}
+  return {'batches': count, 'target_tokens': int(totals[1].get('lm', 0)), **metrics}
 
 
 def batch_filter(cfg: ModelConfig):

@@ -46,6 +46,11 @@ def open_datasets(config, datasets=None, workdir=None):
           datasets(split=config.data.eval_split, **kw), tokenizer_path)
 
 
+def _accuracy(metrics: dict):
+  """The headline accuracy: a classifier's (class_accuracy) where there is one, else the LM's."""
+  return metrics.get('class_accuracy', metrics.get('lm_accuracy'))
+
+
 def global_batch(batch: dict, sharding) -> dict:
   """This host's numpy batch -> one global jax.Array per key, split over the batch axes."""
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
@@ -91,17 +96,23 @@ def check_finite(history: list) -> None:
           'train.grad_clip > 0 or float32 compute')
 
 
-def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
+def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
+                       evaluators=()) -> dict:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
 
   One trainer per workdir (workdir_lib.hold); an incompatible config is refused before
-  anything in the workdir changes."""
+  anything in the workdir changes. Fine-tuning (pretrain_jax/finetune) passes
+  `init_params(fresh_params) -> params` (the checkpoint's weights put into a fresh state; not
+  used when resuming) and `evaluators`: callables params -> dict of metrics added to each
+  evaluation (T5's exact match by decoding)."""
   workdir_lib.check_cadence(config.train)
   with workdir_lib.hold(workdir, config.train.steps):
-    return _train_and_evaluate(config, workdir, datasets=datasets)
+    return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
+                               evaluators=evaluators)
 
 
-def _train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
+def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
+                        evaluators=()) -> dict:
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
@@ -125,6 +136,9 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
     writer.line(f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}')
   else:
     state = steps.create_state(t.seed)
+    if init_params is not None:
+      state = state.replace(params=jax.device_put(init_params(state.params),
+                                                  steps.state_shardings.params))
   start = int(state.step)
   writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')
@@ -169,9 +183,11 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
         eval_metrics = eval_lib.evaluate(
             steps.eval_step, state.params,
             (global_batch(b, batch_sharding) for b in eval_iter), t.eval_batches)
+        for evaluator in evaluators:
+          eval_metrics.update(evaluator(state.params))
         writer.write(step, eval_metrics, prefix='eval')
         writer.line(f'step {step}/{t.steps} | eval loss {eval_metrics["loss"]:.4f} | '
-                    f'accuracy {eval_metrics["lm_accuracy"]:.3f}')
+                    f'accuracy {_accuracy(eval_metrics):.3f}')
       if save_now:
         checkpointer.save(step, state, train_iter.get_state())
       if eval_now or save_now:
@@ -191,7 +207,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None) -> dict:
   return {'family': model_cfg.family, 'workdir': workdir, 'start_step': start, 'step': step,
           'steps': t.steps, 'preempted': stop.requested and step < t.steps,
           'train_loss': last.get('loss'), 'eval_loss': eval_metrics.get('loss'),
-          'eval_accuracy': eval_metrics.get('lm_accuracy'),
+          'eval_accuracy': _accuracy(eval_metrics), 'eval_metrics': eval_metrics,
           'tokens_per_sec': tokens_per_step / step_time if step_time else None,
           'step_time_sec': step_time, 'params': state_lib.count_params(state.params),
           'checkpoint_steps': checkpointer.all_steps()}

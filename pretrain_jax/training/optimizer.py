@@ -63,3 +63,16 @@ def make_optimizer(t) -> optax.GradientTransformation:
   if t.grad_clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(float(t.grad_clip)), tx)
   return tx
+
+
+def train_only(tx: optax.GradientTransformation, names: tuple) -> optax.GradientTransformation:
+  """`tx` on the top-level parameters named in `names` (a probe's head); every other parameter
+  gets a zero update and NO optimizer state (optax.multi_transform + set_to_zero)."""
+  def labels(params):
+    missing = sorted(set(names) - set(params))
+    if missing:
+      raise ValueError(f'trainable parameters {missing} are not in the model; expected some '
+                       f'of {sorted(params)}')
+    return {k: jax.tree.map(lambda _, k=k: 'train' if k in names else 'frozen', v)
+            for k, v in params.items()}
+  return optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, labels)

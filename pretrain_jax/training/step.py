@@ -58,7 +58,7 @@ def all_finite(tree) -> jax.Array:
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
                     z_loss: float = 0.0, mesh=None, prng_impl=None, loss_chunk_len: int = 0,
-                    max_predictions: int = 0):
+                    max_predictions: int = 0, freeze_backbone: bool = False):
   """The pure train step for `model` (built with deterministic=False for dropout).
 
   `prng_impl` names the dropout key's PRNG (`jax.random.key(seed, impl=...)`); None = JAX's
@@ -66,7 +66,8 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   `chlo.mulhi` has no multi-process lowering (jax 0.10: "failed to legalize mhlo.unknown"),
   so it is refused when jax.process_count() > 1. `loss_chunk_len` > 0 runs the LM head and
   cross-entropy that many positions at a time; `max_predictions` > 0 runs the head only on
-  that many weighted positions per row (both: task.loss_sums).
+  that many weighted positions per row (both: task.loss_sums). `freeze_backbone` stops the
+  gradient at the hidden states (a linear probe; pair it with optimizer.train_only).
   """
   family = family_of(model.cfg)
   try:
@@ -79,7 +80,8 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
 
   def loss_fn(params, batch, denoms, rng):
     sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, z_loss=z_loss,
-                          loss_chunk_len=loss_chunk_len, max_predictions=max_predictions)
+                          loss_chunk_len=loss_chunk_len, max_predictions=max_predictions,
+                          freeze_backbone=freeze_backbone)
     return task.total_loss(sums, denoms), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -169,10 +171,19 @@ def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: i
   """The one path from a model and a `config.train` section to jitted, sharded steps.
 
   `init_length` is the sequence length of the batch that sizes the parameters (any length the
-  model accepts; parameters do not depend on it).
+  model accepts; parameters do not depend on it). `train.freeze_backbone` (fine-tuning's
+  linear probe) trains only the active heads' parameters (family Head.params).
   """
   t = train_config
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
+  freeze = bool(t.get('freeze_backbone', False))
+  if freeze:
+    heads = family_of(model_cfg).active_heads(model_cfg)
+    names = tuple(n for h in heads for n in h.params)
+    if not names:
+      raise ValueError(f'train.freeze_backbone=True but this {model_cfg.family} model has no '
+                       'head to train; expected model.num_classes > 0 (bert/gpt)')
+    tx = opt_lib.train_only(tx, names)
   eval_model = build(model_cfg.replace(deterministic=True, decode=False))
   abstract, init_state = state_lib.abstract_state(
       eval_model, tx, mesh, family_of(model_cfg).init_batch(init_length, model_cfg.nsp))
@@ -181,7 +192,7 @@ def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: i
       build(model_cfg.replace(deterministic=False, decode=False)), tx, schedule, seed=t.seed,
       microbatches=t.get('microbatches', 1), z_loss=t.get('z_loss', 0.0), mesh=mesh,
       prng_impl=t.get('prng_impl') or None, loss_chunk_len=t.get('loss_chunk_len', 0),
-      max_predictions=max_predictions)
+      max_predictions=max_predictions, freeze_backbone=freeze)
   eval_step = make_eval_step(eval_model, t.get('loss_chunk_len', 0), max_predictions)
   return Steps(jit_train_step(train_step, shardings, mesh),
                jit_eval_step(eval_step, shardings.params, mesh), abstract, init_state,

@@ -12,12 +12,15 @@ from pretrain_jax.training import losses
 
 def denominators(family, batch) -> dict:
   """Global denominators of each loss term, computed from the full batch (`family`: a record,
-  a family name or a ModelConfig)."""
+  a family name or a ModelConfig). A classification batch (no LM targets) has no `lm` term;
+  a head counts its rows with a label >= 0 (-1 marks a padding row)."""
   family = family_of(family)
-  out = {'lm': jnp.sum(batch[family.weight_key].astype(jnp.float32))}
+  out = {}
+  if family.weight_key in batch:
+    out['lm'] = jnp.sum(batch[family.weight_key].astype(jnp.float32))
   for head in family.heads:
     if head.label_key in batch:
-      out[head.name] = jnp.asarray(batch[head.label_key].shape[0], jnp.float32)
+      out[head.name] = jnp.sum((batch[head.label_key] >= 0).astype(jnp.float32))
   return out
 
 
@@ -33,10 +36,26 @@ def gather_predictions(hidden, targets, weights, count: int):
           jnp.take_along_axis(weights, index, axis=1))
 
 
+def head_sums(logits, labels) -> dict:
+  """Cross-entropy sums of (B, C) logits against (B,) labels (-1 = no row) and the (C, C)
+  confusion counts (true class x predicted class) that MCC and F1 need."""
+  weights = (labels >= 0).astype(jnp.float32)
+  out = losses.cross_entropy_sums(logits, jnp.maximum(labels, 0), weights)
+  classes = logits.shape[-1]
+  truth = jax.nn.one_hot(labels, classes, dtype=jnp.float32)            # (B, C); -1 -> zeros
+  predicted = jax.nn.one_hot(jnp.argmax(logits, -1), classes, dtype=jnp.float32)
+  return {'loss': out['loss'], 'correct': out['correct'],
+          'confusion': jnp.einsum('bt,bp->tp', truth, predicted)}
+
+
 def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
-              loss_chunk_len: int = 0, max_predictions: int = 0, top5: bool = False) -> dict:
+              loss_chunk_len: int = 0, max_predictions: int = 0, top5: bool = False,
+              freeze_backbone: bool = False) -> dict:
   """Forward pass and summed loss terms: lm, lm_z_loss, lm_correct, lm_weight (+ lm_top5 with
-  `top5`) and, for each active head (BERT's NSP), `{head}` and `{head}_correct`.
+  `top5`) and, for each active head whose labels the batch has (BERT's NSP, the fine-tuning
+  classifier), `{head}`, `{head}_correct` and `{head}_confusion`. A batch without the LM's
+  targets (a classification batch) has no LM terms. `freeze_backbone` stops gradients at the
+  hidden states (a linear probe: no gradient is computed for the backbone).
 
   loss_chunk_len > 0 runs the LM head and cross-entropy that many positions at a time
   (losses.chunked_cross_entropy_sums): the same sums, without the whole (B, T, V) logits.
@@ -52,6 +71,18 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
   args, kwargs = family.model_inputs(batch)
   variables = {'params': params}
   hidden = model.apply(variables, *args, **kwargs, rngs=rngs, method='hidden')  # (B, T, E)
+  if freeze_backbone:
+    hidden = jax.lax.stop_gradient(hidden)
+  sums = {}
+  for extra in family.active_heads(model.cfg):
+    if extra.label_key in batch:
+      logits = model.apply(variables, hidden, **{k: batch.get(k) for k in extra.keys},
+                           rngs=rngs, method=extra.method)
+      out = head_sums(logits, batch[extra.label_key])
+      sums.update({extra.name: out['loss'], f'{extra.name}_correct': out['correct'],
+                   f'{extra.name}_confusion': out['confusion']})
+  if family.target_key not in batch:
+    return sums
   head = lambda h: model.apply(variables, h, method='logits')
   targets, weights = batch[family.target_key], batch[family.weight_key]
 
@@ -64,24 +95,34 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
                       hidden, targets, weights)
   else:
     lm = lm_sums(hidden, targets, weights)
-  sums = {f'lm_{k}' if k != 'loss' else 'lm': v for k, v in lm.items()}
-  for extra in family.active_heads(model.cfg):
-    if extra.label_key in batch:
-      labels = batch[extra.label_key]
-      out = losses.cross_entropy_sums(model.apply(variables, hidden, method=extra.method),
-                                      labels, jnp.ones(labels.shape, jnp.float32))
-      sums.update({extra.name: out['loss'], f'{extra.name}_correct': out['correct']})
+  sums.update({f'lm_{k}' if k != 'loss' else 'lm': v for k, v in lm.items()})
   return sums
 
 
 def total_loss(sums: dict, denoms: dict):
   """The scalar that is differentiated, reported as `loss` everywhere: mean LM loss + mean
-  z-loss + the mean loss of each extra head (BERT's NSP)."""
-  loss = (sums['lm'] + sums['lm_z_loss']) / jnp.maximum(denoms['lm'], 1.0)
+  z-loss (where the batch has LM targets) + the mean loss of each head (NSP, classifier)."""
+  loss = jnp.zeros((), jnp.float32)
+  if 'lm' in sums:
+    loss = (sums['lm'] + sums['lm_z_loss']) / jnp.maximum(denoms['lm'], 1.0)
   for name in denoms:
     if name != 'lm' and name in sums:
       loss = loss + sums[name] / jnp.maximum(denoms[name], 1.0)
   return loss
+
+
+def confusion_metrics(confusion) -> dict:
+  """(C, C) counts (true x predicted) -> Matthews correlation (Gorodkin's multi-class form;
+  the usual MCC for C = 2) and F1 (of class 1 for C = 2, as GLUE's MRPC/QQP; macro for C > 2).
+  Both are 0 where undefined (e.g. one class only)."""
+  total, hits = jnp.sum(confusion), jnp.trace(confusion)
+  true, pred = jnp.sum(confusion, 1), jnp.sum(confusion, 0)
+  den = jnp.sqrt((total ** 2 - jnp.sum(pred ** 2)) * (total ** 2 - jnp.sum(true ** 2)))
+  mcc = jnp.where(den > 0, (hits * total - jnp.sum(pred * true)) / jnp.maximum(den, 1e-12), 0.0)
+  tp = jnp.diagonal(confusion)
+  f1_per_class = jnp.where(true + pred > 0, 2 * tp / jnp.maximum(true + pred, 1e-12), 0.0)
+  f1 = f1_per_class[1] if confusion.shape[0] == 2 else jnp.mean(f1_per_class)
+  return {'mcc': mcc, 'f1': f1}
 
 
 def metrics_from_sums(sums: dict, denoms: dict) -> dict:
@@ -90,18 +131,22 @@ def metrics_from_sums(sums: dict, denoms: dict) -> dict:
   loss: the training objective (total_loss). lm_loss / lm_accuracy / lm_perplexity: the LM
   cross-entropy per target token, its argmax accuracy and exp(lm_loss) (+ lm_top5_accuracy
   when the sums have it). z_loss: the auxiliary term per target token. {head}_loss /
-  {head}_accuracy: each extra head (nsp_loss, nsp_accuracy for BERT).
+  {head}_accuracy / {head}_mcc / {head}_f1: each head (nsp_*, and class_* for fine-tuning).
   """
-  lm_weight = jnp.maximum(denoms['lm'], 1.0)
-  lm_loss = sums['lm'] / lm_weight
-  out = {'loss': total_loss(sums, denoms), 'lm_loss': lm_loss,
-         'lm_perplexity': jnp.exp(lm_loss), 'lm_accuracy': sums['lm_correct'] / lm_weight,
-         'z_loss': sums['lm_z_loss'] / lm_weight}
-  if 'lm_top5' in sums:
-    out['lm_top5_accuracy'] = sums['lm_top5'] / lm_weight
+  out = {'loss': total_loss(sums, denoms)}
+  if 'lm' in sums:
+    lm_weight = jnp.maximum(denoms['lm'], 1.0)
+    lm_loss = sums['lm'] / lm_weight
+    out.update({'lm_loss': lm_loss, 'lm_perplexity': jnp.exp(lm_loss),
+                'lm_accuracy': sums['lm_correct'] / lm_weight,
+                'z_loss': sums['lm_z_loss'] / lm_weight})
+    if 'lm_top5' in sums:
+      out['lm_top5_accuracy'] = sums['lm_top5'] / lm_weight
   for name in denoms:
     if name != 'lm' and name in sums:
       weight = jnp.maximum(denoms[name], 1.0)
       out.update({f'{name}_loss': sums[name] / weight,
                   f'{name}_accuracy': sums[f'{name}_correct'] / weight})
+      out.update({f'{name}_{k}': v for k, v in
+                  confusion_metrics(sums[f'{name}_confusion']).items()})
   return out

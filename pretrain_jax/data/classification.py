@@ -1,0 +1,157 @@
+"""Task examples -> fixed-length batches in a family's layout, behind pre-training's DataIterator.
+
+Layouts (all (B, T) int32 unless noted; a padding row has segment ids 0 and label -1):
+  bert  inputs = [CLS] text [SEP] (pair [SEP]), token_type_ids 0 / 1 for the pair, segment_ids,
+        positions, labels (B,)
+  gpt   inputs = text EOS (pair EOS): the last real token (EOS) has read the whole row;
+        segment_ids, positions, labels (B,)
+  t5    the span-corruption keys (DESIGN.md) with `inputs` + EOS in the encoder and
+        `targets` + EOS as decoder targets (teacher forcing), decoder_loss_weights on targets
+Inputs longer than `seq_len` are truncated (longest part first) and counted in
+`Encoded.truncated`; T5 targets longer than `target_len` are refused (a cut label would be a
+different label).
+"""
+import dataclasses
+import zlib
+
+import numpy as np
+
+from pretrain_jax.data import pipeline
+
+
+@dataclasses.dataclass
+class Encoded:
+  rows: dict        # key -> (N, ...) array of every example
+  truncated: int    # examples whose input was cut to fit seq_len
+
+
+def _truncate(a: list, b: list, budget: int):
+  a, b = list(a), list(b)
+  while len(a) + len(b) > budget:
+    (a if len(a) >= len(b) else b).pop()
+  return a, b
+
+
+def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: int = 0,
+           max_examples: int = 0) -> Encoded:
+  """Every example of `split` (the first `max_examples`; 0 = all) as arrays in `family`'s
+  layout; class labels are indices into task.labels."""
+  examples = task.splits[split][:max_examples or None]
+  n, truncated = len(examples), 0
+  zeros = lambda *shape: np.zeros((n,) + shape, np.int32)
+  if family == 't5':
+    if not target_len:
+      raise ValueError('data.target_len=0; expected the decoder length for T5 targets')
+    rows = {k: zeros(seq_len) for k in ('encoder_input_tokens', 'encoder_segment_ids',
+                                        'encoder_positions')}
+    rows.update({k: zeros(target_len) for k in ('decoder_input_tokens', 'decoder_target_tokens',
+                                                 'decoder_segment_ids', 'decoder_positions')})
+    for i, ex in enumerate(examples):
+      ex = task.t5_example(ex)
+      ids = tokenizer.encode(ex['inputs'])
+      if len(ids) + 1 > seq_len:
+        ids, truncated = ids[:seq_len - 1], truncated + 1
+      ids = ids + [tokenizer.eos_id]
+      target = tokenizer.encode(ex['targets']) + [tokenizer.eos_id]
+      if len(target) > target_len:
+        raise ValueError(f'{split} example {i}: target {ex["targets"][:40]!r} is {len(target)} '
+                         f'tokens with EOS; expected at most data.target_len={target_len} '
+                         '(raise it; targets are never cut)')
+      rows['encoder_input_tokens'][i, :len(ids)] = ids
+      rows['encoder_segment_ids'][i, :len(ids)] = 1
+      rows['encoder_positions'][i, :len(ids)] = np.arange(len(ids))
+      rows['decoder_target_tokens'][i, :len(target)] = target
+      rows['decoder_input_tokens'][i, 1:len(target)] = target[:-1]
+      rows['decoder_segment_ids'][i, :len(target)] = 1
+      rows['decoder_positions'][i, :len(target)] = np.arange(len(target))
+    rows['decoder_loss_weights'] = (rows['decoder_segment_ids'] > 0).astype(np.float32)
+    if task.labels:
+      index = {label: c for c, label in enumerate(task.labels)}
+      rows['class_ids'] = np.array([index[e['label']] for e in examples], np.int32)
+    return Encoded(rows, truncated)
+
+  rows = {k: zeros(seq_len) for k in ('inputs', 'segment_ids', 'positions')}
+  if family == 'bert':
+    rows['token_type_ids'] = zeros(seq_len)
+  index = {label: c for c, label in enumerate(task.labels)}
+  rows['labels'] = np.array([index[e['label']] for e in examples], np.int32)
+  for i, ex in enumerate(examples):
+    a = tokenizer.encode(ex['text'])
+    b = tokenizer.encode(ex['text_pair']) if ex.get('text_pair') is not None else None
+    specials = (2 + (b is not None)) if family == 'bert' else (1 + (b is not None))
+    cut_a, cut_b = _truncate(a, b or [], seq_len - specials)
+    truncated += (len(cut_a), len(cut_b)) != (len(a), len(b or []))
+    if family == 'bert':
+      ids = [tokenizer.cls_id] + cut_a + [tokenizer.sep_id]
+      types = [0] * len(ids)
+      if b is not None:
+        ids += cut_b + [tokenizer.sep_id]
+        types += [1] * (len(cut_b) + 1)
+      rows['token_type_ids'][i, :len(ids)] = types
+    else:
+      ids = cut_a + [tokenizer.eos_id] + ((cut_b + [tokenizer.eos_id]) if b is not None else [])
+    rows['inputs'][i, :len(ids)] = ids
+    rows['segment_ids'][i, :len(ids)] = 1
+    rows['positions'][i, :len(ids)] = np.arange(len(ids))
+  return Encoded(rows, truncated)
+
+
+def _take(rows: dict, index: np.ndarray, batch_size: int) -> dict:
+  """Rows `index` padded to `batch_size` with empty rows (segment ids 0, label -1)."""
+  out = {}
+  for k, v in rows.items():
+    part = v[index]
+    pad = np.full((batch_size - len(index),) + v.shape[1:], -1 if k in ('labels', 'class_ids')
+                  else 0, v.dtype)
+    out[k] = np.concatenate([part, pad])
+  return out
+
+
+def make_task_dataset(encoded: Encoded, *, split: str, batch_size: int, seed: int = 0,
+                      repeat: bool = True, process_index: int = 0, process_count: int = 1,
+                      keys=None) -> pipeline.DataIterator:
+  """Batches of `encoded` with get_state/set_state (pre-training's DataIterator).
+
+  repeat=True: endless, each epoch in a new order from (seed, epoch), batches may span epochs.
+  repeat=False: one pass in order, the last batch padded with empty rows. Host `process_index`
+  reads rows process_index::process_count. `keys`: the batch keys to emit (default all).
+  """
+  rows = {k: v[process_index::process_count] for k, v in encoded.rows.items()
+          if keys is None or k in keys}
+  n = len(next(iter(rows.values())))
+  if n == 0:
+    raise ValueError(f'{split}: no examples for host {process_index} of {process_count}')
+  salt = zlib.crc32(split.encode())
+
+  def order(epoch):
+    if not repeat:
+      return np.arange(n)
+    return np.random.default_rng([seed, salt, epoch]).permutation(n)
+
+  def produce(state, stats):
+    del stats
+    epoch, pos = state['epoch'], state['doc']
+    perm = order(epoch)
+    while True:
+      index = []
+      while len(index) < batch_size:
+        if pos == n:
+          if not repeat:
+            break
+          epoch, pos, perm = epoch + 1, 0, order(epoch + 1)
+        take = min(batch_size - len(index), n - pos)
+        index.extend(perm[pos:pos + take])
+        pos += take
+      if not index:
+        return
+      yield _take(rows, np.asarray(index), batch_size), dict(
+          state, epoch=epoch, doc=pos, batches=state['batches'] + 1)
+      state = dict(state, epoch=epoch, doc=pos, batches=state['batches'] + 1)
+      if not repeat and pos == n:
+        return
+
+  identity = dict(split=split, seed=int(seed), objective='task', seq_len=int(
+      rows[next(iter(rows))].shape[-1]) if rows[next(iter(rows))].ndim > 1 else 0,
+      batch_size=int(batch_size), process_index=int(process_index),
+      process_count=int(process_count))
+  return pipeline.DataIterator(produce, identity, prefetch=2)

@@ -1,0 +1,224 @@
+"""Labelled tasks for fine-tuning: local files, named tfds datasets, and one embedded task.
+
+`load_task(name, ...)` -> Task: examples per split as plain dicts, either classification
+(`text`, optional `text_pair`, `label` a string) or text-to-text (`inputs`, `targets`).
+
+  name = 'word_order'                 the embedded task (no download; see word_order_examples)
+  name = 'glue/sst2' (cola, mrpc, qnli, rte, qqp, super_glue/boolq)   tfds, in tfds_data_dir
+  name = DIR                          DIR/train.* and DIR/validation.* (or dev.*; test.*), each
+                                      .jsonl / .json / .csv / .tsv
+  name = 'train=a.csv,validation=b.csv'   named files
+
+The label set is collected from the training split (sorted; integers numerically) and becomes
+the class order; a validation label unseen in training is an error.
+"""
+import csv
+import dataclasses
+import glob
+import json
+import os
+import random
+import re
+import zlib
+
+EMBEDDED = 'word_order'
+SPLIT_FILES = {'train': ('train',), 'validation': ('validation', 'dev'), 'test': ('test',)}
+EXTENSIONS = ('.jsonl', '.json', '.csv', '.tsv')
+# tfds name -> (text feature, pair feature or None, headline metric, T5 task prefix)
+TFDS_TASKS = {
+    'glue/sst2': ('sentence', None, 'accuracy', 'sst2 sentence'),
+    'glue/cola': ('sentence', None, 'mcc', 'cola sentence'),
+    'glue/mrpc': ('sentence1', 'sentence2', 'f1', 'mrpc sentence1'),
+    'glue/qnli': ('question', 'sentence', 'accuracy', 'qnli question'),
+    'glue/rte': ('sentence1', 'sentence2', 'accuracy', 'rte sentence1'),
+    'glue/qqp': ('question1', 'question2', 'f1', 'qqp question1'),
+    'super_glue/boolq': ('question', 'passage', 'accuracy', 'boolq question'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  splits: dict                 # split -> list of example dicts
+  labels: tuple = ()           # class names in class order; () for free text-to-text
+  metric: str = 'accuracy'     # headline validation metric: accuracy | mcc | f1
+  prefix: str = ''             # T5 input prefix, e.g. 'sst2 sentence'
+
+  @property
+  def text_to_text(self) -> bool:
+    return 'targets' in self.splits['train'][0]
+
+  def t5_example(self, example: dict) -> dict:
+    """A classification example as T5 text (`prefix: text [pair: text_pair]` -> label)."""
+    if 'targets' in example:
+      return example
+    text = f'{self.prefix}: {example["text"]}' if self.prefix else example['text']
+    if example.get('text_pair') is not None:
+      text += f' {self.prefix.split()[0] + " " if self.prefix else ""}pair: {example["text_pair"]}'
+    return {'inputs': text, 'targets': example['label']}
+
+
+def _label_key(label: str):
+  return (0, int(label), '') if re.fullmatch(r'-?\d+', label) else (1, 0, label)
+
+
+def collect_labels(task_name: str, splits: dict) -> tuple:
+  """Sorted label set of the train split; errors for an unseen label in any other split."""
+  labels = tuple(sorted({e['label'] for e in splits['train']}, key=_label_key))
+  if len(labels) < 2:
+    raise ValueError(f'task {task_name!r}: the train split has labels {list(labels)}; expected '
+                     'at least 2 classes')
+  for split, examples in splits.items():
+    unseen = sorted({e['label'] for e in examples} - set(labels))
+    if split != 'train' and unseen:
+      raise ValueError(f'task {task_name!r}: {split} label(s) {unseen[:5]} never occur in '
+                       f'train; expected one of {list(labels)}')
+  return labels
+
+
+def _check_examples(task_name: str, split: str, rows: list, where: str) -> list:
+  if not rows:
+    raise ValueError(f'task {task_name!r}: {split} split ({where}) is empty; expected '
+                     'labelled examples')
+  out = []
+  for i, row in enumerate(rows):
+    if 'inputs' in row or 'targets' in row:
+      missing = [k for k in ('inputs', 'targets') if row.get(k) in (None, '')]
+      keys = ('inputs', 'targets')
+    else:
+      missing = [k for k in ('text', 'label') if row.get(k) in (None, '')]
+      keys = ('text', 'text_pair', 'label')
+    if missing:
+      raise ValueError(f'{where} row {i}: no {", ".join(missing)} column/value (has '
+                       f'{sorted(row)}); expected text [+ text_pair] + label, or inputs + '
+                       'targets')
+    out.append({k: str(row[k]) for k in keys if row.get(k) not in (None, '')})
+  return out
+
+
+def read_rows(path: str) -> list:
+  """Records of one .jsonl / .json (a list of objects) / .csv / .tsv file (header row)."""
+  with open(path, encoding='utf-8') as f:
+    if path.endswith('.jsonl'):
+      return [json.loads(line) for line in f if line.strip()]
+    if path.endswith('.json'):
+      data = json.load(f)
+      if not isinstance(data, list):
+        raise ValueError(f'{path}: a JSON {type(data).__name__}; expected a list of objects')
+      return data
+    if path.endswith(('.csv', '.tsv')):
+      return list(csv.DictReader(f, delimiter='\t' if path.endswith('.tsv') else ','))
+  raise ValueError(f'{path}: unknown extension; expected one of {EXTENSIONS}')
+
+
+def _split_files(name: str) -> dict:
+  if '=' in name:
+    files = dict(part.split('=', 1) for part in name.split(','))
+  else:
+    files = {}
+    for split, stems in SPLIT_FILES.items():
+      found = [p for s in stems for ext in EXTENSIONS
+               for p in sorted(glob.glob(os.path.join(name, s + ext)))]
+      if found:
+        files[split] = found[0]
+  for split, path in files.items():
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'task {name!r}: {split} file {path!r} does not exist')
+  if 'train' not in files or 'validation' not in files:
+    raise ValueError(f'task {name!r}: found splits {sorted(files)}; expected a train.* and a '
+                     f'validation.* (or dev.*) file with an extension in {EXTENSIONS}')
+  return files
+
+
+def _tfds_task(name: str, data_dir: str) -> Task:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  text_key, pair_key, metric, prefix = TFDS_TASKS[name]
+  builder = tfds.builder(name, data_dir=data_dir or None)
+  names = builder.info.features['label'].names if hasattr(
+      builder.info.features['label'], 'names') else None
+  splits = {}
+  for split in ('train', 'validation'):
+    rows = []
+    for ex in tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)):
+      if int(ex['label']) < 0:       # GLUE's unlabelled test rows
+        continue
+      label = names[int(ex['label'])] if names else str(int(ex['label']))
+      row = {'text': ex[text_key].decode('utf-8'), 'label': label}
+      if pair_key:
+        row['text_pair'] = ex[pair_key].decode('utf-8')
+      rows.append(row)
+    splits[split] = _check_examples(name, split, rows, f'tfds {name} {split}')
+  labels = tuple(names) if names else collect_labels(name, splits)
+  return Task(name, splits, labels, metric, prefix)
+
+
+def word_order_examples(seed: int = 0, window: int = 0) -> dict:
+  """The embedded task: is this sentence's word order original, or is one window shuffled?
+
+  Sentences (6-40 words, mostly ordinary words) come from the embedded corpus (data/corpus.py,
+  CPython's documentation). Each sentence appears once: with probability 1/2 (a hash of the
+  sentence) its words are permuted (never the identity), labelled 'shuffled', else
+  'original'. The first and last words stay in place (else a lower-case first word or a
+  period mid-sentence would give it away: a from-scratch model reached 0.85 on that cue);
+  `window` > 0 permutes only that many consecutive interior words (a harder variant). Why it is fair: both classes have exactly the same words, so
+  no keyword or bag-of-words feature separates them and length says nothing; only word order
+  does, which is what a language model learns and a random network does not know. Train and
+  validation are split by DOCUMENT (1 in 8 documents is validation) and a sentence the corpus
+  repeats is kept once, so no validation sentence is seen in fine-tuning. The pre-training corpus did contain the
+  original text, never with labels; report the from-scratch baseline beside it.
+  """
+  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  word = re.compile(r"^[A-Za-z][A-Za-z'-]*[,.;:]?$")
+  splits, seen = {'train': [], 'validation': []}, set()
+  for d, doc in enumerate(corpus.embedded_documents()):
+    split = 'validation' if zlib.crc32(f'doc{d}'.encode()) % 8 == 0 else 'train'
+    text = ' '.join(doc.split())
+    for sentence in re.split(r'(?<=[.!?])\s+(?=[A-Z])', text):
+      words = sentence.split()
+      if not 6 <= len(words) <= 40 or sum(bool(word.match(w)) for w in words) < 0.8 * len(words):
+        continue
+      if sentence in seen:   # the topics repeat some text: each sentence once, in one split
+        continue
+      seen.add(sentence)
+      rng = random.Random(zlib.crc32(f'{seed}:{sentence}'.encode()))
+      label = 'original'
+      if rng.random() < 0.5:
+        size = min(window or len(words) - 2, len(words) - 2)
+        start = rng.randrange(1, len(words) - size)
+        part = words[start:start + size]
+        for _ in range(10):
+          shuffled = rng.sample(part, len(part))
+          if shuffled != part:
+            words = words[:start] + shuffled + words[start + size:]
+            label = 'shuffled'
+            break
+      splits[split].append({'text': ' '.join(words), 'label': label})
+  for examples in splits.values():
+    random.Random(seed).shuffle(examples)
+  return splits
+
+
+def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
+  """The Task called `name` (see the module docstring)."""
+  if not name:
+    raise ValueError("task ''; expected 'word_order', a tfds name like 'glue/sst2', a "
+                     'directory with train.* and validation.* files, or train=FILE,'
+                     'validation=FILE')
+  if name == EMBEDDED:
+    splits = word_order_examples(seed)
+    return Task(name, splits, ('original', 'shuffled'), 'accuracy', 'word order')
+  if name in TFDS_TASKS:
+    return _tfds_task(name, tfds_data_dir)
+  if '/' in name and not os.path.exists(name) and '=' not in name and name.count('/') == 1 \
+      and not name.startswith(('.', '/')):
+    raise ValueError(f'task {name!r} is not a directory and not a known tfds task; expected '
+                     f'one of {sorted(TFDS_TASKS)} or a directory')
+  files = _split_files(name)
+  splits = {split: _check_examples(name, split, read_rows(path), path)
+            for split, path in files.items()}
+  kinds = {'targets' in s[0] for s in splits.values()}
+  if len(kinds) > 1:
+    raise ValueError(f'task {name!r}: some splits are text-to-text (inputs/targets) and some '
+                     'classification (text/label); expected one kind')
+  labels = () if kinds == {True} else collect_labels(name, splits)
+  return Task(os.path.basename(name.rstrip('/')) or name, splits, labels)

@@ -1,0 +1,51 @@
+"""Fine-tune or probe a checkpoint on a labelled task, on the pre-training loop.
+
+  python scripts/finetune.py --init runs/tiny/gpt --task word_order --workdir runs/ft/gpt_full \
+      --mode full [--config.train.steps=300 --config.train.learning_rate=1e-3 ...]
+  python scripts/finetune.py --init bert-base-uncased/ --task glue/sst2 \
+      --config.task.tfds_data_dir=gs://BUCKET/tfds --workdir runs/sst2 --mode linear_probe
+
+--init: a training workdir, one of its checkpoints/<step> directories, or a Hugging Face model
+directory. --task: 'word_order' (embedded, no download), a tfds name (glue/sst2, glue/cola,
+glue/mrpc, glue/qnli, glue/rte, glue/qqp, super_glue/boolq), a directory with train.* and
+validation.* (.jsonl/.json/.csv/.tsv with text [, text_pair], label or inputs, targets), or
+'train=FILE,validation=FILE'. --mode: full | linear_probe | scratch (pretrain_jax/finetune).
+Checkpoints, SIGTERM and resuming work as in scripts/train.py (rerun the command to resume).
+Progress goes to stderr, metrics.jsonl and TensorBoard; stdout gets one JSON line. Predict
+with `pretrain_jax.load_pretrained(WORKDIR).predict(['a sentence', ...])`.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           'configs', 'finetune.py'), 'fine-tuning config', lock_config=True)
+_INIT = flags.DEFINE_string('init', None, 'checkpoint: workdir, checkpoints/<step> or HF dir')
+_TASK = flags.DEFINE_string('task', None, 'task name, tfds name, or directory')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
+_MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], 'what trains')
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from pretrain_jax import finetune  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  config.unlock()
+  config.init, config.task.name, config.mode = _INIT.value, _TASK.value, _MODE.value
+  try:
+    result = finetune.finetune(config, _WORKDIR.value)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')
+  print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['init', 'task', 'workdir'])
+  app.run(main)

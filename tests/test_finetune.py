@@ -1,0 +1,291 @@
+"""Fine-tuning: heads, linear probe vs full, tasks and their errors, T5 scoring, transfer."""
+import json
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import common, finetune as finetune_config, tiny_gpt
+from pretrain_jax.data import classification, tasks
+from pretrain_jax.finetune import run as run_lib
+from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.training import loop, mesh as mesh_lib, step as step_lib, task as task_lib
+
+
+def model_cfg(family, **kw):
+  return ModelConfig(family=family, vocab_size=128, num_layers=2, emb_dim=32, num_heads=4,
+                     head_dim=8, mlp_dim=64, max_len=32, dropout_rate=0.0,
+                     attention_dropout_rate=0.0, **kw)
+
+
+def init(cfg, batch):
+  args, kwargs = family_of(cfg).model_inputs(batch)
+  model = build(cfg)
+  return model, jax.jit(model.init)(jax.random.key(0), *args, **kwargs)['params']
+
+
+def class_batch(family, rows=8, length=16, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(4, length + 1, rows)
+  seg = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+  batch = {'inputs': rng.integers(5, 128, (rows, length)).astype(np.int32) * seg,
+           'segment_ids': seg, 'positions': (np.cumsum(seg, 1) - 1) * seg,
+           'labels': rng.integers(0, 3, rows).astype(np.int32)}
+  if family == 'bert':
+    batch['token_type_ids'] = np.zeros_like(seg)
+  return batch
+
+
+def test_gpt_head_reads_the_last_real_token():
+  cfg = model_cfg('gpt', num_classes=3)
+  batch = class_batch('gpt')
+  model, params = init(cfg, batch)
+  keys = ('inputs', 'segment_ids', 'positions')
+  logits = model.apply({'params': params}, *family_of(cfg).model_inputs(
+      {k: batch[k] for k in keys})[0], segment_ids=batch['segment_ids'],
+                       positions=batch['positions'])
+  assert logits.shape == (8, 3)
+  # Other pad ids and more padding: the same logits.
+  seg = np.pad(batch['segment_ids'], [(0, 0), (0, 8)])
+  noisy = np.where(seg == 0, 77, np.pad(batch['inputs'], [(0, 0), (0, 8)]))
+  again = model.apply({'params': params}, noisy, segment_ids=seg,
+                      positions=np.pad(batch['positions'], [(0, 0), (0, 8)]))
+  np.testing.assert_allclose(again, logits, atol=1e-5)
+  # Changing the last real token of row 0 changes row 0's logits.
+  last = int(batch['segment_ids'][0].sum()) - 1
+  changed = batch['inputs'].copy()
+  changed[0, last] = changed[0, last] % 120 + 5
+  out = model.apply({'params': params}, changed, segment_ids=batch['segment_ids'],
+                    positions=batch['positions'])
+  assert np.abs(out[0] - logits[0]).max() > 1e-4
+  np.testing.assert_allclose(out[1:], logits[1:], atol=1e-6)
+
+
+def test_bert_pair_task_uses_token_types():
+  class Tok:
+    cls_id, sep_id, eos_id, pad_id = 1, 2, 3, 0
+    encode = staticmethod(lambda text: [10 + len(w) for w in text.split()])
+  task = tasks.Task('pairs', {'train': [{'text': 'a bb', 'text_pair': 'ccc', 'label': 'x'},
+                                        {'text': 'dd', 'label': 'y'}]}, ('x', 'y'))
+  rows = classification.encode(task, 'train', Tok, 'bert', seq_len=8).rows
+  np.testing.assert_array_equal(rows['inputs'][0], [1, 11, 12, 2, 13, 2, 0, 0])
+  np.testing.assert_array_equal(rows['token_type_ids'][0], [0, 0, 0, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(rows['token_type_ids'][1], [0] * 8)
+  np.testing.assert_array_equal(rows['labels'], [0, 1])
+  cfg = model_cfg('bert', num_classes=2)
+  batch = {k: v for k, v in rows.items() if k != 'labels'}
+  model, params = init(cfg, batch)
+  kw = dict(segment_ids=rows['segment_ids'], positions=rows['positions'])
+  with_types = model.apply({'params': params}, rows['inputs'],
+                           token_type_ids=rows['token_type_ids'], **kw)
+  without = model.apply({'params': params}, rows['inputs'],
+                        token_type_ids=np.zeros_like(rows['token_type_ids']), **kw)
+  assert np.abs(with_types[0] - without[0]).max() > 1e-4
+  np.testing.assert_allclose(with_types[1], without[1], atol=1e-6)
+
+
+def _train(family, freeze, steps=3):
+  config = ml_collections.ConfigDict()
+  t = common.train_config(batch_size=8, steps=steps, learning_rate=1e-2)
+  t.update(warmup_steps=1, max_predictions_per_seq=0, freeze_backbone=freeze)
+  mesh = mesh_lib.make_mesh(common.mesh_config(), jax.devices()[:1])
+  cfg = model_cfg(family, num_classes=3)
+  steps_ = step_lib.make_steps(cfg, t, mesh, init_length=16)
+  state = steps_.create_state(0)
+  before = jax.device_get(state.params)
+  for i in range(steps):
+    state, metrics = steps_.train_step(state, class_batch(family, seed=i))
+  del config
+  return before, jax.device_get(state.params), state.opt_state, metrics
+
+
+@pytest.mark.parametrize('family', ['bert', 'gpt'])
+def test_linear_probe_freezes_the_backbone_and_keeps_no_optimizer_state_for_it(family):
+  before, after, opt_state, metrics = _train(family, freeze=True)
+  heads = {n for h in family_of(family).heads if h.enabled == 'num_classes' for n in h.params}
+  for name in before:
+    same = jax.tree.leaves(jax.tree.map(np.array_equal, before[name], after[name]))
+    assert all(same) != (name in heads), name   # backbone identical, head changed
+  head_leaves = [x for n in heads for x in jax.tree.leaves(before[n])]
+  state_leaves = [x for x in jax.tree.leaves(opt_state) if np.ndim(x) > 0]
+  assert sorted(x.size for x in state_leaves) == sorted(2 * [x.size for x in head_leaves])
+  assert 'lm_loss' not in metrics and 0 < float(metrics['class_loss']) < 5
+
+
+def test_full_fine_tuning_changes_the_backbone():
+  before, after, _, _ = _train('gpt', freeze=False)
+  for name in before:
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, before[name], after[name]))), name
+
+
+def test_confusion_metrics_against_literals():
+  # truth x predicted: 5 TN, 1 FP, 2 FN, 2 TP
+  m = task_lib.confusion_metrics(jnp.array([[5., 1.], [2., 2.]]))
+  mcc = (2 * 5 - 1 * 2) / np.sqrt(3 * 4 * 6 * 7)
+  np.testing.assert_allclose(float(m['mcc']), mcc, rtol=1e-5)
+  np.testing.assert_allclose(float(m['f1']), 2 * 2 / (2 * 2 + 1 + 2), rtol=1e-6)
+  assert float(task_lib.confusion_metrics(jnp.array([[4., 0.], [3., 0.]]))['mcc']) == 0.0
+
+
+def test_t5_exact_match_scoring_against_a_literal():
+  scores = run_lib.exact_match_scores(
+      decoded=['positive', 'negative ', 'posi', 'negative'],
+      targets=['positive', 'negative', 'positive', 'positive'],
+      truth=np.array([1, 0, 1, 1]), labels=('negative', 'positive'))
+  assert scores['exact_match'] == 0.5 and scores['class_accuracy'] == 0.5
+  # 'posi' is no label: counted as the wrong class (negative) -> TP 1, FN 2, TN 1, FP 0
+  np.testing.assert_allclose(scores['class_f1'], 2 / (2 + 2), rtol=1e-6)
+
+
+def _write(path, rows):
+  with open(path, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in rows)
+
+
+def test_local_task_files_and_their_errors(tmp_path):
+  d = tmp_path / 'task'
+  d.mkdir()
+  _write(d / 'train.jsonl', [{'text': 'a', 'label': 2}, {'text': 'b', 'label': 10}])
+  (d / 'dev.csv').write_text('text,text_pair,label\nx,y,10\n')
+  task = tasks.load_task(str(d))
+  assert task.labels == ('2', '10') and task.splits['validation'][0]['text_pair'] == 'y'
+  (d / 'dev.csv').write_text('text,label\nx,7\n')
+  with pytest.raises(ValueError, match=r"validation label\(s\) \['7'\] never occur in train"):
+    tasks.load_task(str(d))
+  (d / 'dev.csv').write_text('sentence,label\nx,2\n')
+  with pytest.raises(ValueError, match='no text column'):
+    tasks.load_task(str(d))
+  (d / 'dev.csv').write_text('text,label\n')
+  with pytest.raises(ValueError, match='is empty'):
+    tasks.load_task(str(d))
+  with pytest.raises(ValueError, match='expected a train'):
+    tasks.load_task(str(tmp_path))
+
+
+def test_t5_targets_longer_than_target_len_are_refused():
+  class Tok:
+    eos_id, pad_id = 1, 0
+    encode = staticmethod(lambda text: [5] * len(text.split()))
+  task = tasks.Task('t', {'train': [{'inputs': 'a b', 'targets': 'one two three'}]})
+  rows = classification.encode(task, 'train', Tok, 't5', seq_len=8, target_len=4).rows
+  np.testing.assert_array_equal(rows['decoder_target_tokens'][0], [5, 5, 5, 1])
+  np.testing.assert_array_equal(rows['decoder_input_tokens'][0], [0, 5, 5, 5])
+  with pytest.raises(ValueError, match='expected at most data.target_len=3'):
+    classification.encode(task, 'train', Tok, 't5', seq_len=8, target_len=3)
+
+
+def test_init_that_is_not_a_checkpoint_and_a_head_size_that_disagrees(tmp_path):
+  with pytest.raises(ValueError, match='is not a checkpoint'):
+    run_lib.load_init(str(tmp_path))
+  (tmp_path / 'config.json').write_text(json.dumps({'model': {'num_classes': 3}}))
+  config = finetune_config.get_config()
+  config.model.num_classes = 2
+  with pytest.raises(ValueError, match='num_classes=3 but this task has 2 labels'):
+    run_lib.check_resume(config, str(tmp_path))
+
+
+def test_mock_glue_flows_through_the_tfds_path():
+  tfds = pytest.importorskip('tensorflow_datasets')
+  with tfds.testing.mock_data(num_examples=6):
+    sst2 = tasks.load_task('glue/sst2')
+    mrpc = tasks.load_task('glue/mrpc')
+  assert sst2.labels == ('negative', 'positive') and sst2.metric == 'accuracy'
+  assert len(sst2.splits['train']) == 6 and 'text_pair' not in sst2.splits['train'][0]
+  assert mrpc.metric == 'f1' and 'text_pair' in mrpc.splits['validation'][0]
+  assert sst2.t5_example(sst2.splits['train'][0])['inputs'].startswith('sst2 sentence: ')
+
+
+def test_the_embedded_task_is_balanced_and_shares_no_sentence():
+  splits = tasks.word_order_examples()
+  for examples in splits.values():
+    share = np.mean([e['label'] == 'shuffled' for e in examples])
+    assert 0.4 < share < 0.6
+  assert len(splits['train']) > 1000 and len(splits['validation']) > 100
+  train_texts = {e['text'] for e in splits['train']}
+  assert not train_texts & {e['text'] for e in splits['validation']}
+
+
+def test_iterator_resumes_and_pads_the_last_eval_batch():
+  rows = {'inputs': np.arange(10)[:, None].repeat(4, 1).astype(np.int32),
+          'labels': np.arange(10, dtype=np.int32)}
+  enc = classification.Encoded(rows, 0)
+  it = classification.make_task_dataset(enc, split='train', batch_size=4, seed=1)
+  first = [next(it)['labels'] for _ in range(2)]
+  state = it.get_state()
+  third = next(it)['labels']
+  it2 = classification.make_task_dataset(enc, split='train', batch_size=4, seed=1)
+  it2.set_state(state)
+  np.testing.assert_array_equal(next(it2)['labels'], third)
+  assert sorted(np.concatenate(first + [third])[:10]) == list(range(10))
+  val = list(classification.make_task_dataset(enc, split='v', batch_size=4, repeat=False))
+  assert len(val) == 3 and list(val[-1]['labels']) == [8, 9, -1, -1]
+
+
+# ---- end to end: a short pre-training, then fine-tuning (heavier) --------------------------
+
+@pytest.fixture(scope='module')
+def gpt_init(tmp_path_factory):
+  cache = str(tmp_path_factory.mktemp('cache'))
+  old = os.environ.get('PRETRAIN_JAX_CACHE')
+  os.environ['PRETRAIN_JAX_CACHE'] = cache
+  c = tiny_gpt.get_config()
+  c.model.update(num_layers=2, emb_dim=64, num_heads=2, head_dim=32, mlp_dim=256, max_len=64)
+  c.data.seq_len = 64
+  c.train.update(batch_size=16, steps=250, warmup_steps=20, log_every=50, eval_every=0,
+                 checkpoint_every=250)
+  workdir = str(tmp_path_factory.mktemp('gpt'))
+  loop.train_and_evaluate(c, workdir)
+  yield workdir
+  if old is None:
+    del os.environ['PRETRAIN_JAX_CACHE']
+  else:
+    os.environ['PRETRAIN_JAX_CACHE'] = old
+
+
+def _ft_config(init, mode, steps=60):
+  c = finetune_config.get_config()
+  c.init, c.mode = init, mode
+  c.data.seq_len = 64
+  c.task.max_eval_examples = 160
+  c.train.update(batch_size=16, steps=steps, warmup_steps=6, learning_rate=1e-3,
+                 eval_every=steps // 2, checkpoint_every=steps // 2, log_every=10)
+  return c
+
+
+@pytest.mark.slow
+def test_pretrained_beats_scratch_on_the_embedded_task(gpt_init, tmp_path):
+  full = run_lib.finetune(_ft_config(gpt_init, 'full'), str(tmp_path / 'full'))
+  scratch = run_lib.finetune(_ft_config(gpt_init, 'scratch'), str(tmp_path / 'scratch'))
+  assert full['final'] > scratch['final'] + 0.05, (full['final'], scratch['final'])
+  import pretrain_jax  # the result loads and predicts labels
+  model = pretrain_jax.load_pretrained(str(tmp_path / 'full'))
+  assert set(model.predict(['The list is sorted in place.', 'list The sorted is'])) <= {
+      'original', 'shuffled'}
+
+
+@pytest.mark.slow
+def test_resume_after_sigterm_matches_an_uninterrupted_run(gpt_init, tmp_path, monkeypatch):
+  whole = run_lib.finetune(_ft_config(gpt_init, 'full', 20), str(tmp_path / 'whole'))
+  real = loop.train_and_evaluate
+
+  def interrupted(config, workdir, **kw):
+    sent = []
+    def sigterm(params):  # at the first evaluation (step 10): the loop saves at step 11
+      del params
+      if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+      return {}
+    return real(config, workdir, **dict(kw, evaluators=tuple(kw['evaluators']) + (sigterm,)))
+  monkeypatch.setattr(run_lib.loop, 'train_and_evaluate', interrupted)
+  first = run_lib.finetune(_ft_config(gpt_init, 'full', 20), str(tmp_path / 'cut'))
+  assert first['preempted'] and first['step'] == 11
+  monkeypatch.setattr(run_lib.loop, 'train_and_evaluate', real)
+  resumed = run_lib.finetune(_ft_config(gpt_init, 'full', 20), str(tmp_path / 'cut'))
+  assert resumed['start_step'] == 11 and resumed['step'] == 20
+  for key in ('loss', 'class_accuracy', 'class_loss'):
+    assert resumed['eval_metrics'][key] == whole['eval_metrics'][key], key
