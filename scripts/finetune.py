@@ -15,37 +15,27 @@ Progress goes to stderr, metrics.jsonl and TensorBoard; stdout gets one JSON lin
 with `pretrain_jax.load_pretrained(WORKDIR).predict(['a sentence', ...])`.
 """
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 
-from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
-from ml_collections import config_flags
+from pretrain_jax.finetune import flags as ft_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           'configs', 'finetune.py'), 'fine-tuning config', lock_config=True)
-_INIT = flags.DEFINE_string('init', None, 'checkpoint: workdir, checkpoints/<step> or HF dir')
-_TASK = flags.DEFINE_string('task', None, 'task name, tfds name, or directory')
+_CONFIG, _INIT, _TASK = ft_flags.define_common()
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
 _MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], 'what trains')
 
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
   from pretrain_jax import finetune  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   config.unlock()
   config.init, config.task.name, config.mode = _INIT.value, _TASK.value, _MODE.value
-  try:
-    result = finetune.finetune(config, _WORKDIR.value)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f'error: {e}')
+  result = finetune.finetune(config, _WORKDIR.value)
   print(json.dumps(result), flush=True)
 
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['init', 'task', 'workdir'])
-  app.run(main)
+  cli.run(main)

@@ -13,16 +13,12 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from absl import flags
 
-from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
-from ml_collections import config_flags
+from pretrain_jax.finetune import flags as ft_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           'configs', 'finetune.py'), 'fine-tuning config', lock_config=True)
-_INIT = flags.DEFINE_string('init', None, 'checkpoint: workdir, checkpoints/<step> or HF dir')
-_TASK = flags.DEFINE_string('task', None, 'task name, tfds name, or directory')
+_CONFIG, _INIT, _TASK = ft_flags.define_common()
 _WORKDIR = flags.DEFINE_string('workdir', None, 'one subdirectory per run, and transfer.png')
 _MODES = flags.DEFINE_list('modes', ['scratch', 'linear_probe', 'full'], 'modes to run')
 _SIZES = flags.DEFINE_list('sizes', ['0'], 'labelled training set sizes (0 = all)')
@@ -30,7 +26,6 @@ _SIZES = flags.DEFINE_list('sizes', ['0'], 'labelled training set sizes (0 = all
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
   from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   config.unlock()
@@ -38,11 +33,9 @@ def main(argv):
   try:
     sizes = [int(s) for s in _SIZES.value]
   except ValueError:
-    sys.exit(f'error: --sizes={",".join(_SIZES.value)}; expected integers (0 = all examples)')
-  try:
-    rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f'error: {e}')
+    raise ValueError(f'--sizes={",".join(_SIZES.value)}; expected integers (0 = all '
+                     'examples)') from None
+  rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes)
   png = transfer.plot(rows, os.path.join(_WORKDIR.value, 'transfer.png'),
                       f'{rows[0]["family"]} from {_INIT.value} on {_TASK.value}')
   print(transfer.table(rows), file=sys.stderr, flush=True)
@@ -52,4 +45,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['init', 'task', 'workdir'])
-  app.run(main)
+  cli.run(main)

@@ -21,6 +21,7 @@ ALLOWED = {
     ('cloud/gcloud.py', ''): 'the TPU launcher: local gcloud state',
     ('__main__.py', ''): 'pretrain-jax: the checkout\'s own scripts/ beside the package',
     ('cli.py', 'os.path.exists(path.split'): 'config files are Python modules: local only',
+    ('finetune/flags.py', ''): 'the default config file inside the checkout',
     ('training/metrics.py', "open('/proc/cpuinfo')"): 'CPU flags of this machine',
     ('training/metrics.py', "open(self.path, 'a')"):
         'the local branch of metrics.jsonl (is_remote checked); gs:// rewrites the object',

@@ -14,12 +14,13 @@ the class order; a validation label unseen in training is an error.
 """
 import csv
 import dataclasses
-import glob
+import io
 import json
-import os
 import random
 import re
 import zlib
+
+from pretrain_jax import paths
 
 EMBEDDED = 'word_order'
 SPLIT_FILES = {'train': ('train',), 'validation': ('validation', 'dev'), 'test': ('test',)}
@@ -98,16 +99,17 @@ def _check_examples(task_name: str, split: str, rows: list, where: str) -> list:
 
 def read_rows(path: str) -> list:
   """Records of one .jsonl / .json (a list of objects) / .csv / .tsv file (header row)."""
-  with open(path, encoding='utf-8') as f:
-    if path.endswith('.jsonl'):
-      return [json.loads(line) for line in f if line.strip()]
-    if path.endswith('.json'):
-      data = json.load(f)
-      if not isinstance(data, list):
-        raise ValueError(f'{path}: a JSON {type(data).__name__}; expected a list of objects')
-      return data
-    if path.endswith(('.csv', '.tsv')):
-      return list(csv.DictReader(f, delimiter='\t' if path.endswith('.tsv') else ','))
+  text = paths.read_text(path)
+  if path.endswith('.jsonl'):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+  if path.endswith('.json'):
+    data = json.loads(text)
+    if not isinstance(data, list):
+      raise ValueError(f'{path}: a JSON {type(data).__name__}; expected a list of objects')
+    return data
+  if path.endswith(('.csv', '.tsv')):
+    return list(csv.DictReader(io.StringIO(text), delimiter='\t' if path.endswith('.tsv')
+                               else ','))
   raise ValueError(f'{path}: unknown extension; expected one of {EXTENSIONS}')
 
 
@@ -118,11 +120,11 @@ def _split_files(name: str) -> dict:
     files = {}
     for split, stems in SPLIT_FILES.items():
       found = [p for s in stems for ext in EXTENSIONS
-               for p in sorted(glob.glob(os.path.join(name, s + ext)))]
+               for p in sorted(paths.glob(paths.join(name, s + ext)))]
       if found:
         files[split] = found[0]
   for split, path in files.items():
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
       raise FileNotFoundError(f'task {name!r}: {split} file {path!r} does not exist')
   if 'train' not in files or 'validation' not in files:
     raise ValueError(f'task {name!r}: found splits {sorted(files)}; expected a train.* and a '
@@ -209,7 +211,7 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     return Task(name, splits, ('original', 'shuffled'), 'accuracy', 'word order')
   if name in TFDS_TASKS:
     return _tfds_task(name, tfds_data_dir)
-  if '/' in name and not os.path.exists(name) and '=' not in name and name.count('/') == 1 \
+  if '/' in name and not paths.exists(name) and '=' not in name and name.count('/') == 1 \
       and not name.startswith(('.', '/')):
     raise ValueError(f'task {name!r} is not a directory and not a known tfds task; expected '
                      f'one of {sorted(TFDS_TASKS)} or a directory')
@@ -221,4 +223,4 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     raise ValueError(f'task {name!r}: some splits are text-to-text (inputs/targets) and some '
                      'classification (text/label); expected one kind')
   labels = () if kinds == {True} else collect_labels(name, splits)
-  return Task(os.path.basename(name.rstrip('/')) or name, splits, labels)
+  return Task(paths.basename(name.rstrip('/')) or name, splits, labels)

@@ -17,7 +17,6 @@ decoded greedily with the KV cache (inference/sampling.t5_generate) and scored b
 (class_accuracy; exact_match), an undecodable answer counting as a wrong class.
 """
 import json
-import os
 
 import flax
 import jax
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from pretrain_jax import paths
 from pretrain_jax.data import classification, tasks
 from pretrain_jax.inference import load, sampling
 from pretrain_jax.models import ModelConfig, family_of
@@ -39,7 +39,7 @@ def load_init(path: str) -> load.Pretrained:
   if not path:
     raise ValueError("init=''; expected a training workdir, one of its checkpoints/<step> "
                      'directories, or a Hugging Face model directory')
-  if not os.path.isdir(path):
+  if not paths.isdir(path):
     raise FileNotFoundError(f'init {path!r} is not a directory; expected a training workdir, '
                             'a checkpoints/<step> directory or a Hugging Face model directory')
   try:
@@ -73,7 +73,7 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.task.metric = task.metric
   config.task.prefix = task.prefix
   tokenizer_path = init.config.get('data', {}).get('tokenizer', '') or config.init
-  config.data.tokenizer = os.path.abspath(tokenizer_path)
+  config.data.tokenizer = paths.absolute(tokenizer_path)
   if config.data.seq_len > init.model_config.max_len:
     raise ValueError(f'data.seq_len={config.data.seq_len} exceeds the checkpoint\'s model.max_len='
                      f'{init.model_config.max_len}; expected at most that')
@@ -82,11 +82,10 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
 
 def check_resume(config, workdir: str) -> None:
   """A resumed run must have the same head size and labels (a one-line error otherwise)."""
-  saved = os.path.join(workdir, ckpt_lib.CONFIG_FILE)
-  if not os.path.isfile(saved):
+  saved = paths.join(workdir, ckpt_lib.CONFIG_FILE)
+  if not paths.isfile(saved):
     return
-  with open(saved) as f:
-    old = json.load(f)
+  old = json.loads(paths.read_text(saved))
   old_classes = old.get('model', {}).get('num_classes', 0)
   if old_classes != config.model.get('num_classes', 0):
     raise ValueError(f'{workdir} was trained with model.num_classes={old_classes} but this task '
@@ -195,7 +194,7 @@ def finetune(config, workdir: str) -> dict:
   if family.name == 't5':
     evaluators = (exact_match_evaluator(cfg, encoded[d.eval_split], init.tokenizer,
                                         task.labels, config.train.batch_size, target_len),)
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   result = loop.train_and_evaluate(
       config, workdir, datasets=datasets,
       init_params=starting_params(init.params, config.mode, head_names), evaluators=evaluators)
@@ -213,11 +212,10 @@ def read_curves(workdir: str) -> dict:
   """metrics.jsonl -> {'train': [records], 'eval': [records]}, the last record per step (a
   resumed run rewrites the steps after its checkpoint)."""
   out = {'train': {}, 'eval': {}}
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if os.path.isfile(path):
-    with open(path) as f:
-      for line in f:
-        record = json.loads(line)
-        if record.get('split') in out:
-          out[record['split']][record['step']] = record
+  path = paths.join(workdir, 'metrics.jsonl')
+  if paths.isfile(path):
+    for line in paths.read_text(path).splitlines():
+      record = json.loads(line)
+      if record.get('split') in out:
+        out[record['split']][record['step']] = record
   return {k: [v[s] for s in sorted(v)] for k, v in out.items()}

@@ -4,11 +4,11 @@ Each (mode, labelled-set size) run is an ordinary fine-tuning workdir
 `<root>/<mode>[_n<size>]` (rerunning resumes / reuses finished runs); wall time is measured
 around each run.
 """
-import os
 import time
 
 import ml_collections
 
+from pretrain_jax import paths
 from pretrain_jax.finetune import run as run_lib
 
 
@@ -23,7 +23,7 @@ def run_transfer(config, root: str, modes=run_lib.MODES, sizes=(0,)) -> list:
     for mode in modes:
       c = ml_collections.ConfigDict(config.to_dict())
       c.mode, c.task.max_train_examples = mode, int(size)
-      workdir = os.path.join(root, run_name(mode, size))
+      workdir = paths.join(root, run_name(mode, size))
       start = time.perf_counter()
       result = run_lib.finetune(c, workdir)
       rows.append({'mode': mode, 'size': size or result['train_examples'],
