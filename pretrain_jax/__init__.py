@@ -7,8 +7,8 @@
 
 def load_pretrained(path, step=None, **model_overrides):
   """See pretrain_jax.inference.load_pretrained (imported lazily: no TensorFlow at import)."""
-  from pretrain_jax.inference.load import load_pretrained as load  # pylint: disable=g-import-not-at-top
-  return load(path, step, **model_overrides)
+  from pretrain_jax.inference import load  # pylint: disable=g-import-not-at-top
+  return load.load_pretrained(path, step, **model_overrides)
 
 
 __all__ = ['load_pretrained']

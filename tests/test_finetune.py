@@ -256,6 +256,9 @@ def _ft_config(init, mode, steps=60):
   return c
 
 
+@pytest.mark.xfail(strict=True, reason='issue 18 is open: a 250-step tiny GPT does not yet '
+                   'beat scratch on word_order (measured 0.519 vs 0.531); strict, so this '
+                   'check fails loudly once it passes and the marker must go')
 @pytest.mark.slow
 def test_pretrained_beats_scratch_on_the_embedded_task(gpt_init, tmp_path):
   full = run_lib.finetune(_ft_config(gpt_init, 'full'), str(tmp_path / 'full'))

@@ -152,3 +152,25 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
   assert out[0]['candidates'][0]['probability'] > 0.5
   with pytest.raises(ValueError, match=r'has no \[MASK\]'):
     inference.fill_mask(model, 'no mask here')
+
+
+def test_training_time_eval_and_evaluate_script_print_the_same_numbers(cache, tmp_path):
+  """BERT with NSP (where `loss` once meant two things): every metric of the train loop's last
+  validation row equals evaluate.py's number of the same name for that checkpoint and data."""
+  config = _small(tiny_bert.get_config(), steps=3)
+  config.model.nsp = config.data.nsp = True
+  workdir = str(tmp_path / 'bert_nsp')
+  loop.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    logged = [json.loads(line) for line in f if '"eval"' in line][-1]
+  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', workdir,
+         '--batches', str(config.train.eval_batches)]
+  printed = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                      env=dict(os.environ)).stdout.strip().splitlines()[-1])
+  names = {'loss', 'lm_loss', 'lm_perplexity', 'lm_accuracy', 'lm_top5_accuracy', 'z_loss',
+           'nsp_loss', 'nsp_accuracy'}
+  assert names <= set(logged) and names <= set(printed), (sorted(logged), sorted(printed))
+  for name in names:
+    assert printed[name] == pytest.approx(logged[name], abs=1e-5), name
+  assert printed['loss'] == pytest.approx(printed['lm_loss'] + printed['z_loss']
+                                          + printed['nsp_loss'], abs=1e-5)

@@ -149,6 +149,8 @@ class DataIterator:
   def _count(self, batch):
     seg = batch.get('segment_ids', batch.get('encoder_segment_ids'))
     self.stats['batches'] += 1
+    if seg is None:   # a batch without token rows (e.g. labels only): nothing to count
+      return
     self.stats['real_tokens'] += int(np.count_nonzero(seg))
     self.stats['tokens'] += seg.size
     if 'decoder_segment_ids' in batch:

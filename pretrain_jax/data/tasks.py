@@ -162,11 +162,12 @@ def word_order_examples(seed: int = 0, window: int = 0) -> dict:
   sentence) its words are permuted (never the identity), labelled 'shuffled', else
   'original'. The first and last words stay in place (else a lower-case first word or a
   period mid-sentence would give it away: a from-scratch model reached 0.85 on that cue);
-  `window` > 0 permutes only that many consecutive interior words (a harder variant). Why it is fair: both classes have exactly the same words, so
-  no keyword or bag-of-words feature separates them and length says nothing; only word order
-  does, which is what a language model learns and a random network does not know. Train and
-  validation are split by DOCUMENT (1 in 8 documents is validation) and a sentence the corpus
-  repeats is kept once, so no validation sentence is seen in fine-tuning. The pre-training corpus did contain the
+  `window` > 0 permutes only that many consecutive interior words (a harder variant).
+  Why it is fair: both classes have exactly the same words, so no keyword or bag-of-words
+  feature separates them and length says nothing; only word order does, which is what a
+  language model learns and a random network does not know. Train and validation are split by
+  DOCUMENT (1 in 8 documents is validation) and a sentence the corpus repeats is kept once, so
+  no validation sentence is seen in fine-tuning. The pre-training corpus did contain the
   original text, never with labels; report the from-scratch baseline beside it.
   """
   from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top

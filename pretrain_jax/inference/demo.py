@@ -3,7 +3,7 @@
 - `masked_word_probe`: BERT. Each held-out sentence gets ONE word masked (a word of 3+ letters
   picked by a seeded draw, not by hand), and the probe counts how often the word's first piece
   is in the model's top 5 for that position.
-- `continuations`: GPT. Greedy continuations of the first words of held-out sentences.
+- `continuations`: GPT. Seeded sampled continuations of the first words of held-out sentences.
 - `span_fills`: T5. A seeded span of 1-3 words of each sentence becomes <extra_id_0>; the model
   decodes what goes there.
 """
@@ -53,10 +53,14 @@ def masked_word_probe(model, texts: list, *, seed: int = 0, top_k: int = 5) -> d
           'examples': examples}
 
 
-def continuations(model, texts: list, *, prompt_words: int = 4, max_new_tokens: int = 16):
-  """GPT: greedy continuation of the first `prompt_words` words of each sentence."""
+def continuations(model, texts: list, *, prompt_words: int = 4, max_new_tokens: int = 16,
+                  seed: int = 0):
+  """GPT: continuation of the first `prompt_words` words of each sentence, sampled with a fixed
+  seed at temperature 0.8 and top-p 0.95 (greedy decoding of a small model loops on its most
+  frequent phrase)."""
   prompts = [' '.join(t.split()[:prompt_words]) for t in texts]
-  outs = model.generate(prompts, max_new_tokens=max_new_tokens)
+  outs = model.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.95,
+                        seed=seed)
   return [{'prompt': p, 'continuation': o['text'], 'original': t}
           for p, o, t in zip(prompts, outs, texts)]
 

@@ -40,7 +40,8 @@ class ModelConfig:
   attention_impl: str = 'reference'      # see pretrain_jax.models.attention.IMPLEMENTATIONS
   activation: str = 'gelu'
   position_embedding: str = 'learned'
-  kernel_init: Optional[str] = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in': N(0, 1/fan_in)
+  kernel_init: Optional[str] = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in':
+                                         # N(0, 1/fan_in) (T5)
   norm: Optional[str] = None             # 'layernorm' (BERT/GPT) or 'rmsnorm' (T5: no bias)
   dense_bias: Optional[bool] = None      # biases on dense layers (T5: none)
   fold_query_scale: Optional[bool] = None  # no 1/sqrt(head_dim) on logits; the query init

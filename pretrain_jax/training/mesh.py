@@ -15,7 +15,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ('data', 'fsdp', 'tensor')
 BATCH_AXES = ('data', 'fsdp')
 
-# Logical name (pretrain_jax.models.layers, DESIGN.md) -> mesh axis. Names not listed are replicated.
+# Logical name (pretrain_jax.models.layers, DESIGN.md) -> mesh axis. Names not listed are
+# replicated.
 LOGICAL_RULES = (
     ('batch', BATCH_AXES),
     ('embed', 'fsdp'),          # every weight has an embed dim: this is what FSDP shards

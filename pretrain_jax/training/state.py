@@ -1,6 +1,7 @@
 """The train state and its shardings; the state is created already sharded.
 
-Parameters carry logical axis names (pretrain_jax.models.layers); `mesh.LOGICAL_RULES` maps them onto
+Parameters carry logical axis names (pretrain_jax.models.layers); `mesh.LOGICAL_RULES` maps them
+onto
 the mesh. Optimizer-state leaves that mirror a parameter (Adam's mu/nu, Adafactor's unfactored
 v) take that parameter's sharding; everything else in the optimizer state (counts, Adafactor's
 factored row/column statistics, O(rows + cols)) is replicated.

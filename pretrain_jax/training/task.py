@@ -1,8 +1,9 @@
 """Model call -> loss sums, for any family. The train step and evaluation both go through here.
 
 The model is objective-agnostic; the family's record (pretrain_jax.models.family) says which
-batch keys it consumes and which extra heads it has; this file says how the losses add up. A loss is `sum / denominator`, with denominators
-taken from the WHOLE global batch (`denominators`) so that microbatches and hosts add sums.
+batch keys it consumes and which extra heads it has; this file says how the losses add up. A
+loss is `sum / denominator`, with denominators taken from the WHOLE global batch
+(`denominators`) so that microbatches and hosts add sums.
 """
 import jax
 import jax.numpy as jnp
