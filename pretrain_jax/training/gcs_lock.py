@@ -69,7 +69,6 @@ class GcsLock(workdir_lib.WorkdirLock):
     return {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
 
   def acquire(self) -> str:
-    message = ''
     if not self._write(self._new_record(), 0):
       holder, age, generation = self._holder()
       reason = workdir_lib.stale_reason(holder, age, self.stale_sec) if holder is not None \
@@ -78,15 +77,10 @@ class GcsLock(workdir_lib.WorkdirLock):
         raise workdir_lib.LockHeld(workdir_lib.held_message(
             paths.dirname(self.path), holder, self.path))
       if not self._write(self._new_record(), generation or 0):
-        holder, _, _ = self._holder()
-        raise workdir_lib.LockHeld(f'{paths.dirname(self.path)} was taken over by pid '
-                                   f'{(holder or {}).get("pid")} on '
-                                   f'{(holder or {}).get("host")} just now')
-      message = (f'took over the stale lock {self.path} of pid {(holder or {}).get("pid")} on '
-                 f'{(holder or {}).get("host")}: {reason}')
-    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
-    self._thread.start()
-    return message
+        raise workdir_lib.lost_race(paths.dirname(self.path), self._holder()[0])
+      return self._taken_over(holder, reason)
+    self._start_heartbeat()
+    return ''
 
   def _beat(self):
     while not self._stop.wait(self.heartbeat_sec):

@@ -68,6 +68,25 @@ class WorkdirLock:
   def release(self) -> None:
     raise NotImplementedError
 
+  def _beat(self) -> None:
+    raise NotImplementedError
+
+  def _taken_over(self, holder, reason: str) -> str:
+    """After a takeover: start the heartbeat and return the message that says whose lock."""
+    self._start_heartbeat()
+    return (f'took over the stale lock {self.path} of pid {(holder or {}).get("pid")} on '
+            f'{(holder or {}).get("host")}: {reason}')
+
+  def _start_heartbeat(self) -> None:
+    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
+    self._thread.start()
+
+
+def lost_race(directory: str, holder) -> 'LockHeld':
+  """Another trainer took the stale lock between our read and our write."""
+  return LockHeld(f'{directory} was taken over by pid {(holder or {}).get("pid")} on '
+                  f'{(holder or {}).get("host")} just now')
+
 
 def _pid_alive(pid: int) -> bool:
   try:
@@ -128,7 +147,6 @@ class LocalLock(WorkdirLock):
   def acquire(self) -> str:
     """Takes the lock; returns a message ('' or how a stale lock was taken over)."""
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    message = ''
     if not self._create():
       holder, age = self._holder()
       reason = self._stale(holder, age) if holder is not None else 'it vanished'
@@ -141,14 +159,10 @@ class LocalLock(WorkdirLock):
       except FileNotFoundError:
         pass  # someone else took it over first; _create below decides
       if not self._create():
-        holder, _ = self._holder()
-        raise LockHeld(f'{os.path.dirname(self.path)} was taken over by pid '
-                       f'{(holder or {}).get("pid")} on {(holder or {}).get("host")} just now')
-      message = (f'took over the stale lock {self.path} of pid {holder.get("pid")} on '
-                 f'{holder.get("host")}: {reason}')
-    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
-    self._thread.start()
-    return message
+        raise lost_race(os.path.dirname(self.path), self._holder()[0])
+      return self._taken_over(holder, reason)
+    self._start_heartbeat()
+    return ''
 
   def _beat(self):
     while not self._stop.wait(self.heartbeat_sec):
