@@ -1,4 +1,4 @@
-"""Tokenized documents of one host's share, with their position in the stream.
+"""Tokenized documents of one data stream's share of a split, with their position in it.
 
 A position is (epoch, doc): `doc` counts every document of the epoch's shuffled sequence
 (including skipped ones), so restarting at (epoch, doc) is `text_dataset(..., skip=doc)` --
@@ -21,8 +21,8 @@ from pretrain_jax.data import sources
 
 log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
-CHAIN_BELOW_DOCS = 100_000  # host shares smaller than this chain epochs in one pipeline...
-MAX_CHAINED_EPOCHS = 4      # ...up to this many (building one costs ~30 ms)
+CHAIN_BELOW_DOCS = 100_000  # stream shares smaller than this chain epochs in one pipeline...
+MAX_CHAINED_EPOCHS = 32     # ...up to this many (~2 ms each for an in-memory share)
 
 
 def _encoder(tokenizer):
@@ -48,7 +48,7 @@ def _encoder(tokenizer):
 
 
 class DocumentStream:
-  """Iterates (epoch, doc, tokens) over one host's share of a split, epoch after epoch.
+  """Iterates (epoch, doc, tokens) over one stream's share of a split, epoch after epoch.
 
   A small share (the embedded corpus, a validation split) is read as several epochs chained in
   ONE tf.data pipeline, so TensorFlow prefetches across epoch boundaries instead of the stream
@@ -115,7 +115,7 @@ class DocumentStream:
       for e in epochs:
         if not produced[e, 'documents'] and (e > epoch or doc == 0):
           raise ValueError(
-              f'split {self.split!r} of {self.source.description} (host share '
+              f'split {self.split!r} of {self.source.description} (stream share '
               f'{self.kwargs["process_index"]}/{self.kwargs["process_count"]}) has no document '
               f'with any token: skipped {produced[e, "empty"]} that tokenize to nothing, '
               f'{produced[e, "invalid"]} with invalid UTF-8')
