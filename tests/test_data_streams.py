@@ -61,6 +61,7 @@ def test_the_rule():
   assert streams.resolve(0, 16) == 8 and streams.resolve(0, 12) == 4
   assert streams.resolve(0, 2) == 2 and streams.resolve(16, 32) == 16
   assert streams.fit_to_split(8, 6) == 4 and streams.fit_to_split(8, 100) == 8
+  assert streams.fit_to_split(4, 6, per_stream=2) == 2 and streams.fit_to_split(4, 1) == 1
 
 
 @pytest.mark.parametrize('objective,nsp', CASES)

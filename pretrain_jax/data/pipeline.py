@@ -269,7 +269,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   global_batch = int(batch_size) * int(process_count)
   num_streams = streams.fit_to_split(
       streams.resolve(data_config.get('num_streams', 0), global_batch),
-      source.num_examples(split))
+      source.num_examples(split), per_stream=2 if data_config.nsp else 1)
   owned = streams.owned(num_streams, process_index, process_count, global_batch)
   rows = global_batch // num_streams
   identity = dict(split=split, seed=int(seed), objective=data_config.objective,

@@ -40,10 +40,11 @@ def resolve(num_streams: int, global_batch: int) -> int:
   return num_streams
 
 
-def fit_to_split(num_streams: int, num_documents: int) -> int:
-  """A split with fewer documents than streams (a tiny validation split) is read by the largest
-  divisor of S it can fill: a rule of the data alone, so still the same on every host count."""
-  return max(d for d in divisors(num_streams) if d <= max(num_documents, 1))
+def fit_to_split(num_streams: int, num_documents: int, per_stream: int = 1) -> int:
+  """A split too small to give every stream `per_stream` documents (a tiny validation split;
+  NSP needs 2) is read by the largest divisor of S it can fill: a rule of the data alone, so
+  still the same on every host count."""
+  return max(d for d in divisors(num_streams) if d == 1 or num_documents // d >= per_stream)
 
 
 def owned(num_streams: int, process_index: int, process_count: int,
