@@ -68,13 +68,13 @@ class DocumentStream:
     self.chain = max(1, min(MAX_CHAINED_EPOCHS, CHAIN_BELOW_DOCS // max(share, 1))) \
         if repeat else 1
 
-  def _pipeline(self, epochs: list, skip: int) -> tf.data.Dataset:
+  def _pipeline(self, epochs: list, skip: int, per_call: int) -> tf.data.Dataset:
     """(epoch, flat ids, lengths, status) per DOCS_PER_CALL documents of `epochs` in order."""
     parts = []
     for i, epoch in enumerate(epochs):
       ds = sources.text_dataset(self.source, self.split, epoch=epoch, skip=skip if i == 0 else 0,
                                 **self.kwargs)
-      ds = ds.batch(DOCS_PER_CALL).map(
+      ds = ds.batch(per_call).map(
           lambda t, e=epoch: (e, *tf.numpy_function(self.encode, [t],
                                                     (tf.int32, tf.int32, tf.int32),
                                                     stateful=False)),
@@ -82,9 +82,9 @@ class DocumentStream:
       parts.append(ds)
     return functools.reduce(lambda a, b: a.concatenate(b), parts).prefetch(tf.data.AUTOTUNE)
 
-  def _read(self, epochs: list, skip: int, stats, produced: dict):
+  def _read(self, epochs: list, skip: int, stats, produced: dict, per_call=DOCS_PER_CALL):
     doc, current = skip, epochs[0]
-    for epoch, flat, lengths, status in self._pipeline(epochs, skip).as_numpy_iterator():
+    for epoch, flat, lengths, status in self._pipeline(epochs, skip, per_call).as_numpy_iterator():
       if epoch != current:
         doc, current = 0, epoch
       ends = np.cumsum(lengths)
@@ -125,6 +125,9 @@ class DocumentStream:
 
   def first_document(self, epoch: int):
     """(doc, tokens) of the first non-empty document of `epoch` (NSP: the last one's partner)."""
-    for _, doc, tokens in self._read([epoch], 0, collections.Counter(), collections.Counter()):
+    # One document a call: tokenizing a whole call of 64 for one was most of NSP's cost with
+    # small stream shares.
+    for _, doc, tokens in self._read([epoch], 0, collections.Counter(), collections.Counter(),
+                                     per_call=1):
       return doc, tokens
     return None, None
