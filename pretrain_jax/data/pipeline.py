@@ -44,8 +44,8 @@ _LIVE = weakref.WeakSet()  # iterators whose prefetch threads are stopped at exi
 
 @atexit.register
 def _stop_all():
-  for it in list(_LIVE):
-    it.close()
+  for it in list(_LIVE):  # daemon threads: one stuck inside TensorFlow is left, not waited for
+    it._stop(timeout=5)  # pylint: disable=protected-access
 
 
 def host_batch_size(global_batch_size: int, process_count: int) -> int:
@@ -221,10 +221,10 @@ class DataIterator:
     except BaseException as e:  # handed to the consumer, raised by __next__
       put(e)
 
-  def _stop(self):
+  def _stop(self, timeout=None):
     if self._thread is not None:
       self._stop_event.set()
-      self._thread.join()
+      self._thread.join(timeout)
       self._thread = None
 
   def close(self):
