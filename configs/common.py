@@ -34,6 +34,10 @@ def data_config(objective: str, seq_len: int) -> ml_collections.ConfigDict:
   # Input machinery.
   d.shuffle_buffer = 10_000         # documents in the shuffle buffer
   d.seed = 0                        # data order and masking randomness
+  d.num_streams = 0                 # the data is this many streams of train.batch_size / n rows,
+                                    # each reading its own share of the documents; a host count
+                                    # must divide it, and it is fixed for a run (a checkpoint
+                                    # resumes on any host count dividing it). 0 = gcd(batch, 8)
   d.num_parallel_calls = -1         # tf.data parallelism for tokenization; -1 = AUTOTUNE
   d.prefetch = 4                    # batches prepared ahead of the train step
   return d

@@ -75,7 +75,7 @@ def test_keys_shapes_and_dtypes(tokenizer, objective, nsp):
 @pytest.mark.parametrize('objective,nsp', CASES)
 def test_resume_is_exact(tokenizer, objective, nsp):
   # The validation split is a few documents, so 7 batches cross several epochs.
-  dc = config(objective, nsp)
+  dc = config(objective, nsp, num_streams=2)  # 3 documents a stream
   make = lambda: data.make_dataset(dc, tokenizer, split='validation', batch_size=4, seed=3)
   straight = take(make(), 7)
   it = make()
@@ -157,13 +157,17 @@ def test_one_epoch_ends(tokenizer):
   it = data.make_dataset(config('clm'), tokenizer, split='validation', batch_size=4,
                          repeat=False)
   bs = list(it)
-  assert len(bs) >= 2 and it.get_state()['exhausted']
+  assert len(bs) >= 2 and it.exhausted
+  assert all(s['exhausted'] for s in it.get_state()['streams'].values())
   from pretrain_jax.data import sources
   texts = [t.decode() for t in sources.text_dataset(
       sources.open_source(config('clm')), 'validation').as_numpy_iterator()]
   real = sum(int((b['segment_ids'] > 0).sum()) for b in bs)
   assert real == sum(len(tokenizer.encode(t)) for t in texts)  # every token exactly once
-  assert real > (len(bs) - 1) * 4 * 64  # only the last batch has padding
+  for row in range(4):  # one row per stream: full rows, one partial, then all padding
+    fill = [int((b['segment_ids'][row] > 0).sum()) for b in bs]
+    full = next((i for i, f in enumerate(fill) if f < 64), len(fill))
+    assert not any(fill[full + 1:]), fill
   with pytest.raises(StopIteration):
     next(it)
 
@@ -184,10 +188,10 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
   no_mask = data.Tokenizer(_model_without_specials(tmp_path))
   with pytest.raises(ValueError, match=r'no \[MASK\] piece'):
     data.make_dataset(config('mlm'), no_mask, split='train', batch_size=2)
-  it = data.make_dataset(config('clm'), tokenizer, split='train', batch_size=2)
+  it = data.make_dataset(config('clm', num_streams=2), tokenizer, split='train', batch_size=2)
   state = it.get_state()
-  other = data.make_dataset(config('clm'), tokenizer, split='train', batch_size=4)
-  with pytest.raises(ValueError, match='batch_size=2 but this iterator has batch_size=4'):
+  other = data.make_dataset(config('clm', num_streams=2), tokenizer, split='train', batch_size=4)
+  with pytest.raises(ValueError, match='stream_rows=1 but this iterator has stream_rows=2'):
     other.set_state(state)
 
 
@@ -205,7 +209,7 @@ def _model_without_specials(tmp_path):
 def test_documents_that_tokenize_to_nothing(tokenizer, tmp_path):
   docs = ['\u200b\u200b'] * 5 + ['a real document with words'] * 3
   (tmp_path / 'd.jsonl').write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))
-  dc = config('clm', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0)
+  dc = config('clm', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0, num_streams=1)
   it = data.make_dataset(dc, tokenizer, split='train', batch_size=2, repeat=False)
   assert len(list(it)) == 1  # one epoch read to its end, so the counts are final
   assert it.stats['skipped_empty'] == 5 and it.stats['documents'] == 3

@@ -1,4 +1,4 @@
-"""Tokenized documents of one host's share, with their position in the stream.
+"""Tokenized documents of one data stream's share of a split, with their position in it.
 
 A position is (epoch, doc): `doc` counts every document of the epoch's shuffled sequence
 (including skipped ones), so restarting at (epoch, doc) is `text_dataset(..., skip=doc)` --
@@ -21,8 +21,8 @@ from pretrain_jax.data import sources
 
 log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
-CHAIN_BELOW_DOCS = 100_000  # host shares smaller than this chain epochs in one pipeline...
-MAX_CHAINED_EPOCHS = 4      # ...up to this many (building one costs ~30 ms)
+CHAIN_BELOW_DOCS = 100_000  # stream shares smaller than this chain epochs in one pipeline...
+MAX_CHAINED_EPOCHS = 32     # ...up to this many (~2 ms each for an in-memory share)
 
 
 def _encoder(tokenizer):
@@ -48,7 +48,7 @@ def _encoder(tokenizer):
 
 
 class DocumentStream:
-  """Iterates (epoch, doc, tokens) over one host's share of a split, epoch after epoch.
+  """Iterates (epoch, doc, tokens) over one stream's share of a split, epoch after epoch.
 
   A small share (the embedded corpus, a validation split) is read as several epochs chained in
   ONE tf.data pipeline, so TensorFlow prefetches across epoch boundaries instead of the stream
@@ -68,13 +68,13 @@ class DocumentStream:
     self.chain = max(1, min(MAX_CHAINED_EPOCHS, CHAIN_BELOW_DOCS // max(share, 1))) \
         if repeat else 1
 
-  def _pipeline(self, epochs: list, skip: int) -> tf.data.Dataset:
+  def _pipeline(self, epochs: list, skip: int, per_call: int) -> tf.data.Dataset:
     """(epoch, flat ids, lengths, status) per DOCS_PER_CALL documents of `epochs` in order."""
     parts = []
     for i, epoch in enumerate(epochs):
       ds = sources.text_dataset(self.source, self.split, epoch=epoch, skip=skip if i == 0 else 0,
                                 **self.kwargs)
-      ds = ds.batch(DOCS_PER_CALL).map(
+      ds = ds.batch(per_call).map(
           lambda t, e=epoch: (e, *tf.numpy_function(self.encode, [t],
                                                     (tf.int32, tf.int32, tf.int32),
                                                     stateful=False)),
@@ -82,9 +82,9 @@ class DocumentStream:
       parts.append(ds)
     return functools.reduce(lambda a, b: a.concatenate(b), parts).prefetch(tf.data.AUTOTUNE)
 
-  def _read(self, epochs: list, skip: int, stats, produced: dict):
+  def _read(self, epochs: list, skip: int, stats, produced: dict, per_call=DOCS_PER_CALL):
     doc, current = skip, epochs[0]
-    for epoch, flat, lengths, status in self._pipeline(epochs, skip).as_numpy_iterator():
+    for epoch, flat, lengths, status in self._pipeline(epochs, skip, per_call).as_numpy_iterator():
       if epoch != current:
         doc, current = 0, epoch
       ends = np.cumsum(lengths)
@@ -115,7 +115,7 @@ class DocumentStream:
       for e in epochs:
         if not produced[e, 'documents'] and (e > epoch or doc == 0):
           raise ValueError(
-              f'split {self.split!r} of {self.source.description} (host share '
+              f'split {self.split!r} of {self.source.description} (stream share '
               f'{self.kwargs["process_index"]}/{self.kwargs["process_count"]}) has no document '
               f'with any token: skipped {produced[e, "empty"]} that tokenize to nothing, '
               f'{produced[e, "invalid"]} with invalid UTF-8')
@@ -125,6 +125,9 @@ class DocumentStream:
 
   def first_document(self, epoch: int):
     """(doc, tokens) of the first non-empty document of `epoch` (NSP: the last one's partner)."""
-    for _, doc, tokens in self._read([epoch], 0, collections.Counter(), collections.Counter()):
+    # One document a call: tokenizing a whole call of 64 for one was most of NSP's cost with
+    # small stream shares.
+    for _, doc, tokens in self._read([epoch], 0, collections.Counter(), collections.Counter(),
+                                     per_call=1):
       return doc, tokens
     return None, None

@@ -1,17 +1,22 @@
 """make_dataset: config.data -> a resumable iterator of per-host numpy batches.
 
-    source (tfds) -> host share -> seeded per-epoch shuffle -> [skip on resume] -> sentencepiece
-    in parallel tf.data calls -> objective + packing (batches.py) -> batch-level MLM
+    source (tfds) -> stream share (S streams, streams.py) -> seeded per-epoch shuffle
+    -> [skip on resume] -> sentencepiece in parallel tf.data calls -> objective + packing
+    (batches.py) -> batch-level MLM -> this host's streams side by side
     -> background prefetch thread -> dict of (batch_size, ...) numpy arrays (DESIGN.md keys)
 
-Determinism and resume: everything above is a pure function of (seed, epoch, position), so the
-state is tiny: the stream position (epoch, doc, token offset) of the first token not yet in a
-consumed batch plus the number of batches consumed (which seeds MLM masking). Restoring skips
-`doc` documents as STRINGS, before tokenization, and `offset` tokens of the first document; no
-earlier batch is rebuilt. The skip still reads those records and refills the shuffle buffer
-(tf.data cannot seek into a shuffled stream), so resuming deep into a large epoch costs reading,
-not tokenizing, that many documents. A resumed iterator yields exactly the batches an
-uninterrupted one would.
+Streams, not hosts: the global batch is S = config.data.num_streams streams of B/S rows each,
+stream s reading its own share of the split; a host produces the streams it owns (streams.py
+has the rule and its picture), so the global batches do not depend on the host count.
+
+Determinism and resume: everything above is a pure function of (seed, stream, epoch,
+position), so the state is tiny: per stream, the position (epoch, doc, token offset) of the
+first token not yet in a consumed batch plus the number of batches consumed (which seeds MLM
+masking). Restoring skips `doc` documents as STRINGS, before tokenization, and `offset` tokens
+of the first document; no earlier batch is rebuilt. The skip still reads those records and
+refills the shuffle buffer (tf.data cannot seek into a shuffled stream), so resuming deep into a
+large epoch costs reading, not tokenizing, that many documents. A resumed iterator yields
+exactly the batches an uninterrupted one would, on any host count that divides S.
 
 BERT rows without NSP are packed documents, each piece wrapped as [CLS] ... [SEP] (token type
 0); with NSP each row is one [CLS] A [SEP] B [SEP] pair. CLM and T5 conventions: see
@@ -27,20 +32,20 @@ import zlib
 
 import numpy as np
 
-from pretrain_jax.data import batches, documents, sources
+from pretrain_jax.data import batches, documents, sources, streams
 from pretrain_jax.data import tokenizer as tokenizer_lib
 from pretrain_jax.objectives import clm, mlm, span_corruption
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ('clm', 'mlm', 'span_corruption')
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: one position per host (before streams), not resumable
 _LIVE = weakref.WeakSet()  # iterators whose prefetch threads are stopped at exit
 
 
 @atexit.register
 def _stop_all():
-  for it in list(_LIVE):
-    it.close()
+  for it in list(_LIVE):  # daemon threads: one stuck inside TensorFlow is left, not waited for
+    it._stop(timeout=5)  # pylint: disable=protected-access
 
 
 def host_batch_size(global_batch_size: int, process_count: int) -> int:
@@ -101,42 +106,69 @@ class DataIterator:
   ahead of the consumer), and batches and real (non-pad) tokens as they are RETURNED.
   """
 
-  def __init__(self, produce, identity: dict, prefetch: int):
+  def __init__(self, produce, identity: dict, owned: range, prefetch: int):
     self._produce, self._identity, self._prefetch = produce, identity, max(int(prefetch), 1)
-    self._state = dict(identity, version=STATE_VERSION, epoch=0, doc=0, offset=0, batches=0,
-                       exhausted=False)
+    self._owned = owned
+    start = dict(epoch=0, doc=0, offset=0, batches=0, exhausted=False)
+    self._state = dict(identity, version=STATE_VERSION,
+                       streams={str(s): dict(start) for s in owned})
     self._thread = None
     self.stats = collections.Counter()
 
   # -- state --------------------------------------------------------------------------------
   def get_state(self) -> dict:
-    """JSON-serializable position after the last batch returned by __next__."""
-    return dict(self._state)
+    """JSON-serializable position after the last batch returned by __next__: the identity of
+    the stream plus `streams`, {str(stream): {epoch, doc, offset, batches, exhausted}} of the
+    streams this host owns. Hosts' states merge by uniting `streams` (checkpoint.py)."""
+    return dict(self._state, streams={k: dict(v) for k, v in self._state['streams'].items()})
+
+  @property
+  def exhausted(self) -> bool:
+    return all(v['exhausted'] for v in self._state['streams'].values())
 
   def set_state(self, state: dict) -> None:
-    """Continue from `state` (from get_state of an iterator made with the same arguments)."""
+    """Continue from `state`: get_state of an iterator made with the same arguments on any host
+    count, or several hosts' states merged; this host takes the streams it owns."""
+    version, saved = state.get('version'), state.get('num_streams')
+    if version == 1:
+      raise ValueError('data iterator state version 1 was saved before data streams (one '
+                       'position per host, in a stream that depended on the host count); it '
+                       f'cannot continue as version {STATE_VERSION}: finish that run with the '
+                       'pretrain_jax that started it, or train in a new workdir')
+    if version != STATE_VERSION:
+      raise ValueError(f'data iterator state version {version!r}; expected {STATE_VERSION}')
+    mine = self._identity['num_streams']
+    if saved != mine:
+      raise ValueError(f'the data state was saved with {saved} streams (config.data.num_streams) '
+                       f'and this run has {mine}; the stream count is fixed for a run: resume '
+                       f'with --config.data.num_streams={saved} on a host count dividing it '
+                       f'({streams.divisors(saved) if isinstance(saved, int) else "?"})')
     for key, value in self._identity.items():
       if state.get(key) != value:
         raise ValueError(f'data iterator state has {key}={state.get(key)!r} but this iterator '
                          f'has {key}={value!r}; it was saved by a differently configured pipeline')
-    if state.get('version') != STATE_VERSION:
-      raise ValueError(f'data iterator state version {state.get("version")!r}; expected '
-                       f'{STATE_VERSION}')
+    missing = [s for s in self._owned if str(s) not in state.get('streams', {})]
+    if missing:
+      raise ValueError(f'data state has no position for streams {missing} (it holds '
+                       f'{sorted(state.get("streams", {}), key=int)}); expected every stream '
+                       f'this host owns: {list(self._owned)}')
     self._stop()
-    self._state = dict(state)
+    self._state = dict(state, streams={str(s): dict(state['streams'][str(s)])
+                                       for s in self._owned})
 
   # -- iteration ----------------------------------------------------------------------------
   def __iter__(self):
     return self
 
   def __next__(self) -> dict:
-    if self._state['exhausted']:
+    if self.exhausted:
       raise StopIteration
     if self._thread is None:
       self._start()
     item = self._queue.get()
-    if item is None:
-      self._state = dict(self._state, exhausted=True)
+    if item is None:  # the host's batches end together (NSP: with its first stream)
+      self._state = dict(self._state, streams={k: dict(v, exhausted=True)
+                                               for k, v in self._state['streams'].items()})
       raise StopIteration
     if isinstance(item, BaseException):
       self._thread = None
@@ -191,10 +223,10 @@ class DataIterator:
     except BaseException as e:  # handed to the consumer, raised by __next__
       put(e)
 
-  def _stop(self):
+  def _stop(self, timeout=None):
     if self._thread is not None:
       self._stop_event.set()
-      self._thread.join()
+      self._thread.join(timeout)
       self._thread = None
 
   def close(self):
@@ -217,10 +249,12 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
     tokenizer: from load_tokenizer (its vocabulary must be the model's).
     split: tfds split name, e.g. data_config.train_split or data_config.eval_split.
     batch_size: rows per host (host_batch_size(global, process_count)).
-    process_index, process_count: this host reads share process_index of process_count.
+    process_index, process_count: this host produces the rows of the data streams it owns
+      (streams.py); the global batch is the same for every process_count dividing the streams.
     seed: data order and masking seed (default data_config.seed).
-    repeat: cycle over epochs (each reshuffled); False ends after one epoch, the last batch
-      filled with all-padding rows (dropped instead with NSP).
+    repeat: cycle over epochs (each reshuffled); False ends after one epoch of every stream
+      (streams that end first give all-padding rows; with NSP the host's batches end with its
+      first stream, as a last incomplete NSP batch is dropped).
     model_max_len: if given, seq_len (and T5's target length) must fit in it.
   Returns:
     DataIterator of dicts of numpy arrays (batch_size, seq_len); T5 decoder features
@@ -234,41 +268,48 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
     raise ValueError(f'data seed={seed!r}; expected a non-negative integer')
   source = sources.open_source(data_config)
   source.check_split(split)
-  salt = (zlib.crc32(split.encode()), process_index)
+  global_batch = int(batch_size) * int(process_count)
+  num_streams = streams.fit_to_split(
+      streams.resolve(data_config.get('num_streams', 0), global_batch),
+      source.num_examples(split), per_stream=2 if data_config.nsp else 1)
+  owned = streams.owned(num_streams, process_index, process_count, global_batch)
+  rows = global_batch // num_streams
   identity = dict(split=split, seed=int(seed), objective=data_config.objective,
-                  seq_len=lengths['seq_len'], batch_size=int(batch_size),
-                  process_index=int(process_index), process_count=int(process_count))
+                  seq_len=lengths['seq_len'], num_streams=num_streams, stream_rows=rows)
   objective, nsp = data_config.objective, bool(data_config.nsp)
   tables = tokenizer_lib.id_tables(tokenizer)
   if data_config.objective == 'mlm' and data_config.whole_word_mask and tables.word_start is None:
     raise ValueError('config.data.whole_word_mask needs word boundaries, which this tokenizer '
                      f'({type(tokenizer).__name__}) does not provide; use a sentencepiece model')
 
-  def produce(state, stats):
+  def stream_batches(index, position, stats):
+    """(arrays (rows, ...), position) of stream `index` from `position` on."""
+    salt = (zlib.crc32(split.encode()), index)
     stream = documents.DocumentStream(
-        source, split, tokenizer, process_index=process_index, process_count=process_count,
+        source, split, tokenizer, process_index=index, process_count=num_streams,
         seed=seed, shuffle_buffer=data_config.shuffle_buffer,
         num_parallel_calls=data_config.num_parallel_calls, repeat=repeat, stats=stats)
-    docs = stream.documents(state['epoch'], state['doc'])
-    common = dict(batch_size=batch_size, seq_len=lengths['seq_len'])
+    docs = stream.documents(position['epoch'], position['doc'])
+    common = dict(batch_size=rows, seq_len=lengths['seq_len'])
+    offset = position['offset']
     if objective == 'clm':
-      gen = batches.clm_batches(docs, state['offset'], pack=data_config.pack,
-                                eos_id=tokenizer.eos_id, **common)
+      gen = batches.clm_batches(docs, offset, pack=data_config.pack, eos_id=tokenizer.eos_id,
+                                **common)
     elif objective == 'span_corruption':
       gen = batches.span_corruption_batches(
-          docs, state['offset'], pack=data_config.pack, seed=seed, salt=salt,
+          docs, offset, pack=data_config.pack, seed=seed, salt=salt,
           first_sentinel=tokenizer.sentinel_id(0), eos_id=tokenizer.eos_id,
           noise_density=data_config.noise_density,
           mean_noise_span_length=data_config.mean_noise_span_length, **common)
     elif nsp:
-      gen = batches.nsp_batches(docs, state['offset'], seed=seed, salt=salt,
-                                cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
-                                first_document=stream.first_document, **common)
+      gen = batches.nsp_batches(docs, offset, seed=seed, salt=salt, cls_id=tokenizer.cls_id,
+                                sep_id=tokenizer.sep_id, first_document=stream.first_document,
+                                **common)
     else:
-      gen = batches.bert_batches(docs, state['offset'], pack=data_config.pack,
-                                 cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, **common)
-    count = state['batches']
-    for arrays, position in gen:
+      gen = batches.bert_batches(docs, offset, pack=data_config.pack, cls_id=tokenizer.cls_id,
+                                 sep_id=tokenizer.sep_id, **common)
+    count = position['batches']
+    for arrays, at in gen:
       if objective == 'clm':
         arrays['loss_weights'] = clm.loss_weights(arrays['segment_ids'])
       elif objective == 'span_corruption':
@@ -277,11 +318,30 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
         arrays = _apply_mlm(arrays, tokenizer, tables, data_config,
                             batches.rng_at(seed, *salt, batches.SALT_MLM, count))
       count += 1
-      epoch, doc, offset = position if position is not None else (0, 0, 0)
-      yield arrays, dict(state, epoch=epoch, doc=doc, offset=offset, batches=count,
-                         exhausted=position is None)
+      epoch, doc, offset = at if at is not None else (0, 0, 0)
+      yield arrays, dict(epoch=epoch, doc=doc, offset=offset, batches=count,
+                         exhausted=at is None)
 
-  return DataIterator(produce, identity, data_config.prefetch)
+  def produce(state, stats):
+    positions = dict(state['streams'])
+    gens = {s: stream_batches(s, positions[str(s)], stats) for s in owned
+            if not positions[str(s)]['exhausted']}
+    while True:
+      parts = {}
+      for s in list(gens):
+        item = next(gens[s], None)
+        if item is None:
+          del gens[s]
+        else:
+          parts[s], positions[str(s)] = item
+      if not parts or (nsp and len(parts) < len(owned)):
+        return
+      pad = {k: np.zeros_like(v) for k, v in next(iter(parts.values())).items()}
+      host = [parts.get(s, pad) for s in owned]
+      yield ({k: np.concatenate([p[k] for p in host]) if len(host) > 1 else host[0][k]
+              for k in host[0]}, dict(state, streams=dict(positions)))
+
+  return DataIterator(produce, identity, owned, data_config.prefetch)
 
 
 def _apply_mlm(arrays, tokenizer, tables, data_config, rng) -> dict:

@@ -106,19 +106,28 @@ def _seed(*parts) -> int:
 def text_dataset(source: Source, split: str, *, process_index: int = 0, process_count: int = 1,
                  seed: int = 0, epoch: int = 0, shuffle_buffer: int = 10_000,
                  skip: int = 0) -> tf.data.Dataset:
-  """Strings of one epoch of this host's share of `split`, shuffled deterministically.
+  """Strings of one epoch of share `process_index` of `process_count` of `split`, shuffled
+  deterministically (the pipeline's shares are data streams, not hosts).
 
-  Host p of N reads tfds.even_splits(split, N)[p]: disjoint contiguous ranges of the split.
-  File order and the shuffle buffer are seeded by (seed, epoch, process_index), so an epoch is
-  the same sequence every time. `skip` drops that many documents BEFORE tokenization (resume).
+  Share p of N is tfds.even_splits(split, N)[p]: disjoint contiguous ranges of the split.
+  A share the shuffle buffer would hold whole is read once and kept in memory, each epoch a
+  permutation seeded by (seed, epoch, process_index): reading a small share costs ~0.2 s, which
+  per epoch of a few dozen documents was most of the pipeline's time. A larger share streams
+  from the files, file order and shuffle buffer seeded the same way. Either way an epoch is the
+  same sequence every time. `skip` drops that many documents BEFORE tokenization (resume).
   """
   source.check_split(split)
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index={process_index}; expected 0 <= index < {process_count}')
   share = tfds.even_splits(split, n=process_count)[process_index] if process_count > 1 else split
+  epoch_seed = _seed(seed, epoch, process_index)
+  if 1 < shuffle_buffer and source.num_examples(split) <= shuffle_buffer * process_count:
+    texts = _share_texts(source, share)
+    order = np.random.default_rng([int(seed), int(epoch), int(process_index)]).permutation(
+        len(texts))
+    return tf.data.Dataset.from_tensor_slices(tf.constant(texts[order][skip:], tf.string))
   options = tf.data.Options()
   options.deterministic = True
-  epoch_seed = _seed(seed, epoch, process_index)
   ds = source.builder.as_dataset(
       split=share, shuffle_files=True,
       read_config=tfds.ReadConfig(shuffle_seed=epoch_seed, options=options,
@@ -128,6 +137,21 @@ def text_dataset(source: Source, split: str, *, process_index: int = 0, process_
   if shuffle_buffer > 1:
     ds = ds.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
   return ds.skip(skip) if skip else ds
+
+
+def _share_texts(source: Source, share) -> np.ndarray:
+  """The strings of a (small) share in file order, read once per process."""
+  key = (source.fingerprint, source.description, str(share))
+  if key not in _SHARES:
+    ds = source.builder.as_dataset(split=share, shuffle_files=False,
+                                   read_config=tfds.ReadConfig(add_tfds_id=False,
+                                                               try_autocache=False))
+    texts = [ex[source.text_key] for ex in ds.as_numpy_iterator()]
+    _SHARES[key] = np.array(texts, dtype=object)
+  return _SHARES[key]
+
+
+_SHARES = {}
 
 
 def iter_texts(data_config, split: str | None = None, max_chars: int = 100_000_000):

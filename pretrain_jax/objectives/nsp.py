@@ -72,6 +72,6 @@ def _first(first_document, current):
   epoch, doc, _ = current
   first_doc, tokens = first_document(epoch)
   if first_doc == doc:
-    raise ValueError('NSP needs at least 2 documents with tokens in each host share; '
+    raise ValueError('NSP needs at least 2 documents with tokens in each data stream share; '
                      f'epoch {epoch} has only one')
   return tokens

@@ -5,7 +5,10 @@ Workdir layout:
   config.json        the full config (ml_collections JSON) the run was started with
   tokenizer.model    a copy of the sentencepiece model (config.json's data.tokenizer points here)
   checkpoints/<step>/state  TrainState (orbax StandardSave; sharded arrays)
-  checkpoints/<step>/data   {'process_count': n, 'processes': [iterator state of each host]}
+  checkpoints/<step>/data   the data position: every data stream's (data/streams.py), merged
+                            from all hosts, so any host count dividing the streams resumes it;
+                            iterators without streams (synthetic data, checkpoints written
+                            before them): {'process_count': n, 'processes': [each host's]}
   checkpoints/<step>/checksums  {array path: [[shard index, crc32], ...]} of the saved state
   checkpoints/<step>.corrupt-<time>  a checkpoint that failed to restore, moved aside (kept)
 
@@ -86,7 +89,7 @@ class Checkpointer:
     the donated state buffers are safe to reuse). All processes must call this.
     Raises CheckpointSaveError when this or the previous save failed."""
     self.wait()  # orbax waits for the previous save here anyway; this names its failure
-    data = {'process_count': jax.process_count(), 'processes': gather_json(data_state)}
+    data = saved_data_state(gather_json(data_state))
     sums = {}
     for part in gather_json(shard_checksums(state)):
       for name, rows in part.items():
@@ -150,11 +153,7 @@ class Checkpointer:
       if jax.process_count() > 1:
         multihost_utils.sync_global_devices('pretrain_jax: damaged checkpoints moved aside')
       self.manager.reload()
-    if data['process_count'] != jax.process_count():
-      raise ValueError(f'checkpoint step {s} was saved by {data["process_count"]} processes; '
-                       f'this run has {jax.process_count()}: the data iterators\' positions '
-                       'cannot be mapped onto a different number of hosts')
-    return state, data['processes'][jax.process_index()]
+    return state, host_data_state(data, s)
 
   def _restore_verified(self, abstract_state, step: int):
     path = paths.join(self.directory, str(step))
@@ -182,6 +181,31 @@ class Checkpointer:
       self.wait()
     finally:
       self.manager.close()
+
+
+def saved_data_state(host_states: list) -> dict:
+  """Hosts' data states (process order) -> the checkpoint's `data` item. Data streams' states
+  ({'streams': {index: position}, ...}) merge into one that does not depend on the host count;
+  other iterators' are kept per process."""
+  if all(isinstance(h, dict) and 'streams' in h for h in host_states):
+    merged = dict(host_states[0], streams={})
+    for h in host_states:
+      merged['streams'].update(h['streams'])
+    return merged
+  return {'process_count': len(host_states), 'processes': host_states}
+
+
+def host_data_state(data: dict, step) -> dict:
+  """This process's part of a checkpoint's `data` item: merged stream states whole (the
+  iterator takes the streams it owns), per-process ones only on the host count that wrote them."""
+  if 'processes' not in data:
+    return data
+  if data['process_count'] != jax.process_count():
+    raise ValueError(f'checkpoint step {step} was saved by {data["process_count"]} processes; '
+                     f'this run has {jax.process_count()}: its data positions are per host (a '
+                     'checkpoint written before data streams, or synthetic data) and resume '
+                     f'only on {data["process_count"]} processes')
+  return data['processes'][jax.process_index()]
 
 
 def _first_line(error) -> str:

@@ -1,0 +1,131 @@
+"""Data streams (data/streams.py): the global batches and the saved data state do not depend on
+the host count, so a checkpoint written by N hosts resumes on M; the refusals name the numbers."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import common
+from pretrain_jax import data
+from pretrain_jax.data import streams
+from pretrain_jax.training import checkpoint
+
+CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False)]
+GLOBAL = 8
+
+
+@pytest.fixture(scope='module', autouse=True)
+def cache(tmp_path_factory):
+  old = os.environ.get('PRETRAIN_JAX_CACHE')
+  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
+  yield
+  if old is None:
+    del os.environ['PRETRAIN_JAX_CACHE']
+  else:
+    os.environ['PRETRAIN_JAX_CACHE'] = old
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+  return data.load_tokenizer(common.data_config('clm', 64))
+
+
+def config(objective, nsp=False, num_streams=4):
+  dc = common.data_config(objective, 32)
+  dc.update(nsp=nsp, num_streams=num_streams, prefetch=1)
+  return dc
+
+
+def hosts(dc, tokenizer, count, split='train'):
+  """`count` simulated hosts' iterators (one process), each fed GLOBAL // count rows."""
+  return [data.make_dataset(dc, tokenizer, split=split, batch_size=GLOBAL // count,
+                            process_index=p, process_count=count) for p in range(count)]
+
+
+def global_batches(its, n):
+  return [data.assemble_global_batch([next(it) for it in its]) for _ in range(n)]
+
+
+def assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), k
+
+
+def test_the_rule():
+  assert [list(streams.owned(8, h, 2)) for h in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert [list(streams.owned(8, h, 4)) for h in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+  assert streams.resolve(0, 16) == 8 and streams.resolve(0, 12) == 4
+  assert streams.resolve(0, 2) == 2 and streams.resolve(16, 32) == 16
+  assert streams.fit_to_split(8, 6) == 4 and streams.fit_to_split(8, 100) == 8
+  assert streams.fit_to_split(4, 6, per_stream=2) == 2 and streams.fit_to_split(4, 1) == 1
+
+
+@pytest.mark.parametrize('objective,nsp', CASES)
+def test_global_batches_are_the_same_on_1_2_and_4_hosts(tokenizer, objective, nsp):
+  dc = config(objective, nsp)
+  one = global_batches(hosts(dc, tokenizer, 1), 5)
+  assert_same(one, global_batches(hosts(dc, tokenizer, 2), 5))
+  assert_same(one, global_batches(hosts(dc, tokenizer, 4), 5))
+  # Rows [s*B/S, (s+1)*B/S) are stream s: a stream alone (1 of 4 "hosts") gives them.
+  alone = global_batches([hosts(dc, tokenizer, 4)[3]], 5)
+  assert_same([{k: v[6:] for k, v in b.items()} for b in one], alone)
+  seg = one[0].get('segment_ids', one[0].get('encoder_segment_ids'))
+  assert (seg > 0).mean() > 0.7  # real rows, not padding that would match trivially
+
+
+@pytest.mark.parametrize('objective,nsp', CASES)
+def test_a_state_saved_on_n_hosts_resumes_on_m(tokenizer, objective, nsp):
+  dc = config(objective, nsp)
+  reference = global_batches(hosts(dc, tokenizer, 1), 6)
+  for before, after in [(2, 1), (1, 2), (4, 2)]:
+    its = hosts(dc, tokenizer, before)
+    assert_same(global_batches(its, 3), reference[:3])
+    saved = json.loads(json.dumps(checkpoint.saved_data_state([it.get_state() for it in its])))
+    assert sorted(saved['streams'], key=int) == ['0', '1', '2', '3']
+    assert 'process_count' not in saved and 'processes' not in saved
+    resumed = hosts(dc, tokenizer, after)
+    for it in resumed:
+      it.set_state(checkpoint.host_data_state(saved, step=3))
+    assert_same(global_batches(resumed, 3), reference[3:])
+
+
+def test_eval_split_smaller_than_the_streams(tokenizer):
+  dc = config('clm', num_streams=8)  # validation holds 6 documents: read as 4 streams
+  one, two = hosts(dc, tokenizer, 1, 'validation'), hosts(dc, tokenizer, 2, 'validation')
+  assert one[0].get_state()['num_streams'] == 4
+  assert_same(global_batches(one, 3), global_batches(two, 3))
+
+
+def test_refusals(tokenizer):
+  dc = config('clm')
+  with pytest.raises(ValueError, match=r'4 data streams \(config.data.num_streams\) cannot be '
+                     r'split over 3 hosts; expected a host count dividing 4: one of \[1, 2, 4\], '
+                     r'or a run started with num_streams one of \[3, 6, 12, 24\]'):
+    data.make_dataset(dc, tokenizer, split='train', batch_size=8, process_index=0,
+                      process_count=3)
+  with pytest.raises(ValueError, match=r'global batch_size=6 does not split into '
+                     r'config.data.num_streams=4 streams of equal rows; expected a batch size '
+                     r'that is a multiple of 4, or num_streams one of \[1, 2, 3, 6\]'):
+    data.make_dataset(dc, tokenizer, split='train', batch_size=6)
+  saved = hosts(dc, tokenizer, 2)[0].get_state()
+  other = hosts(config('clm', num_streams=8), tokenizer, 1)[0]
+  with pytest.raises(ValueError, match=r'saved with 4 streams \(config.data.num_streams\) and '
+                     r'this run has 8; .* resume with --config.data.num_streams=4 on a host '
+                     r'count dividing it \(\[1, 2, 4\]\)'):
+    other.set_state(saved)
+  one = hosts(dc, tokenizer, 1)[0]
+  with pytest.raises(ValueError, match=r"no position for streams \[2, 3\] \(it holds \['0', "
+                     r"'1'\]\); expected every stream this host owns: \[0, 1, 2, 3\]"):
+    one.set_state(saved)  # one host's state alone is not the whole data position
+  old = {'version': 1, 'split': 'train', 'epoch': 0, 'doc': 5, 'offset': 0, 'batches': 2}
+  with pytest.raises(ValueError, match='version 1 was saved before data streams'):
+    one.set_state(old)
+  per_host = checkpoint.saved_data_state([old, old])  # a checkpoint written before streams
+  assert per_host == {'process_count': 2, 'processes': [old, old]}
+  with pytest.raises(ValueError, match=r'checkpoint step 7 was saved by 2 processes; this run '
+                     r'has 1: .* resume only on 2 processes'):
+    checkpoint.host_data_state(per_host, step=7)
