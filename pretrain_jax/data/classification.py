@@ -128,9 +128,10 @@ def make_task_dataset(encoded: Encoded, *, split: str, batch_size: int, seed: in
       return np.arange(n)
     return np.random.default_rng([seed, salt, epoch]).permutation(n)
 
-  def produce(state, stats):
+  def produce(state, stats):   # one data stream ('0'): pipeline.DataIterator's state layout
     del stats
-    epoch, pos = state['epoch'], state['doc']
+    position = state['streams']['0']
+    epoch, pos = position['epoch'], position['doc']
     perm = order(epoch)
     while True:
       index = []
@@ -144,14 +145,13 @@ def make_task_dataset(encoded: Encoded, *, split: str, batch_size: int, seed: in
         pos += take
       if not index:
         return
-      yield _take(rows, np.asarray(index), batch_size), dict(
-          state, epoch=epoch, doc=pos, batches=state['batches'] + 1)
-      state = dict(state, epoch=epoch, doc=pos, batches=state['batches'] + 1)
+      position = dict(position, epoch=epoch, doc=pos, batches=position['batches'] + 1)
+      yield _take(rows, np.asarray(index), batch_size), dict(state, streams={'0': position})
       if not repeat and pos == n:
         return
 
   identity = dict(split=split, seed=int(seed), objective='task', seq_len=int(
       rows[next(iter(rows))].shape[-1]) if rows[next(iter(rows))].ndim > 1 else 0,
       batch_size=int(batch_size), process_index=int(process_index),
-      process_count=int(process_count))
-  return pipeline.DataIterator(produce, identity, prefetch=2)
+      process_count=int(process_count), num_streams=1)
+  return pipeline.DataIterator(produce, identity, range(1), prefetch=2)
