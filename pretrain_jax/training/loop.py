@@ -41,9 +41,12 @@ def open_datasets(config, datasets=None, workdir=None):
     tokenizer_path = getattr(tokenizer, 'path', '') or config.data.tokenizer
   host_batch = config.train.batch_size // jax.process_count()
   kw = dict(batch_size=host_batch, process_index=jax.process_index(),
-            process_count=jax.process_count(), repeat=True, model_max_len=config.model.max_len)
-  return (datasets(split=config.data.train_split, **kw),
-          datasets(split=config.data.eval_split, **kw), tokenizer_path)
+            process_count=jax.process_count(), model_max_len=config.model.max_len)
+  # Validation reads the split once, in order, as scripts/evaluate.py does (the same batches,
+  # so the same numbers): with data streams a repeating small split would carry documents of
+  # its next epoch into the first batches.
+  return (datasets(split=config.data.train_split, repeat=True, **kw),
+          datasets(split=config.data.eval_split, repeat=False, **kw), tokenizer_path)
 
 
 def _accuracy(metrics: dict):
