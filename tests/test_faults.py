@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -17,6 +18,7 @@ import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from pretrain_jax.training import checkpoint, loop, synthetic
+from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import workdir as workdir_lib
 from test_train import tiny_config
 
@@ -285,26 +287,42 @@ def test_no_restorable_checkpoint_moves_nothing(tmp_path):
 # 6. A full disk stops the run at once; a restart needs no cleanup.
 
 def test_failed_save_stops_at_once_and_a_restart_resumes(tmp_path, monkeypatch):
+  """The save of step 10 fails in the background while step 12 trains; the run stops on the
+  next step (13), long before the next log / save point (20), and the restart resumes."""
   original = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+  at_step_12, failed = threading.Event(), threading.Event()
 
   async def disk_full(self, x, directory):
     if re.search(r'/10\.orbax-checkpoint-tmp', str(directory)):
+      at_step_12.wait(timeout=60)     # the background save is still writing at step 12
+      failed.set()
       raise OSError(errno.ENOSPC, 'No space left on device', str(directory))
     return await original(self, x, directory)
+
+  stepped = metrics_lib.StepClock.stepped
+  steps_seen = []
+
+  def stepped_and_hook(self, metrics):
+    stepped(self, metrics)
+    steps_seen.append(None)
+    if len(steps_seen) == 12:
+      at_step_12.set()
+      assert failed.wait(timeout=60)
+      time.sleep(0.5)                 # the save thread ends with the error
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', disk_full)
-  config = gpt(steps=20, checkpoint_every=5)
+  monkeypatch.setattr(metrics_lib.StepClock, 'stepped', stepped_and_hook)
+  config = gpt(steps=40, checkpoint_every=10, log_every=20)
   with pytest.raises(checkpoint.CheckpointSaveError,
-                     match=r'saving checkpoint 10 .*No space left.*newest complete checkpoint '
-                           r'is step 5'):
+                     match=r'saving checkpoint 10 .*No space left.*stopped training at step 13\. '
+                           r'The newest complete checkpoint is none'):
     train(config, tmp_path)
-  # The failure shows once the background save gives up: at a log point, at the latest before
-  # the next save starts.
-  assert max(train_steps(tmp_path)) <= 15
-  assert not os.path.exists(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), '15'))
-  assert checkpoint.complete_steps(str(tmp_path)) == [5]
+  assert checkpoint.complete_steps(str(tmp_path)) == []
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', original)
+  monkeypatch.setattr(metrics_lib.StepClock, 'stepped', stepped)
+  config.train.steps = 20
   result = train(config, tmp_path)
-  assert result['start_step'] == 5 and result['step'] == 20
+  assert result['start_step'] == 0 and result['step'] == 20
+  assert checkpoint.complete_steps(str(tmp_path)) == [10, 20]
   assert not [n for n in os.listdir(checkpoint.checkpoint_dir(str(tmp_path))) if 'tmp' in n]
 
 
@@ -344,6 +362,7 @@ import os, signal, sys, time, json
 sys.path[:0] = [{root!r}, {tests!r}]
 from test_train import tiny_config
 from pretrain_jax.training import checkpoint, loop, synthetic
+from pretrain_jax.training import metrics as metrics_lib
 config = tiny_config('gpt', steps=40, checkpoint_every={every})
 config.model.num_layers = 1
 mode = {mode!r}

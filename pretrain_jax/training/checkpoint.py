@@ -65,6 +65,14 @@ def _all_processes(ok: bool) -> bool:
   return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
+def _all_processes_pair(a: bool, b: bool) -> tuple:
+  """(a on every process, b on every process) in one all-gather."""
+  if jax.process_count() == 1:
+    return a, b
+  both = multihost_utils.process_allgather(np.asarray([a, b]))
+  return bool(np.all(both[..., 0])), bool(np.all(both[..., 1]))
+
+
 class Checkpointer:
   """A CheckpointManager over items `state` (pytree), `data` and `checksums` (JSON)."""
 
@@ -77,6 +85,7 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=('state', 'data', 'checksums'))
     self.pending = None  # the step of the save that may still be writing
+    self.failed = None   # the step of a save reported as failed
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -109,8 +118,30 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise self._save_error(e) from e
 
-  def _save_error(self, error) -> CheckpointSaveError:
+  def poll(self, step: int) -> None:
+    """Call after every train step: while a background save is writing, raises
+    CheckpointSaveError the first step after it failed (no host thread, which orbax's cleanup
+    does not tolerate). Non-blocking; on several hosts one small all-gather per step, and only
+    while a save is in flight, so every process stops at the same step."""
+    if self.pending is None:
+      return
+    error, done = None, not self.manager.is_saving_in_progress()
+    try:
+      self.manager.check_for_errors()
+      if done:  # the finalize thread has ended: joining it is immediate and raises its error
+        self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      error = e
+    ok_all, done_all = _all_processes_pair(error is None, done)
+    if not ok_all:
+      error = error or RuntimeError('the save failed on another process')
+      raise self._save_error(error, stopped_at=step) from error
+    if done_all:
+      self.pending = None
+
+  def _save_error(self, error, stopped_at=None) -> CheckpointSaveError:
     failed, self.pending = self.pending, None
+    self.failed = failed
     if jax.process_index() == 0:
       remove_temporary(paths.dirname(self.directory), quiet=True)
     done = complete_steps(paths.dirname(self.directory))
@@ -118,7 +149,8 @@ class Checkpointer:
     newest = f'step {done[-1]}' if done else 'none'
     return CheckpointSaveError(
         f'saving checkpoint {failed} under {self.directory} failed ({type(error).__name__}: '
-        f'{str(error)[:300]}); stopped training. The newest complete checkpoint is {newest}: fix '
+        f'{str(error)[:300]}); stopped training'
+        f'{f" at step {stopped_at}" if stopped_at is not None else ""}. The newest complete checkpoint is {newest}: fix '
         'the cause (disk space, permissions) and rerun the same command to resume from it')
 
   def restore(self, abstract_state, step=None):
@@ -178,7 +210,13 @@ class Checkpointer:
 
   def close(self) -> None:
     try:
-      self.wait()
+      if self.failed is None:
+        self.wait()
+      else:  # the failure is already raised; do not replace it with the same one again
+        try:
+          self.manager.wait_until_finished()
+        except Exception:  # pylint: disable=broad-exception-caught
+          pass
     finally:
       self.manager.close()
 

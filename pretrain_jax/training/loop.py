@@ -161,6 +161,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
             model_cfg, batch, steps.max_predictions)
       state, metrics = steps.train_step(state, batch)
       step += 1
+      checkpointer.poll(step)                    # a failed background save stops the run now
       history.append((step, metrics))
       clock.stepped(metrics)
       stopping = stop.agreed()
@@ -170,7 +171,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
       if log_now or eval_now or save_now:
         history = [(s, jax.device_get(m)) for s, m in history]
         check_finite(history)                   # never log or save past a NaN
-        checkpointer.check()                    # a failed background save stops the run
+        checkpointer.check()
         last = {k: float(v) for k, v in history[-1][1].items()}
         history = []
       if log_now:
