@@ -88,7 +88,13 @@ def fill_mask(model, text: str, top_k: int = 5) -> list:
   ids.append(tok.sep_id)
   if len(ids) > model.model_config.max_len:
     raise ValueError(f'{len(ids)} tokens; the model holds at most {model.model_config.max_len}')
-  logits = model(np.array([ids], np.int32)).logits[0]                     # (T, V)
+  # Padded to a bucket (16, 32, 64, ... up to max_len) under an attention mask, so calls with
+  # texts of similar length reuse one compiled program instead of compiling per length.
+  width = min(max(16, 1 << (len(ids) - 1).bit_length()), model.model_config.max_len)
+  padded = np.full((1, width), tok.pad_id, np.int32)
+  padded[0, :len(ids)] = ids
+  mask = (np.arange(width) < len(ids)).astype(np.int32)[None]
+  logits = model(padded, attention_mask=mask).logits[0]                  # (T, V)
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   out = []
   for position in [i for i, t in enumerate(ids) if t == tok.mask_id]:
