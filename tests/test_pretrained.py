@@ -150,6 +150,13 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
   assert len(out) == 1
   assert out[0]['candidates'][0]['id'] == word_ids[0]
   assert out[0]['candidates'][0]['probability'] > 0.5
+  # fill_mask pads to a length bucket under an attention mask: the same probabilities as the
+  # unpadded row through the model.
+  row = [tok.cls_id] + tok.encode('the function returns a new') + [tok.mask_id] + \
+      tok.encode('of strings') + [tok.sep_id]
+  probs = jax.nn.softmax(model(np.array([row], np.int32)).logits[0, row.index(tok.mask_id)])
+  for c in out[0]['candidates']:
+    np.testing.assert_allclose(c['probability'], float(probs[c['id']]), rtol=1e-5, atol=1e-7)
   with pytest.raises(ValueError, match=r'has no \[MASK\]'):
     inference.fill_mask(model, 'no mask here')
 
