@@ -18,6 +18,9 @@ def data_config(objective: str, seq_len: int) -> ml_collections.ConfigDict:
   d.train_split = 'train'           # split read for training
   d.eval_split = 'validation'       # split read for validation loss / evaluate.py
   d.validation_fraction = 0.02      # local files / embedded corpus: share of documents held out
+  d.prepared_dir = ''               # local files / embedded corpus: where they are prepared as
+                                    # tfds (may be gs://); '' = this host's cache on one process,
+                                    # <workdir>/prepared_data (shared) on several
   # Tokenizer.
   d.tokenizer = ''                  # path to a sentencepiece .model; '' = train once and cache one
   d.tokenizer_type = 'unigram'      # when training one: 'unigram', 'bpe' or 'char'

@@ -96,6 +96,68 @@ def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache):
     sources.text_dataset(source, 'test')
 
 
+def test_where_the_files_are_prepared(tmp_path, cache):
+  """One process: this host's cache; several: one copy under the workdir; prepared_dir wins."""
+  dc = common.data_config('clm', 16)
+  assert sources.prepared_dir(dc) == sources.prepared_dir(dc, 'runs/x', 1) == str(cache / 'tfds')
+  assert sources.prepared_dir(dc, str(tmp_path / 'run'), 2) == str(tmp_path / 'run' /
+                                                                 'prepared_data')
+  assert sources.prepared_dir(dc, 'gs://bucket/run/', 4) == 'gs://bucket/run/prepared_data'
+  with pytest.raises(ValueError, match='2 processes .* config.data.prepared_dir'):
+    sources.prepared_dir(dc, None, 2)
+  dc.prepared_dir = 'gs://bucket/prepared'
+  assert {sources.prepared_dir(dc, 'gs://bucket/run', n) for n in (1, 2)} == {dc.prepared_dir}
+
+
+def test_only_process_0_prepares_the_others_open_its_copy(tmp_path, cache, monkeypatch):
+  (tmp_path / 'files').mkdir()
+  good = write_files(tmp_path / 'files')
+  dc = common.data_config('clm', 16)
+  dc.files = str(tmp_path / 'files' / '*')
+  shared = str(tmp_path / 'shared')
+  # Process 1 never prepares: a name process 0 would send, nothing in the directory.
+  with pytest.raises(FileNotFoundError, match=f"not prepared in '{shared}'"):
+    sources.open_source(dc, data_dir=shared, process_index=1, sync=lambda _: 'f' + '0' * 16)
+  assert not os.path.exists(os.path.join(shared, 'local_text_files', 'f' + '0' * 16))
+  with pytest.raises(RuntimeError, match='process 0 could not prepare'):
+    sources.open_source(dc, data_dir=shared, process_index=1, sync=lambda _: '')
+  with pytest.raises(ValueError, match='pass the sync'):
+    sources.open_source(dc, data_dir=shared, process_index=1)
+  # Process 0 prepares, then hands its copy's name to the barrier.
+  sent = []
+  first = sources.open_source(dc, data_dir=shared, process_index=0,
+                              sync=lambda name: sent.append(name) or name)
+  assert sent == [first.fingerprint]
+  assert os.listdir(os.path.join(shared, 'local_text_files')) == [first.fingerprint]
+  # Process 1 (a fresh process: nothing opened) reads that copy without the raw files.
+  for name in os.listdir(tmp_path / 'files'):
+    os.remove(tmp_path / 'files' / name)
+  monkeypatch.setattr(sources, '_OPENED', {})
+  other = sources.open_source(dc, data_dir=shared, process_index=1, sync=lambda _: sent[0])
+  assert other.builder is not first.builder
+  assert sorted(texts(sources.text_dataset(other, 'train', shuffle_buffer=0)) +
+                texts(sources.text_dataset(other, 'validation', shuffle_buffer=0))) == sorted(good)
+  assert not os.path.exists(cache / 'tfds')
+  # Process 0 failing tells the others ('') before it raises.
+  sent.clear()
+  with pytest.raises(FileNotFoundError, match='matches no file'):
+    sources.open_source(dc, data_dir=shared, process_index=0,
+                        sync=lambda name: sent.append(name) or name)
+  assert sent == ['']
+
+
+def test_a_prepared_dir_that_cannot_be_written_is_one_error_naming_it(tmp_path, cache):
+  write_files(tmp_path)
+  (tmp_path / 'a_file').write_text('not a directory')
+  dc = common.data_config('clm', 16)
+  dc.files = str(tmp_path / '*.jsonl')
+  dc.prepared_dir = str(tmp_path / 'a_file' / 'prepared')
+  with pytest.raises(OSError, match=f"cannot prepare the data in '{dc.prepared_dir}'.*"
+                                    'config.data.prepared_dir'):
+    sources.open_source(dc)
+  assert not os.path.exists(cache / 'tfds')
+
+
 class PjTestText(tfds.core.GeneratorBasedBuilder):
   """A named tfds dataset with a `content` text feature, prepared into a tmp data_dir."""
   VERSION = tfds.core.Version('1.0.0')

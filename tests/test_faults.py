@@ -135,6 +135,13 @@ def test_config_differences_name_each_key():
   assert workdir_lib.config_differences(saved, changed.to_dict(), 'train.learning_rate') == []
   with pytest.raises(ValueError, match='allow_config_change names model.num_layers'):
     workdir_lib.config_differences(saved, saved, 'train.learning_rate,model.num_layers')
+  # Where the prepared copy lives is not what it holds: a config.json from before the key, or
+  # a run moving its copy, resumes.
+  older = gpt().to_dict()
+  del older['data']['prepared_dir']
+  moved = gpt()
+  moved.data.prepared_dir = 'gs://bucket/prepared'
+  assert workdir_lib.config_differences(older, moved.to_dict()) == []
 
 
 def test_refused_resume_leaves_config_json_unchanged(tmp_path):

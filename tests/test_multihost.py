@@ -1,7 +1,8 @@
 """Two local processes on JAX's multi-controller runtime (gloo collectives) simulate a 2-host
-slice: scripts/train.py trains with each host producing its data streams' rows, process 0 alone
-writes logs, the checkpoint is one global checkpoint, and a single process resumes from it with
-the losses and batches of an uninterrupted run."""
+slice: scripts/train.py trains with each host producing its data streams' rows from the one
+copy of the data process 0 prepared in the workdir, process 0 alone writes logs, the checkpoint
+is one global checkpoint, and a single process resumes from it with the losses and batches of
+an uninterrupted run."""
 import json
 import os
 import socket
@@ -70,11 +71,14 @@ def test_two_processes_train_resume_and_a_single_process_evaluates(tmp_path):
   workdir = str(tmp_path / 'run')
   result = _two_processes(workdir, steps=3)
   assert result['step'] == 3 and result['checkpoint_steps'] == [3]
+  prepared = os.path.join(workdir, 'prepared_data', 'local_text_files')
+  assert len(os.listdir(prepared)) == 1          # the embedded corpus, prepared once for both
   lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
   assert [l['step'] for l in lines if l['split'] == 'train'] == [1, 2, 3]  # written once
 
   resumed = _two_processes(workdir, steps=5)
   assert resumed['start_step'] == 3 and resumed['step'] == 5
+  assert len(os.listdir(prepared)) == 1          # reused
 
   # One process takes over both hosts' data streams.
   single = _one_process(workdir, steps=7)

@@ -1,6 +1,13 @@
 """Two local processes (jax.distributed over gloo, as tests/test_multihost.py) sharing a gs://
 workdir and gs:// data files in the emulator: one tokenizer is trained (by process 0, into the
-workdir), both use it, only process 0 writes workdir files, and the run resumes."""
+workdir), both use it, process 0 alone prepares the files once into one directory both read
+(neither prepares a copy in its own cache), only process 0 writes workdir files, and the run
+resumes.
+
+The prepared copy is in a local directory both processes share (`data.prepared_dir`), not in
+the gs:// workdir: TensorFlow's own gs:// filesystem, which tf.data reads a tfds copy with,
+cannot be pointed at the emulator (its endpoints are compiled in). The code path is the same
+one a `<workdir>/prepared_data` on a bucket takes."""
 import json
 import os
 import subprocess
@@ -24,11 +31,11 @@ def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):
       '--coordinator_address=HOST:PORT --num_processes=N --process_id=I' in last
 
 
-def _two_processes(env, workdir, files, caches, steps):
+def _two_processes(env, workdir, files, caches, steps, prepared):
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, TRAIN, *SMALL, '--workdir', workdir, f'--config.train.steps={steps}',
-       f'--config.data.files={files}', '--multihost', f'--coordinator_address=127.0.0.1:{port}',
+       f'--config.data.files={files}', f'--config.data.prepared_dir={prepared}', '--multihost', f'--coordinator_address=127.0.0.1:{port}',
        '--num_processes=2', f'--process_id={i}'], cwd=ROOT,
       env=dict(env, PRETRAIN_JAX_CACHE=caches[i]), stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -48,9 +55,14 @@ def test_two_processes_share_one_gs_workdir_and_one_tokenizer(tmp_path):
       files = upload_corpus('gs://bucket/corpus')
       env = dict(_env(), **gcs_env)
       caches = [str(tmp_path / 'cache0'), str(tmp_path / 'cache1')]
+      prepared = str(tmp_path / 'prepared')
       workdir = 'gs://bucket/run'
-      first = _two_processes(env, workdir, files, caches, steps=3)
+      first = _two_processes(env, workdir, files, caches, steps=3, prepared=prepared)
       assert first['step'] == 3 and first['checkpoint_steps'] == [3]
+      # One prepared copy, in the shared directory; none in either process's cache.
+      copies = os.listdir(os.path.join(prepared, 'local_text_files'))
+      assert len(copies) == 1
+      assert not [c for c in caches if os.path.exists(os.path.join(c, 'tfds'))]
       # One tokenizer, trained by process 0; process 1 trained none and loaded the workdir's.
       assert os.listdir(os.path.join(caches[0], 'tokenizers'))
       assert not os.path.exists(os.path.join(caches[1], 'tokenizers'))
@@ -60,11 +72,12 @@ def test_two_processes_share_one_gs_workdir_and_one_tokenizer(tmp_path):
       assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3]  # written once
       assert len(paths.listdir(f'{workdir}/config_history')) == 1
 
-      resumed = _two_processes(env, workdir, files, caches, steps=5)
+      resumed = _two_processes(env, workdir, files, caches, steps=5, prepared=prepared)
       assert resumed['start_step'] == 3 and resumed['step'] == 5
       rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
       assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3, 4, 5]
       assert not paths.exists(f'{workdir}/LOCK')
+      assert os.listdir(os.path.join(prepared, 'local_text_files')) == copies  # reused
     finally:
       os.environ.clear()
       os.environ.update(saved)

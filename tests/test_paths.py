@@ -31,8 +31,9 @@ ALLOWED = {
     ('training/workdir.py', 'os.remove(aside)'): 'LocalLock: the renamed-aside stale lock',
     # The data cache is this host's tfds/tokenizer cache; only speed depends on it.
     ('data/sources.py', 'os.path.expanduser(os.environ.get'): 'the host-local cache root',
-    ('data/sources.py', "os.path.join(cache_dir(), 'tfds')"): 'tfds cache (host-local, '
-                                                              'rebuilt from the files)',
+    ('data/sources.py', "os.path.join(cache_dir(), 'tfds')"): 'tfds cache (host-local, one '
+                                                              'process only, rebuilt from the '
+                                                              'files)',
     ('data/sources.py', "os.path.join(directory, 'corpus')"): 'the embedded corpus in the cache',
     ('data/tokenizer.py', 'os.path.expanduser(data_config.tokenizer)'):
         'the local branch (is_remote checked just before)',

@@ -10,9 +10,11 @@ the dataset is prepared. Missing files, or files with no usable document at all,
 
 Documents are numbered in file order (files sorted by path); an evenly spaced
 round(N * validation_fraction) of them (at least one when N >= 2 and the fraction is > 0) form
-the `validation` split, the rest `train`. The prepared dataset is cached under
-`<cache>/tfds/local_text_files/<fingerprint>`, the fingerprint covering paths, sizes, mtimes
-and the split settings.
+the `validation` split, the rest `train`. The prepared dataset is written under
+`<data_dir>/local_text_files/<fingerprint>`, the fingerprint covering paths, sizes, mtimes
+and the split settings, so a later run with the same files reuses it. Which `data_dir`
+(this host's cache, or one directory every process of a multi-host run reads) is
+sources.prepared_dir's rule; `prepare` writes a copy, `open_prepared` only opens one.
 """
 import collections
 import contextlib
@@ -22,6 +24,7 @@ import json
 import logging
 import sys
 
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from pretrain_jax import paths as paths_lib
@@ -142,17 +145,20 @@ def validation_indices(num_docs: int, fraction: float) -> set:
 
 
 class LocalTextFiles(tfds.core.GeneratorBasedBuilder):
-  """tfds builder over local files; one BuilderConfig per fingerprint of files + settings."""
+  """tfds builder over local files; one BuilderConfig per fingerprint of files + settings.
+
+  `name` (a fingerprint) opens a copy prepared elsewhere without touching `paths` (then empty).
+  """
   VERSION = tfds.core.Version('1.0.0')
   # No source directory with checksums or metadata: also keeps tfds from resolving this
   # package as a resource path (which needs the optional importlib_resources package).
   code_path = None
 
   def __init__(self, *, paths: list, text_key: str = 'text', validation_fraction: float = 0.02,
-               **kwargs):
+               name: str = '', **kwargs):
     self._paths, self._text_key, self._fraction = list(paths), text_key, validation_fraction
-    super().__init__(config=tfds.core.BuilderConfig(name=fingerprint(
-        paths, text_key, validation_fraction)), **kwargs)
+    super().__init__(config=tfds.core.BuilderConfig(
+        name=name or fingerprint(paths, text_key, validation_fraction)), **kwargs)
 
   def _log_download_bytes(self) -> None:
     """tfds announces 'Downloading and preparing dataset Unknown size'; nothing downloads."""
@@ -199,19 +205,35 @@ def fingerprint(paths: list, text_key: str, validation_fraction: float) -> str:
 
 def prepare(paths: list, data_dir: str, *, text_key: str = 'text',
             validation_fraction: float = 0.02) -> LocalTextFiles:
-  """The prepared builder (prepared once, then reused from `data_dir`)."""
-  builder = LocalTextFiles(paths=paths, text_key=text_key,
-                           validation_fraction=validation_fraction, data_dir=data_dir)
-  if not builder.is_prepared():
+  """The prepared builder (prepared once, then reused from `data_dir`, which may be gs://)."""
+  def builder():
+    return LocalTextFiles(paths=paths, text_key=text_key,
+                          validation_fraction=validation_fraction, data_dir=data_dir)
+  prepared = builder()
+  if not prepared.is_prepared():
     tfds.display_progress_bar(False)
     try:
       # tfds prints its progress to stdout, which scripts keep for their JSON results.
       with contextlib.redirect_stdout(sys.stderr):
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        prepared.download_and_prepare(download_config=tfds.download.DownloadConfig(
             compute_stats=tfds.download.ComputeStatsMode.SKIP))
-    except OSError:  # another process may have prepared the same files concurrently
-      builder = LocalTextFiles(paths=paths, text_key=text_key,
-                               validation_fraction=validation_fraction, data_dir=data_dir)
-      if not builder.is_prepared():
-        raise
+    except (OSError, tf.errors.OpError) as e:
+      prepared = builder()  # another process may have prepared the same files concurrently
+      if not prepared.is_prepared():
+        raise OSError(f'cannot prepare the data in {data_dir!r}: {type(e).__name__}: {e}; '
+                      'expected a directory this process can write (set '
+                      'config.data.prepared_dir to one)') from None
+  return prepared
+
+
+def open_prepared(data_dir: str, name: str, description: str) -> LocalTextFiles:
+  """The copy `name` (a fingerprint) of `description` that another process prepared in
+  `data_dir`. Never prepares: a missing copy is an error naming the directory."""
+  builder = LocalTextFiles(paths=[], name=name, data_dir=data_dir)
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f'{description} is not prepared in {data_dir!r} (no {LocalTextFiles.name}/{name} '
+        'there after process 0 prepared it): every process must read the directory process 0 '
+        'writes; use a shared one (a gs:// workdir, or config.data.prepared_dir on storage '
+        'every host reads)')
   return builder

@@ -241,7 +241,7 @@ class DataIterator:
 
 def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process_index: int = 0,
                  process_count: int = 1, seed: int | None = None, repeat: bool = True,
-                 model_max_len: int | None = None) -> DataIterator:
+                 model_max_len: int | None = None, source=None) -> DataIterator:
   """Per-host batches of `split` for `data_config.objective` (keys and shapes: DESIGN.md).
 
   Args:
@@ -256,6 +256,8 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
       (streams that end first give all-padding rows; with NSP the host's batches end with its
       first stream, as a last incomplete NSP batch is dropped).
     model_max_len: if given, seq_len (and T5's target length) must fit in it.
+    source: the opened sources.Source to read (default sources.open_source(data_config); a
+      multi-host run passes the one copy every host shares).
   Returns:
     DataIterator of dicts of numpy arrays (batch_size, seq_len); T5 decoder features
     (batch_size, target_len) with target_len from span_corruption.target_length.
@@ -266,7 +268,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   seed = data_config.seed if seed is None else seed
   if not isinstance(seed, (int, np.integer)) or seed < 0:
     raise ValueError(f'data seed={seed!r}; expected a non-negative integer')
-  source = sources.open_source(data_config)
+  source = source or sources.open_source(data_config)
   source.check_split(split)
   global_batch = int(batch_size) * int(process_count)
   num_streams = streams.fit_to_split(

@@ -2,11 +2,20 @@
 
 - `tfds_name` set: any tfds dataset with a text feature (`c4/en:3.0.1` with `tfds_data_dir`
   pointing at a prepared copy, possibly `gs://...`). It is never downloaded from here.
-- `files` set: local C4-format files, prepared once as a tfds dataset (local_builder.py).
+- `files` set: local C4-format files (or gs://), prepared once as a tfds dataset
+  (local_builder.py) in `prepared_dir`.
 - neither: the embedded CPython documentation corpus (corpus.py), written as a JSON-lines file
   in the cache and then handled exactly like `files`.
 
-`text_dataset` returns the per-host, per-epoch shuffled tf.data stream of document strings.
+Where the prepared copy lives (`prepared_dir`): `data.prepared_dir` when set; else, on one
+process, this host's cache (`$PRETRAIN_JAX_CACHE/tfds`, reused by later runs); else
+`<workdir>/prepared_data`, one copy the whole run shares (on a slice the workdir is a bucket).
+On several processes only process 0 reads the raw files, once, to prepare them; the others
+wait for it and open its copy (open_source's `sync`), and every host then reads only its
+streams' shares of that copy (text_dataset). For C4-size data use a dataset prepared once for
+all runs instead (`tfds_name` + `tfds_data_dir` on gs://), as t5x does.
+
+`text_dataset` returns the per-stream, per-epoch shuffled tf.data stream of document strings.
 """
 import functools
 import hashlib
@@ -16,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from pretrain_jax import paths as paths_lib
 from pretrain_jax.data import corpus, local_builder
 
 # The input pipeline runs on the host CPU; keep TensorFlow off accelerators JAX owns.
@@ -48,20 +58,70 @@ class Source:
                        'files add documents or raise config.data.validation_fraction')
 
 
-def open_source(data_config) -> Source:
-  """The Source named by `data_config` (prepares local files / the embedded corpus once)."""
+PREPARED_DATA = 'prepared_data'  # under the workdir: the copy all processes of a run read
+
+
+def prepared_dir(data_config, workdir: str | None = None, process_count: int = 1) -> str:
+  """Where local files / the embedded corpus are prepared as tfds (see the module doc)."""
+  if data_config.get('prepared_dir', ''):
+    return paths_lib.absolute(data_config.prepared_dir)
+  if process_count == 1:
+    return os.path.join(cache_dir(), 'tfds')
+  if not workdir:
+    raise ValueError(f'{process_count} processes read one prepared copy of the data; pass the '
+                     'workdir or set config.data.prepared_dir to a directory every host reads')
+  return paths_lib.join(paths_lib.absolute(workdir), PREPARED_DATA)
+
+
+def open_source(data_config, *, data_dir: str | None = None, process_index: int = 0,
+                sync=None) -> Source:
+  """The Source named by `data_config`; local files / the embedded corpus are prepared once in
+  `data_dir` (default prepared_dir(data_config)) and reused from there.
+
+  Several processes pass their index and `sync(name) -> name`, which returns process 0's
+  argument on every process once process 0 has called it (a barrier). Process 0 alone reads
+  the raw files and prepares them, then calls it with the prepared copy's name ('' when it
+  failed); the others open that copy and never prepare: one not prepared in `data_dir` is an
+  error naming the directory.
+  """
   if data_config.tfds_name and data_config.files:
     raise ValueError(f'config.data sets both tfds_name={data_config.tfds_name!r} and '
                      f'files={data_config.files!r}; expected at most one')
   if data_config.tfds_name:
     return _named_source(data_config)
+  if process_index and sync is None:
+    raise ValueError(f'process_index={process_index} opens the copy process 0 prepares; '
+                     'pass the sync that waits for it')
+  data_dir = data_dir or prepared_dir(data_config)
+  description = (f'local files {data_config.files!r}' if data_config.files
+                 else 'the embedded pydoc corpus')
+  name = ''
+  if process_index == 0:
+    try:
+      source = _prepare(data_config, data_dir, description)
+    except Exception:
+      if sync is not None:
+        sync('')  # the others stop instead of waiting for a copy that never comes
+      raise
+    name = source.fingerprint
+  if sync is not None:
+    name = sync(name)
+  if process_index == 0:
+    return source
+  if not name:
+    raise RuntimeError(f'process 0 could not prepare {description} in {data_dir!r}; its error '
+                       'is in its log')
+  if (data_dir, name) not in _OPENED:
+    _OPENED[data_dir, name] = Source(local_builder.open_prepared(data_dir, name, description),
+                                     'text', name, description)
+  return _OPENED[data_dir, name]
+
+
+def _prepare(data_config, data_dir: str, description: str) -> Source:
   if data_config.files:
     paths = local_builder.expand_files(data_config.files)
-    description = f'local files {data_config.files!r}'
   else:
     paths = [_embedded_corpus_file(cache_dir())]
-    description = 'the embedded pydoc corpus'
-  data_dir = os.path.join(cache_dir(), 'tfds')
   key = (data_dir, local_builder.fingerprint(paths, data_config.text_key,
                                              data_config.validation_fraction))
   if key not in _OPENED:  # one builder per process: tfds logs every instantiation
@@ -154,9 +214,11 @@ def _share_texts(source: Source, share) -> np.ndarray:
 _SHARES = {}
 
 
-def iter_texts(data_config, split: str | None = None, max_chars: int = 100_000_000):
-  """Python strings of a split in a fixed order, up to `max_chars` (tokenizer training)."""
-  source = open_source(data_config)
+def iter_texts(data_config, split: str | None = None, max_chars: int = 100_000_000,
+               source: Source | None = None):
+  """Python strings of a split in a fixed order, up to `max_chars` (tokenizer training), of
+  `source` (default open_source(data_config))."""
+  source = source or open_source(data_config)
   total = 0
   for raw in text_dataset(source, split or data_config.train_split, shuffle_buffer=0).as_numpy_iterator():
     text = raw.decode('utf-8', errors='replace')

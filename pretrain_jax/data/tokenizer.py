@@ -240,8 +240,9 @@ def _train_proto(lines, vocab_size: int, model_type: str) -> bytes:
 TRAIN_VERSION = 1  # bump when training settings change, so cached tokenizers are retrained
 
 
-def load_tokenizer(data_config) -> Tokenizer:
-  """`data_config.tokenizer` loaded unchanged if set; else one trained on the configured source.
+def load_tokenizer(data_config, source=None) -> Tokenizer:
+  """`data_config.tokenizer` loaded unchanged if set; else one trained on the configured source
+  (`source`, an opened sources.Source, default sources.open_source(data_config)).
 
   A trained tokenizer is cached as <cache>/tokenizers/<key>.model, the key hashing the source's
   fingerprint and the tokenizer settings, so it is trained once (seconds on the embedded
@@ -252,7 +253,7 @@ def load_tokenizer(data_config) -> Tokenizer:
         data_config.tokenizer) else os.path.expanduser(data_config.tokenizer))
   import hashlib
   from pretrain_jax.data import sources  # TensorFlow only when a source is read
-  source = sources.open_source(data_config)
+  source = source or sources.open_source(data_config)
   settings = (TRAIN_VERSION, source.fingerprint, data_config.train_split,
               data_config.tokenizer_type, round_up(data_config.tokenizer_vocab_size),
               data_config.tokenizer_train_chars)
@@ -262,7 +263,7 @@ def load_tokenizer(data_config) -> Tokenizer:
                       f'_{key}.model')
   if not paths.exists(path):
     texts = sources.iter_texts(data_config, data_config.train_split,
-                               data_config.tokenizer_train_chars)
+                               data_config.tokenizer_train_chars, source)
     train_sentencepiece(texts, path, vocab_size=data_config.tokenizer_vocab_size,
                         model_type=data_config.tokenizer_type)
   return Tokenizer(path)

@@ -24,20 +24,24 @@ def open_datasets(config, datasets=None, workdir=None):
   """(train iterator, eval iterator, tokenizer path) of this host's share of the batch.
 
   `datasets(split=, batch_size=, process_index=, process_count=, repeat=)` replaces
-  pretrain_jax.data (tests pass synthetic data); by default the tokenizer is loaded (with a
-  `workdir` and no data.tokenizer: the workdir's one copy, workdir_lib.shared_tokenizer) and
-  checked against the model's vocabulary.
+  pretrain_jax.data (tests pass synthetic data); by default the source is opened and the
+  tokenizer loaded (with a `workdir`: the run's one prepared copy and, with no data.tokenizer,
+  the workdir's one tokenizer: workdir_lib.shared_source / shared_tokenizer) and checked
+  against the model's vocabulary.
   """
   tokenizer_path = ''
   if datasets is None:
     from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
-    tokenizer = (workdir_lib.shared_tokenizer(config.data, workdir) if workdir is not None
-                 else data.load_tokenizer(config.data))
+    if workdir is not None:
+      source = workdir_lib.shared_source(config.data, workdir)
+      tokenizer = workdir_lib.shared_tokenizer(config.data, workdir, source)
+    else:
+      source, tokenizer = None, data.load_tokenizer(config.data)
     if tokenizer.vocab_size != config.model.vocab_size:
       raise ValueError(f'config.model.vocab_size={config.model.vocab_size} but the tokenizer '
                        f'has {tokenizer.vocab_size} pieces; set --config.model.vocab_size='
                        f'{tokenizer.vocab_size}')
-    datasets = functools.partial(data.make_dataset, config.data, tokenizer)
+    datasets = functools.partial(data.make_dataset, config.data, tokenizer, source=source)
     tokenizer_path = getattr(tokenizer, 'path', '') or config.data.tokenizer
   host_batch = config.train.batch_size // jax.process_count()
   kw = dict(batch_size=host_batch, process_index=jax.process_index(),

@@ -35,7 +35,7 @@ FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_b
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
              'train.peak_tflops', 'train.allow_config_change', 'train.loss_chunk_len',
              'train.max_predictions_per_seq', 'data.tokenizer', 'data.tfds_data_dir',
-             'data.num_parallel_calls', 'data.prefetch', 'data.eval_split')
+             'data.prepared_dir', 'data.num_parallel_calls', 'data.prefetch', 'data.eval_split')
 # Keys a resume may change when named in train.allow_config_change: the optimization changes,
 # the state and data stream keep their meaning.
 ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
@@ -328,11 +328,26 @@ def _same_bytes(a: str, b: str) -> bool:
   return paths.read_bytes(a) == paths.read_bytes(b)
 
 
-def shared_tokenizer(data_config, workdir: str):
+def shared_source(data_config, workdir: str):
+  """The data source every process reads: local files / the embedded corpus are prepared once,
+  by process 0, in sources.prepared_dir (on several processes `<workdir>/prepared_data` unless
+  data.prepared_dir is set) while the others wait at a barrier and then open that one copy,
+  so no host-local cache matters for correctness. Each host reads its streams' shares of it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (tensorflow)
+  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  count = jax.process_count()
+  return sources.open_source(
+      data_config, data_dir=sources.prepared_dir(data_config, workdir, count),
+      process_index=jax.process_index(),
+      sync=(lambda name: ckpt_lib.gather_json(name)[0]) if count > 1 else None)
+
+
+def shared_tokenizer(data_config, workdir: str, source=None):
   """The tokenizer every process uses: `data.tokenizer` when set; else `<workdir>/tokenizer.model`,
-  which process 0 creates (trained once, or copied from its cache: data.load_tokenizer) while
-  the others wait at a barrier, so all hosts load the same file and no host-local cache matters
-  for correctness."""
+  which process 0 creates (trained once on `source`, or copied from its cache:
+  data.load_tokenizer) while the others wait at a barrier, so all hosts load the same file and
+  no host-local cache matters for correctness."""
   import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
@@ -340,7 +355,7 @@ def shared_tokenizer(data_config, workdir: str):
     return data.load_tokenizer(data_config)
   copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
   if jax.process_index() == 0 and not paths.isfile(copy):
-    paths.copy(data.load_tokenizer(data_config).path, copy)
+    paths.copy(data.load_tokenizer(data_config, source).path, copy)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('pretrain_jax: the workdir tokenizer is written')
   return data.Tokenizer(copy)
