@@ -1,12 +1,22 @@
-"""A BERT (MLM only, packed rows) that trains on the embedded corpus on a 2-core CPU."""
+"""A BERT (MLM only, packed rows) that learns context on the embedded corpus on a 2-core CPU in
+about a minute and a half (the main job, scripts/train_tiny.py).
+
+Chosen for a 400-step budget, each measured on this machine (held-out MLM loss after 300-400
+steps): a 1,024-piece vocabulary (the softmax is a third of the FLOPs at 2,048, and the
+probe's words are single pieces either way); no dropout (the run sees each document ~5 times);
+and fixed sinusoidal positions: with N(0, 0.02) learned positions the encoder has no usable
+notion of "next to" for the first few hundred steps and predicts unigram frequencies (loss 6.0,
+the masked-word probe 5%), with sinusoidal ones it uses its neighbours from the start.
+"""
 from configs import bert_base
 
 
 def get_config():
   c = bert_base.get_config()
-  c.model.update(vocab_size=2048, num_layers=2, emb_dim=128, num_heads=4, head_dim=32,
-                 mlp_dim=512, max_len=128, nsp=False)
-  c.data.update(seq_len=128, nsp=False)
-  c.train.update(batch_size=16, steps=300, learning_rate=2e-3, warmup_steps=30,
-                 schedule='cosine', eval_every=100, checkpoint_every=100, log_every=20)
+  c.model.update(vocab_size=1024, num_layers=2, emb_dim=128, num_heads=4, head_dim=32,
+                 mlp_dim=512, max_len=128, nsp=False, position_embedding='sinusoidal',
+                 dropout_rate=0.0, attention_dropout_rate=0.0)
+  c.data.update(seq_len=128, nsp=False, tokenizer_vocab_size=1024, validation_fraction=0.05)
+  c.train.update(batch_size=16, steps=400, learning_rate=2e-3, warmup_steps=30,
+                 schedule='cosine', eval_every=400, checkpoint_every=200, log_every=50)
   return c

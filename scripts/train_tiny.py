@@ -74,7 +74,8 @@ def report(family: str, result: dict) -> None:
   if 'masked_word' in result:
     p = result['masked_word']
     say(f'  one masked word per held-out sentence: the word is in the top 5 for '
-        f'{p["top5_hit_rate"]:.0%} of {p["sentences"]} sentences (random init: '
+        f'{p["top5_hit_rate"]:.0%} of {p["sentences"]} sentences (the other words shuffled: '
+        f'{p["top5_hit_rate_context_shuffled"]:.0%}; random init: '
         f'{result["masked_word_random_init"]["top5_hit_rate"]:.0%})')
     for e in p['examples'][:4]:
       say(f'  {e["text"]!r}: {e["answer"]} -> {", ".join(e["top"])}'

@@ -20,7 +20,8 @@ from pretrain_jax.finetune import flags as ft_flags
 
 _CONFIG, _INIT, _TASK = ft_flags.define_common()
 _WORKDIR = flags.DEFINE_string('workdir', None, 'one subdirectory per run, and transfer.png')
-_MODES = flags.DEFINE_list('modes', ['scratch', 'linear_probe', 'full'], 'modes to run')
+_MODES = flags.DEFINE_list('modes', [], 'modes to run (default: scratch, linear_probe, full; '
+                           'T5 has no head to probe: scratch, full)')
 _SIZES = flags.DEFINE_list('sizes', ['0'], 'labelled training set sizes (0 = all)')
 
 

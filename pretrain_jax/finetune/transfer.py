@@ -16,11 +16,14 @@ def run_name(mode: str, size: int) -> str:
   return f'{mode}_n{size}' if size else mode
 
 
-def run_transfer(config, root: str, modes=run_lib.MODES, sizes=(0,)) -> list:
-  """One fine-tuning run per (size, mode); returns a row per run (see `table`)."""
-  rows = []
+def run_transfer(config, root: str, modes=(), sizes=(0,)) -> list:
+  """One fine-tuning run per (size, mode); returns a row per run (see `table`). No `modes`:
+  every mode the family has (T5, text to text, has no head to probe: scratch and full)."""
+  rows, auto = [], not modes
   for size in sizes:
-    for mode in modes:
+    for mode in (modes or ('scratch', 'linear_probe', 'full')):
+      if auto and mode == 'linear_probe' and rows and rows[-1]['family'] == 't5':
+        continue
       c = ml_collections.ConfigDict(config.to_dict())
       c.mode, c.task.max_train_examples = mode, int(size)
       workdir = paths.join(root, run_name(mode, size))

@@ -1,8 +1,9 @@
 """Does a checkpoint use context? Small, honest probes on held-out text, trained vs random init.
 
 - `masked_word_probe`: BERT. Each held-out sentence gets ONE word masked (a word of 3+ letters
-  picked by a seeded draw, not by hand), and the probe counts how often the word's first piece
-  is in the model's top 5 for that position.
+  that the tokenizer holds as one piece, picked by a seeded draw, not by hand), and the probe
+  counts how often that piece is in the model's top 5 for the [MASK]. One-piece words only: a
+  word split as '▁' + pieces would be "found" by predicting the bare '▁', the commonest piece.
 - `continuations`: GPT. Seeded sampled continuations of the first words of held-out sentences.
 - `span_fills`: T5. A seeded span of 1-3 words of each sentence becomes <extra_id_0>; the model
   decodes what goes there.
@@ -27,10 +28,11 @@ def sentences(texts, *, count: int, min_words: int = 6, max_words: int = 24) -> 
   return out
 
 
-def _pick_word(sentence: str, rng):
-  """(start, end) of one 3+-letter word of the sentence, chosen by `rng`."""
-  spans = [m.span() for m in WORD.finditer(sentence)]
-  return spans[rng.integers(len(spans))]
+def _pick_word(sentence: str, rng, keep=lambda word: True):
+  """(start, end) of one 3+-letter word of the sentence for which keep(word), chosen by `rng`;
+  None if there is none."""
+  spans = [m.span() for m in WORD.finditer(sentence) if keep(m.group())]
+  return spans[rng.integers(len(spans))] if spans else None
 
 
 def masked_word_probe(model, texts: list, *, seed: int = 0, top_k: int = 5) -> dict:
@@ -38,19 +40,38 @@ def masked_word_probe(model, texts: list, *, seed: int = 0, top_k: int = 5) -> d
   rng = np.random.default_rng(seed)
   tok, hits, examples = model.tokenizer, 0, []
   for sentence in texts:
-    start, end = _pick_word(sentence, rng)
-    word = sentence[start:end]
-    target = tok.encode(word)   # a mid-sentence word's pieces: '▁word...' as on its own
-    if not target:
+    # A mid-sentence word's pieces are '▁word...' as on its own.
+    span = _pick_word(sentence, rng, keep=lambda word: len(tok.encode(word)) == 1)
+    if span is None:
       continue
+    start, end = span
+    word = sentence[start:end]
+    target = tok.encode(word)[0]
     masked = f'{sentence[:start]}[MASK]{sentence[end:]}'
     candidates = model.fill_mask(masked, top_k=top_k)[0]['candidates']
-    hit = target[0] in [c['id'] for c in candidates]
+    hit = target in [c['id'] for c in candidates]
     hits += hit
-    examples.append({'text': masked, 'answer': word, 'hit': bool(hit),
+    examples.append({'text': masked, 'answer': word, 'hit': bool(hit), 'target_id': target,
                      'top': [c['token'] for c in candidates]})
   return {'top5_hit_rate': hits / max(len(examples), 1), 'sentences': len(examples),
-          'examples': examples}
+          'examples': examples,
+          'top5_hit_rate_context_shuffled': _shuffled_context_hits(model, examples, rng, top_k)}
+
+
+def _shuffled_context_hits(model, examples, rng, top_k: int) -> float:
+  """The same masked words with the OTHER words of each sentence in a seeded random order (the
+  [MASK] keeps its place): a model that ignores context scores the same here."""
+  hits = 0
+  for e in examples:
+    words = e['text'].split()
+    at = next(i for i, w in enumerate(words) if '[MASK]' in w)
+    others = [w for i, w in enumerate(words) if i != at]
+    order = rng.permutation(len(others))
+    shuffled = [others[i] for i in order]
+    text = ' '.join(shuffled[:at] + [words[at]] + shuffled[at:])
+    candidates = model.fill_mask(text, top_k=top_k)[0]['candidates']
+    hits += e['target_id'] in [c['id'] for c in candidates]
+  return hits / max(len(examples), 1)
 
 
 def continuations(model, texts: list, *, prompt_words: int = 4, max_new_tokens: int = 16,
