@@ -88,7 +88,10 @@ def test_random_init_scores_near_chance(gpt_workdir):
   metrics = model.evaluate(batches, max_batches=2, params=params)
   vocab = model.model_config.vocab_size
   assert abs(metrics['loss'] - np.log(vocab)) < 0.1       # uniform guessing: log V nats
-  assert metrics['lm_accuracy'] < 10 / vocab
+  # A random network is not a uniform guesser: its argmax is nearly the same few pieces
+  # everywhere, so it is "right" wherever one of them is the target (9 of 512 targets, 0.018,
+  # with the 1,024-piece vocabulary). Bound: below the commonest piece's share of text (~5%).
+  assert metrics['lm_accuracy'] < 0.05
 
 
 def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
@@ -138,7 +141,7 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
     return optax.apply_updates(params, updates), opt
 
   for _ in range(150):
-    b = mlm.mask_tokens(ids, rng, selectable=selectable, random_ids=np.arange(10, 2000),
+    b = mlm.mask_tokens(ids, rng, selectable=selectable, random_ids=np.arange(10, tok.vocab_size),
                         mask_id=tok.mask_id, probability=0.3)
     batch = {'inputs': b['inputs'], 'targets': b['targets'], 'loss_weights': b['loss_weights'],
              'segment_ids': np.ones(ids.shape, np.int32)}
