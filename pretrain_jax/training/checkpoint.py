@@ -86,6 +86,7 @@ class Checkpointer:
                                          item_names=('state', 'data', 'checksums'))
     self.pending = None  # the step of the save that may still be writing
     self.failed = None   # the step of a save reported as failed
+    self.step = None     # the last step trained (poll): where a failure stops the run
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -112,17 +113,28 @@ class Checkpointer:
       raise self._save_error(e) from e
 
   def check(self) -> None:
-    """Raises CheckpointSaveError if a background save failed (cheap; call at log points)."""
+    """Raises CheckpointSaveError if a background save failed (cheap; call at log points).
+    Agreed by all processes (an all-gather on several), so all raise or none does."""
+    self._agreed(self.manager.check_for_errors)
+
+  def _agreed(self, *calls) -> None:
+    """Runs `calls`; raises CheckpointSaveError on every process if one raised on any."""
+    error = None
     try:
-      self.manager.check_for_errors()
+      for call in calls:
+        call()
     except Exception as e:  # pylint: disable=broad-exception-caught
-      raise self._save_error(e) from e
+      error = e
+    if not _all_processes(error is None):
+      error = error or RuntimeError('the save failed on another process')
+      raise self._save_error(error) from error
 
   def poll(self, step: int) -> None:
     """Call after every train step: while a background save is writing, raises
     CheckpointSaveError the first step after it failed (no host thread, which orbax's cleanup
     does not tolerate). Non-blocking; on several hosts one small all-gather per step, and only
     while a save is in flight, so every process stops at the same step."""
+    self.step = step
     if self.pending is None:
       return
     error, done = None, not self.manager.is_saving_in_progress()
@@ -135,23 +147,24 @@ class Checkpointer:
     ok_all, done_all = _all_processes_pair(error is None, done)
     if not ok_all:
       error = error or RuntimeError('the save failed on another process')
-      raise self._save_error(error, stopped_at=step) from error
+      raise self._save_error(error) from error
     if done_all:
       self.pending = None
 
-  def _save_error(self, error, stopped_at=None) -> CheckpointSaveError:
-    failed, self.pending = self.pending, None
+  def _save_error(self, error) -> CheckpointSaveError:
+    failed, self.pending, stopped_at = self.pending, None, self.step
     self.failed = failed
     if jax.process_index() == 0:
       remove_temporary(paths.dirname(self.directory), quiet=True)
     done = complete_steps(paths.dirname(self.directory))
     done = [s for s in done if s != failed]
     newest = f'step {done[-1]}' if done else 'none'
+    where = f' at step {stopped_at}' if stopped_at is not None else ''
     return CheckpointSaveError(
         f'saving checkpoint {failed} under {self.directory} failed ({type(error).__name__}: '
-        f'{str(error)[:300]}); stopped training'
-        f'{f" at step {stopped_at}" if stopped_at is not None else ""}. The newest complete checkpoint is {newest}: fix '
-        'the cause (disk space, permissions) and rerun the same command to resume from it')
+        f'{str(error)[:300]}); stopped training{where}. The newest complete checkpoint is '
+        f'{newest}: fix the cause (disk space, permissions) and rerun the same command to '
+        'resume from it')
 
   def restore(self, abstract_state, step=None):
     """(state placed with abstract_state's shardings, this host's data state) at `step`
@@ -201,12 +214,10 @@ class Checkpointer:
     return restored['state'], restored['data']
 
   def wait(self) -> None:
-    """Blocks until the pending save is complete; raises CheckpointSaveError if it failed."""
-    try:
-      self.manager.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-exception-caught
-      raise self._save_error(e) from e
-    self.check()
+    """Blocks until the pending save is complete; raises CheckpointSaveError (on every
+    process) if it failed."""
+    self._agreed(self.manager.wait_until_finished, self.manager.check_for_errors)
+    self.pending = None
 
   def close(self) -> None:
     try:
