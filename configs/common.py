@@ -79,6 +79,8 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
                                     # saved: a value >= steps saves only at the end)
   t.keep_checkpoints = 3            # checkpoints kept on disk; 0 keeps all
   t.async_checkpoints = True        # write checkpoints in the background while training goes on
+  t.checkpoint_timeout_sec = 1200   # several hosts: how long orbax's commit barriers wait for a
+                                    # host whose save failed before every host stops with the error
   t.allow_config_change = ''        # resume: comma-separated train.* keys that may differ
                                     # from the workdir's config.json (pretrain_jax.training.
                                     # workdir.ALLOWABLE_KEYS, e.g. 'train.learning_rate');

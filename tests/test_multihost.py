@@ -4,6 +4,7 @@ copy of the data process 0 prepared in the workdir, process 0 alone writes logs,
 is one global checkpoint, and a single process resumes from it with the losses and batches of
 an uninterrupted run."""
 import json
+import re
 import os
 import socket
 import subprocess
@@ -131,3 +132,48 @@ def test_resuming_on_another_host_count_continues_the_uninterrupted_run(tmp_path
     batches[count] = [data.assemble_global_batch([next(it) for it in its]) for _ in range(6)]
   for a, b in zip(batches[1], batches[2]):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+FAILING_SAVE = """
+import re, runpy, sys
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
+process_id = int([a for a in sys.argv if a.startswith('--process_id=')][0].split('=')[1])
+original = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+async def disk_full(self, x, directory):
+  if re.search(r'/2\\.orbax-checkpoint-tmp', str(directory)):
+    raise OSError(28, 'No space left on device', str(directory))
+  return await original(self, x, directory)
+if process_id == 0:       # process 0 writes the JSON items: only its save fails
+  json_checkpoint_handler.JsonCheckpointHandler._save_fn = disk_full
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
+  """Process 0's write of checkpoint 2 fails; process 1 waits in orbax's commit barrier for it
+  until train.checkpoint_timeout_sec (20 s here), and then both stop at the same step with the
+  one-line error (agreed checks), instead of one training on alone or both hanging."""
+  workdir, port = str(tmp_path / 'run'), _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, '-c', FAILING_SAVE, TRAIN, *SMALL, '--workdir', workdir,
+       '--config.train.steps=40', '--config.train.checkpoint_every=2',
+       '--config.train.log_every=100', '--config.train.checkpoint_timeout_sec=20',
+       '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+       f'--process_id={i}'],
+      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:
+    outs = [p.communicate(timeout=300) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  stopped = []
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 2, err[-3000:]          # the one-line user error, not a hang
+    last = err.strip().splitlines()[-1]
+    assert re.match(r'error: saving checkpoint 2 .*stopped training at step \d+', last), last
+    stopped.append(int(re.search(r'stopped training at step (\d+)', last).group(1)))
+  assert stopped[0] == stopped[1] and stopped[0] <= 4, stopped   # at the latest the next save
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints', '2'))

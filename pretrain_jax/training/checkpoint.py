@@ -77,10 +77,13 @@ class Checkpointer:
   """A CheckpointManager over items `state` (pytree), `data` and `checksums` (JSON)."""
 
   def __init__(self, workdir: str, *, keep: int = 3, async_save: bool = True,
-               read_only: bool = False):
+               read_only: bool = False, timeout_sec: int = 1200):
+    # timeout_sec: on several hosts, a save failing on one leaves the others in orbax's commit
+    # barriers; they give up after this long, and then every host stops with the error.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep if keep and keep > 0 else None, create=not read_only,
-        enable_async_checkpointing=async_save, read_only=read_only)
+        enable_async_checkpointing=async_save, read_only=read_only,
+        async_options=ocp.AsyncOptions(timeout_secs=int(timeout_sec)))
     self.directory = checkpoint_dir(workdir)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=('state', 'data', 'checksums'))

@@ -136,7 +136,8 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
 
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
-                                       async_save=t.async_checkpoints)
+                                       async_save=t.async_checkpoints,
+                                       timeout_sec=t.get('checkpoint_timeout_sec', 1200))
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(steps.abstract_state)
     train_iter.set_state(data_state)

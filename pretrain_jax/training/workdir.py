@@ -33,6 +33,7 @@ STALE_SEC = 600.0         # a lock whose heartbeat is older than this is taken o
 # Keys a resume may change freely: when, how often and how much to train, not what the state is.
 FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_batches',
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
+             'train.checkpoint_timeout_sec',
              'train.peak_tflops', 'train.allow_config_change', 'train.loss_chunk_len',
              'train.max_predictions_per_seq', 'data.tokenizer', 'data.tfds_data_dir',
              'data.prepared_dir', 'data.num_parallel_calls', 'data.prefetch', 'data.eval_split')
@@ -231,6 +232,10 @@ def check_cadence(t) -> None:
   if t.keep_checkpoints < 0:
     raise ValueError(f'train.keep_checkpoints={t.keep_checkpoints}; expected >= 0 '
                      '(0 keeps all)')
+  timeout = t.get('checkpoint_timeout_sec', 1200)
+  if not isinstance(timeout, int) or timeout <= 0:
+    raise ValueError(f'train.checkpoint_timeout_sec={timeout!r}; expected a positive number of '
+                     'seconds (orbax\'s default is 1200)')
 
 
 def flatten(d: dict, prefix: str = '') -> dict:
