@@ -70,6 +70,7 @@ def newcomer(tmp_path_factory):
   return cwd, result
 
 
+@pytest.mark.slow   # ~160 s: the main job shortened; CI runs it (.ci/run)
 def test_main_job_trains_three_models_and_probes_them(newcomer):
   cwd, result = newcomer
   assert [m['family'] for m in result['models']] == ['bert', 'gpt', 't5']
@@ -87,6 +88,7 @@ def test_main_job_trains_three_models_and_probes_them(newcomer):
   assert len(gpt['continuations']) == 3 and len(t5['span_fills']) == 3
 
 
+@pytest.mark.slow   # ~100 s after the main job's fixture
 def test_every_use_command_runs_in_order(newcomer):
   cwd, _ = newcomer
   commands = use_commands()
