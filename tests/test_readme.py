@@ -103,6 +103,7 @@ def test_every_use_command_runs_in_order(newcomer):
   assert results[6]['step'] == 2 and results[6]['family'] == 'gpt'
 
 
+@pytest.mark.slow   # needs the main job's fixture
 def test_the_python_block_runs(newcomer):
   cwd, _ = newcomer
   (code,) = blocks(readme().split('## Use', 1)[1].split('###', 1)[0], 'python')
