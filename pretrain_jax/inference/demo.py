@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 
+from pretrain_jax.inference import text as text_lib
+
 WORD = re.compile(r"[A-Za-z]{3,}")
 
 
@@ -47,7 +49,7 @@ def masked_word_probe(model, texts: list, *, seed: int = 0, top_k: int = 5) -> d
     start, end = span
     word = sentence[start:end]
     target = tok.encode(word)[0]
-    masked = f'{sentence[:start]}[MASK]{sentence[end:]}'
+    masked = f'{sentence[:start]}{text_lib.MASK_TEXT}{sentence[end:]}'
     candidates = model.fill_mask(masked, top_k=top_k)[0]['candidates']
     hit = target in [c['id'] for c in candidates]
     hits += hit
@@ -64,7 +66,7 @@ def _shuffled_context_hits(model, examples, rng, top_k: int) -> float:
   hits = 0
   for e in examples:
     words = e['text'].split()
-    at = next(i for i, w in enumerate(words) if '[MASK]' in w)
+    at = next(i for i, w in enumerate(words) if text_lib.MASK_TEXT in w)
     others = [w for i, w in enumerate(words) if i != at]
     order = rng.permutation(len(others))
     shuffled = [others[i] for i in order]

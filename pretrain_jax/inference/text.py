@@ -23,8 +23,8 @@ def _left_pad(rows, pad_id):
   return ids, seg
 
 
-def _right_pad(rows, pad_id):
-  width = max(len(r) for r in rows)
+def _right_pad(rows, pad_id, width=None):
+  width = width or max(len(r) for r in rows)
   ids = np.full((len(rows), width), pad_id, np.int32)
   seg = np.zeros((len(rows), width), np.int32)
   for i, r in enumerate(rows):
@@ -91,9 +91,7 @@ def fill_mask(model, text: str, top_k: int = 5) -> list:
   # Padded to a bucket (16, 32, 64, ... up to max_len) under an attention mask, so calls with
   # texts of similar length reuse one compiled program instead of compiling per length.
   width = min(max(16, 1 << (len(ids) - 1).bit_length()), model.model_config.max_len)
-  padded = np.full((1, width), tok.pad_id, np.int32)
-  padded[0, :len(ids)] = ids
-  mask = (np.arange(width) < len(ids)).astype(np.int32)[None]
+  padded, mask = _right_pad([ids], tok.pad_id, width)
   logits = model(padded, attention_mask=mask).logits[0]                  # (T, V)
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   out = []

@@ -59,18 +59,13 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _all_processes(ok: bool) -> bool:
-  if jax.process_count() == 1:
-    return ok
-  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
-def _all_processes_pair(a: bool, b: bool) -> tuple:
-  """(a on every process, b on every process) in one all-gather."""
-  if jax.process_count() == 1:
-    return a, b
-  both = multihost_utils.process_allgather(np.asarray([a, b]))
-  return bool(np.all(both[..., 0])), bool(np.all(both[..., 1]))
+def _all_processes(*flags: bool):
+  """Each flag ANDed over all processes (one all-gather on several): a bool for one flag, a
+  tuple for several."""
+  if jax.process_count() > 1:
+    gathered = multihost_utils.process_allgather(np.asarray(flags, bool))   # (P, len(flags))
+    flags = tuple(bool(f) for f in np.all(gathered.reshape(-1, len(flags)), axis=0))
+  return flags[0] if len(flags) == 1 else tuple(flags)
 
 
 class Checkpointer:
@@ -120,17 +115,20 @@ class Checkpointer:
     Agreed by all processes (an all-gather on several), so all raise or none does."""
     self._agreed(self.manager.check_for_errors)
 
-  def _agreed(self, *calls) -> None:
-    """Runs `calls`; raises CheckpointSaveError on every process if one raised on any."""
+  def _agreed(self, *calls, flag: bool = True) -> bool:
+    """Runs `calls`; raises CheckpointSaveError on every process if one raised on any, else
+    returns `flag` ANDed over the processes (one all-gather for both on several)."""
     error = None
     try:
       for call in calls:
         call()
     except Exception as e:  # pylint: disable=broad-exception-caught
       error = e
-    if not _all_processes(error is None):
+    ok_all, flag_all = _all_processes(error is None, flag)
+    if not ok_all:
       error = error or RuntimeError('the save failed on another process')
       raise self._save_error(error) from error
+    return flag_all
 
   def poll(self, step: int) -> None:
     """Call after every train step: while a background save is writing, raises
@@ -140,18 +138,11 @@ class Checkpointer:
     self.step = step
     if self.pending is None:
       return
-    error, done = None, not self.manager.is_saving_in_progress()
-    try:
-      self.manager.check_for_errors()
-      if done:  # the finalize thread has ended: joining it is immediate and raises its error
-        self.manager.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-exception-caught
-      error = e
-    ok_all, done_all = _all_processes_pair(error is None, done)
-    if not ok_all:
-      error = error or RuntimeError('the save failed on another process')
-      raise self._save_error(error) from error
-    if done_all:
+    done = not self.manager.is_saving_in_progress()
+    # Once the finalize thread has ended, joining it is immediate and raises its error.
+    calls = (self.manager.check_for_errors,) + ((self.manager.wait_until_finished,) if done
+                                                else ())
+    if self._agreed(*calls, flag=done):
       self.pending = None
 
   def _save_error(self, error) -> CheckpointSaveError:
