@@ -1,19 +1,30 @@
-"""The classic BERT-vs-GPT experiment on character-level tiny Shakespeare.
+"""The chapter-41 experiment: BERT vs GPT on character-level tiny Shakespeare.
 
   python scripts/shakespeare.py --corpus PATH/tinyshakespeare.txt
+  python scripts/shakespeare.py --corpus ... --config=configs/shakespeare_char.py:product
 
 Train on characters [0, 72000), validate GPT on [72000, 80000), hold out [80000, 100000) for
 BERT's masked-LM accuracy (against a random-init encoder). Published reference: GPT validation
 perplexity 5.69; BERT held-out MLM top-1 0.569, top-5 0.857.
+
+Variant 'chapter' (default): the chapter's ONE skeleton trained twice, the attention mask the
+only difference (`model.causal`): token embedding + fixed sinusoidal positions, two pre-LN
+blocks, a final LayerNorm and a Linear head, PyTorch's default initialisation, no dropout on the
+embeddings. scripts/shakespeare_torch.py runs the same protocol in PyTorch.
+Variant 'product': the project's real BERT (post-LN, embedding LayerNorm, MLM transform, tied
+head, N(0, 0.02)) against the GPT stack, both with the product's embedding dropout.
 """
 import ml_collections
 
 from configs import common
 
+VARIANTS = ('chapter', 'product')
 
-def _model(family: str) -> ml_collections.ConfigDict:
+
+def _chapter_model(causal: bool) -> ml_collections.ConfigDict:
   m = ml_collections.ConfigDict()
-  m.family = family                 # 'gpt' (pre-LN causal) or 'bert' (post-LN bidirectional)
+  m.family = 'gpt'                  # one skeleton for both: the GPT family's pre-LN stack
+  m.causal = causal                 # THE difference: GPT causal, BERT bidirectional (+ MLM)
   m.vocab_size = 0                  # filled in from the corpus characters (+ [MASK])
   m.num_layers = 2                  # transformer blocks
   m.emb_dim = 96                    # d_model
@@ -22,13 +33,35 @@ def _model(family: str) -> ml_collections.ConfigDict:
   m.mlp_dim = 256                   # d_ff
   m.max_len = 48                    # context length
   m.activation = 'relu'             # feed-forward activation
-  m.position_embedding = 'sinusoidal'  # fixed sin/cos positions
-  m.kernel_init = 'normal'          # dense init N(0, 0.02); GPT below: 'fan_in' (N(0, 1/fan_in))
-  m.dropout_rate = 0.1              # hidden dropout
-  m.attention_dropout_rate = 0.1    # attention-probability dropout
-  m.layer_norm_eps = 1e-5           # LayerNorm epsilon
-  m.nsp = False                     # no next-sentence head
-  m.tie_embeddings = True           # output head = input embedding (GPT below unties it)
+  m.position_embedding = 'sinusoidal'  # fixed sin/cos positions, added to the token embedding
+  m.kernel_init = 'torch_default'   # nn.Linear U(+-1/sqrt(fan_in)), nn.Embedding N(0, 1)
+  m.dropout_rate = 0.1              # on the residual branches
+  m.attention_dropout_rate = 0.1    # on the attention probabilities
+  m.embedding_dropout = False       # the chapter adds embeddings and positions, no dropout
+  m.layer_norm_eps = 1e-5           # PyTorch's LayerNorm epsilon
+  m.tie_embeddings = False          # a Linear output head ...
+  m.head_bias = not causal          # ... GPT without bias, BERT with
+  return m
+
+
+def _product_model(family: str) -> ml_collections.ConfigDict:
+  m = ml_collections.ConfigDict()
+  m.family = family                 # 'gpt' (pre-LN causal) or 'bert' (post-LN bidirectional)
+  m.vocab_size = 0                  # filled in from the corpus characters (+ [MASK])
+  m.num_layers = 2
+  m.emb_dim = 96
+  m.num_heads = 4
+  m.head_dim = 24
+  m.mlp_dim = 256
+  m.max_len = 48
+  m.activation = 'relu'
+  m.position_embedding = 'sinusoidal'
+  m.kernel_init = 'normal'          # N(0, 0.02); GPT below: 'fan_in' (N(0, 1/fan_in))
+  m.dropout_rate = 0.1
+  m.attention_dropout_rate = 0.1
+  m.layer_norm_eps = 1e-5
+  m.nsp = False
+  m.tie_embeddings = True
   return m
 
 
@@ -37,10 +70,13 @@ def _train(steps: int) -> ml_collections.ConfigDict:
   t.update(warmup_steps=0, schedule='cosine', final_lr_fraction=0.0, optimizer='adamw',
            weight_decay=0.0, grad_clip=1.0)  # plain Adam, cosine to 0, clip at 1.0
   t.prng_impl = 'philox4x32'        # single-process CPU: dropout masks 5x cheaper than threefry
+  t.steps_per_call = 100            # train steps per jitted call (a lax.scan over 100 batches)
   return t
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str = 'chapter') -> ml_collections.ConfigDict:
+  if variant not in VARIANTS:
+    raise ValueError(f'shakespeare_char variant {variant!r}; expected one of {VARIANTS}')
   c = ml_collections.ConfigDict()
   c.corpus = ''                     # path of tinyshakespeare.txt (required)
   c.train_chars = (0, 72_000)       # training characters
@@ -48,14 +84,15 @@ def get_config() -> ml_collections.ConfigDict:
   c.heldout_chars = (80_000, 100_000)  # BERT held-out masked-LM characters
   c.mlm_probability = 0.15          # BERT: selected share (80% [MASK] / 10% random / 10% kept)
   c.eval_seed = 1234                # fixed masking of the held-out windows
-  c.gpt = ml_collections.ConfigDict({'model': _model('gpt'), 'train': _train(600)})
-  c.gpt.model.kernel_init = 'fan_in'  # measured: val ppl 6.3 vs 8.2 with N(0, 0.02)
-  # An untied output layer (as a PyTorch nn.Linear head would be): val ppl 5.92 / 6.09 over seeds
-  # 0 / 1 vs 6.32 / 6.70 tied. BERT measured no difference (top-1 0.528 / 0.537 vs 0.534).
-  c.gpt.model.tie_embeddings = False
-  c.bert = ml_collections.ConfigDict({'model': _model('bert'), 'train': _train(1500)})
-  # Post-LN BERT at lr 3e-3 needs a short warmup (measured top-1 0.537 vs 0.514 without); the
-  # protocol's cosine decay to 0 follows it.
-  c.bert.train.warmup_steps = 100
+  c.seed = 0                        # added to every seed (data, masking, init, dropout)
+  if variant == 'chapter':
+    c.gpt = ml_collections.ConfigDict({'model': _chapter_model(True), 'train': _train(600)})
+    c.bert = ml_collections.ConfigDict({'model': _chapter_model(False), 'train': _train(1500)})
+  else:
+    c.gpt = ml_collections.ConfigDict({'model': _product_model('gpt'), 'train': _train(600)})
+    c.gpt.model.kernel_init = 'fan_in'  # measured: val ppl 6.3 vs 8.2 with N(0, 0.02)
+    c.gpt.model.tie_embeddings = False  # untied: val ppl 5.92 / 6.09 (seeds 0 / 1) vs 6.32 / 6.70
+    c.bert = ml_collections.ConfigDict({'model': _product_model('bert'), 'train': _train(1500)})
+    c.bert.train.warmup_steps = 100   # post-LN BERT at 3e-3 needs it (top-1 0.537 vs 0.514)
   c.mesh = common.mesh_config()
   return c

@@ -67,3 +67,32 @@ def test_full_context_perplexity_matches_one_prefix_at_a_time():
   assert got['characters'] == len(nll)
   np.testing.assert_allclose(got['loss'], np.mean(nll), rtol=1e-5)
 
+
+
+def test_scan_steps_are_the_same_steps():
+  """K steps in one jitted lax.scan == K calls of the train step (dropout keys fold in the
+  step, so the same masks are drawn)."""
+  from pretrain_jax.training import mesh as mesh_lib, step as step_lib
+  config = shakespeare_char.get_config()
+  family = config.gpt
+  family.train.steps = 6
+  cfg = ModelConfig.from_config({**family.model.to_dict(), 'vocab_size': 30,
+                                 'max_len': 12, 'deterministic': False})
+  trainer = step_lib.make_steps(cfg, family.train, mesh_lib.make_mesh(config.mesh),
+                                init_length=12)
+  make = char_lm.batch_maker('clm', np.arange(500) % 29, 12, 4, 30, np.random.default_rng(0))
+  batches = [make() for _ in range(3)]
+  one = trainer.create_state(0)
+  losses = []
+  for b in batches:
+    one, m = trainer.train_step(one, b)
+    losses.append(float(m['loss']))
+  scanned, metrics = trainer.scan_steps(
+      trainer.create_state(0), {k: np.stack([b[k] for b in batches]) for k in batches[0]})
+  assert int(scanned.step) == int(one.step) == 3
+  np.testing.assert_allclose(metrics['loss'], losses, rtol=1e-5)
+  # The two compilations round differently; Adam turns a rounding-level gradient difference on
+  # a near-zero gradient element into up to 2 * lr per step, so that is the parameter bound.
+  bound = 2 * family.train.learning_rate * 3
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=bound),
+               scanned.params, one.params)

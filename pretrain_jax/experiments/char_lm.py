@@ -7,6 +7,7 @@ non-overlapping window of the validation / held-out slice, with a fixed masking 
 """
 import time
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -49,30 +50,55 @@ def _clm_batch(ids, starts, length):
           'loss_weights': np.ones((len(starts), length), np.float32)}
 
 
+def objective_of(cfg) -> str:
+  """'clm' for a causal stack, 'mlm' for a bidirectional one (BERT, or gpt with causal=False)."""
+  return 'mlm' if not cfg.causal else family_of(cfg).objective
+
+
+def batch_maker(objective, ids, length, batch, vocab_size, rng, mlm_probability=0.15):
+  """() -> one training batch of random windows of `ids` ([MASK] is the last id)."""
+  if objective == 'clm':
+    return lambda: _clm_batch(ids, rng.integers(0, len(ids) - length - 1, batch), length)
+  if objective == 'mlm':
+    return lambda: _mlm_batch(ids[rng.integers(0, len(ids) - length, batch)[:, None]
+                                  + np.arange(length)], rng, vocab_size, vocab_size - 1,
+                              mlm_probability)
+  raise ValueError(f'objective {objective!r}; the character experiment has clm and mlm')
+
+
+def _stacked(make, k):
+  batches = [make() for _ in range(k)]
+  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+
+
 def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probability=0.15):
-  """Train one model; returns (ModelConfig, params, seconds)."""
+  """Train one model; returns (ModelConfig, params, seconds, final train loss).
+
+  `train.steps_per_call` K > 1 runs K steps per jitted call (a lax.scan over K pre-drawn
+  batches): the same steps, one dispatch and one set of step buffers per K of them.
+  """
   cfg = ModelConfig.from_config({**family_config.model.to_dict(), 'vocab_size': vocab_size})
   t = family_config.train
   length, batch = cfg.max_len, t.batch_size
   mesh = mesh_lib.make_mesh(mesh_config)
   trainer = step_lib.make_steps(cfg, t, mesh, init_length=length)
-  state = trainer.create_state(t.seed)
-  rng = np.random.default_rng(seed)
-  make = {  # random training windows for the family's objective
-      'clm': lambda: _clm_batch(train_ids, rng.integers(0, len(train_ids) - length - 1, batch),
-                                length),
-      'mlm': lambda: _mlm_batch(train_ids[rng.integers(0, len(train_ids) - length, batch)[:, None]
-                                          + np.arange(length)], rng, vocab_size, vocab_size - 1,
-                                mlm_probability)}[family_of(cfg).objective]
-  first = make()
-  jitted = trainer.train_step
+  k = int(t.get('steps_per_call', 1))
+  if k < 1:
+    raise ValueError(f'train.steps_per_call={k}; expected a positive integer')
+  make = batch_maker(objective_of(cfg), train_ids, length, batch, vocab_size,
+                     np.random.default_rng(seed), mlm_probability)
   start = time.perf_counter()
-  batch_data = first
-  for _ in range(t.steps):
-    state, metrics = jitted(state, batch_data)
-    batch_data = make()
+  state = trainer.create_state(t.seed)
+  done = 0
+  while done < t.steps:
+    n = min(k, t.steps - done)
+    if n == 1:
+      state, metrics = trainer.train_step(state, make())
+    else:
+      state, metrics = trainer.scan_steps(state, _stacked(make, n))
+    done += n
   jax.block_until_ready(state)
-  return cfg, state.params, time.perf_counter() - start, float(metrics['loss'])
+  return cfg, state.params, time.perf_counter() - start, float(np.ravel(metrics['loss'])[-1])
 
 
 def gpt_windows(ids: np.ndarray, length: int, stride: int = 0) -> dict:
@@ -108,21 +134,35 @@ def evaluate_gpt(cfg, params, ids, stride: int = 0) -> dict:
           'characters': int(sums['lm_weight'])}
 
 
-def evaluate_bert(cfg, params, ids, seed, probability) -> dict:
-  windows = _windows(ids, cfg.max_len)
-  batch = _mlm_batch(windows, np.random.default_rng(seed), cfg.vocab_size, cfg.vocab_size - 1,
-                     probability)
-  logits = jax.jit(lambda p, x: build(cfg).apply({'params': p}, x)[0])(params, batch['inputs'])
+def mlm_eval_batch(ids, length, vocab_size, seed, probability) -> dict:
+  """Every non-overlapping window of `ids`, masked with a fixed seed."""
+  return _mlm_batch(_windows(ids, length), np.random.default_rng(seed), vocab_size,
+                    vocab_size - 1, probability)
+
+
+def topk_accuracy(logits, batch) -> dict:
+  """Top-1 / top-5 accuracy of (W, T, V) logits on the batch's loss-weighted positions."""
   selected = batch['loss_weights'] > 0
-  top5 = np.asarray(jax.lax.top_k(logits, 5)[1])[selected]        # (M, 5)
+  top5 = np.argsort(-np.asarray(logits)[selected], axis=-1, kind='stable')[:, :5]  # (M, 5)
   targets = batch['targets'][selected]
   return {'top1': float(np.mean(top5[:, 0] == targets)),
           'top5': float(np.mean(np.any(top5 == targets[:, None], axis=1))),
           'masked_positions': int(selected.sum())}
 
 
-def run(config) -> dict:
-  """The whole protocol; returns the numbers the script prints."""
+def evaluate_bert(cfg, params, ids, seed, probability) -> dict:
+  batch = mlm_eval_batch(ids, cfg.max_len, cfg.vocab_size, seed, probability)
+  logits = jax.jit(lambda p, x: _lm_logits(cfg, p, x))(params, batch['inputs'])
+  return topk_accuracy(logits, batch)
+
+
+def _lm_logits(cfg, params, inputs):
+  out = build(cfg).apply({'params': params}, inputs)
+  return out[0] if isinstance(out, tuple) else out      # BERT: (mlm, nsp); gpt stack: logits
+
+
+def load_splits(config):
+  """(vocabulary, {'train', 'valid', 'heldout': ids}) of the protocol's corpus."""
   with open(config.corpus, encoding='utf-8') as f:
     text = f.read()
   end = config.heldout_chars[1]
@@ -132,23 +172,36 @@ def run(config) -> dict:
   vocab = char_vocab(text[:end])
   ids = encode(text[:end], vocab)
   cut = lambda span: ids[span[0]:span[1]]
-  gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(config.gpt, config.mesh,
-                                                     cut(config.train_chars), len(vocab))
+  return vocab, {'train': cut(config.train_chars), 'valid': cut(config.valid_chars),
+                 'heldout': cut(config.heldout_chars)}
+
+
+def _with_seed(family_config, seed):
+  out = family_config.copy_and_resolve_references()
+  out.train.seed = family_config.train.seed + seed
+  return out
+
+
+def run(config) -> dict:
+  """The whole protocol; returns the numbers the script prints. `config.seed` shifts every
+  seed (data windows, masking, initialisation, dropout) for a run-to-run spread."""
+  vocab, ids = load_splits(config)
+  seed = int(config.get('seed', 0))
+  gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,
+                                                     ids['train'], len(vocab), seed)
   gpt_eval_cfg = gpt_cfg.replace(deterministic=True)
-  gpt = evaluate_gpt(gpt_eval_cfg, gpt_params, cut(config.valid_chars))
-  gpt_full = evaluate_gpt(gpt_eval_cfg, gpt_params, cut(config.valid_chars), stride=1)
+  gpt = evaluate_gpt(gpt_eval_cfg, gpt_params, ids['valid'])
+  gpt_full = evaluate_gpt(gpt_eval_cfg, gpt_params, ids['valid'], stride=1)
   bert_cfg, bert_params, bert_s, bert_train_loss = train(
-      config.bert, config.mesh, cut(config.train_chars), len(vocab),
+      _with_seed(config.bert, seed), config.mesh, ids['train'], len(vocab), seed,
       mlm_probability=config.mlm_probability)
   eval_cfg = bert_cfg.replace(deterministic=True)
-  heldout = cut(config.heldout_chars)
+  heldout = ids['heldout']
   bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability)
   random_params = jax.jit(build(eval_cfg).init)(jax.random.key(1), heldout[None, :48])['params']
-  random_init = evaluate_bert(eval_cfg, jax.tree.map(lambda x: getattr(x, 'value', x),
-                                                     random_params,
-                                                     is_leaf=lambda x: hasattr(x, 'value')),
-                              heldout, config.eval_seed, config.mlm_probability)
-  return {'vocab_size': len(vocab),
+  random_init = evaluate_bert(eval_cfg, nn.unbox(random_params), heldout, config.eval_seed,
+                              config.mlm_probability)
+  return {'vocab_size': len(vocab), 'seed': seed,
           'gpt': {'steps': config.gpt.train.steps, 'train_seconds': round(gpt_s, 2),
                   'final_train_loss': gpt_train_loss, 'valid_perplexity': gpt['perplexity'],
                   'valid_accuracy': gpt['accuracy'],

@@ -89,6 +89,8 @@ def learned_position_problems(cfg) -> list:
   if not cfg.tie_embeddings:
     problems.append(f'model.tie_embeddings=False; Hugging Face {cfg.family.upper()} ties its '
                     'LM head to the token embedding')
+  if not cfg.causal:
+    problems.append('model.causal=False; Hugging Face GPT-2 is a causal decoder')
   return problems
 
 

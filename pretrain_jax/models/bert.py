@@ -80,7 +80,8 @@ class BERT(nn.Module):
     x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)
-    x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    if cfg.embedding_dropout:
+      x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
 
   def logits(self, hidden):                                              # (..., E)

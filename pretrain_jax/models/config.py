@@ -8,18 +8,18 @@ FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative')
 REMAT_POLICIES = ('none', 'minimal', 'full')
-KERNEL_INITS = ('normal', 'fan_in')
+KERNEL_INITS = ('normal', 'fan_in', 'torch_default')
 NORMS = ('layernorm', 'rmsnorm')
 # The layer choices of each family's published architecture, used where a config leaves a field
 # None (configs/ set them explicitly; this keeps older config.json files and short test configs
 # meaning what they meant). Shared layers read only these fields, never the family name.
 FAMILY_LAYER_DEFAULTS = {
     'bert': dict(norm='layernorm', dense_bias=True, kernel_init='normal',
-                 fold_query_scale=False, mlp_dropout=False),
+                 fold_query_scale=False, mlp_dropout=False, embedding_dropout=True),
     'gpt': dict(norm='layernorm', dense_bias=True, kernel_init='normal',
-                fold_query_scale=False, mlp_dropout=False),
+                fold_query_scale=False, mlp_dropout=False, embedding_dropout=True),
     't5': dict(norm='rmsnorm', dense_bias=False, kernel_init='fan_in',
-               fold_query_scale=True, mlp_dropout=True),
+               fold_query_scale=True, mlp_dropout=True, embedding_dropout=True),
 }
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
@@ -41,12 +41,19 @@ class ModelConfig:
   activation: str = 'gelu'
   position_embedding: str = 'learned'
   kernel_init: Optional[str] = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in':
-                                         # N(0, 1/fan_in) (T5)
+                                         # N(0, 1/fan_in) (T5); 'torch_default' (gpt only):
+                                         # PyTorch's nn.Linear U(+-1/sqrt(fan_in)) weights and
+                                         # biases, nn.Embedding N(0, 1)
   norm: Optional[str] = None             # 'layernorm' (BERT/GPT) or 'rmsnorm' (T5: no bias)
   dense_bias: Optional[bool] = None      # biases on dense layers (T5: none)
   fold_query_scale: Optional[bool] = None  # no 1/sqrt(head_dim) on logits; the query init
                                          # carries it (T5)
   mlp_dropout: Optional[bool] = None     # dropout on the feed-forward activations (T5)
+  embedding_dropout: Optional[bool] = None  # dropout on the summed embeddings (all three
+                                         # published models; the chapter-41 skeleton: none)
+  causal: bool = True                    # gpt: causal self-attention; False = the same stack
+                                         # bidirectional (a BERT-like encoder, trained with MLM)
+  head_bias: bool = True                 # gpt with tie_embeddings=False: a bias on lm_head
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-12
@@ -88,6 +95,15 @@ class ModelConfig:
     check(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', self.dropout_rate, 'in [0, 1)')
     check(0.0 <= self.attention_dropout_rate < 1.0, 'attention_dropout_rate',
           self.attention_dropout_rate, 'in [0, 1)')
+    check(self.kernel_init != 'torch_default' or self.family == 'gpt', 'kernel_init',
+          self.kernel_init, "'normal' or 'fan_in' for bert/t5 ('torch_default' is the gpt "
+          "stack's, for the chapter-41 experiment)")
+    check(self.causal or self.family == 'gpt', 'causal', self.causal,
+          'True for bert/t5 (bert is bidirectional by design; a bidirectional gpt stack is '
+          'family=gpt, causal=False)')
+    check(self.causal or not self.decode, 'causal', self.causal,
+          'True to decode with a key/value cache (a bidirectional stack has no left-to-right '
+          'generation)')
     check((self.position_embedding == 'relative') == (self.family == 't5'),
           'position_embedding', self.position_embedding,
           "'relative' for t5 and 'learned' or 'sinusoidal' for bert/gpt")

@@ -35,6 +35,8 @@ class GPT(nn.Module):
   the LM head, so a loss can run the head a chunk of positions at a time.
   The mask is decided here: the packing/padding mask from segment ids AND causal, the causal
   part handed to the attention core in factored form (`causal=True`) so cuDNN can skip it.
+  With cfg.causal=False the same stack gets the packing/padding mask alone: a bidirectional
+  encoder (trained with MLM), the mask being the only difference.
   In decode mode (cfg.decode) the `decode_cache` (layers.DecodeCache) keeps the cache index and
   the cached keys' segment ids: each call appends its T tokens and attends over everything
   cached, with the whole causal cache mask given explicitly.
@@ -46,10 +48,12 @@ class GPT(nn.Module):
     self.wte, self.embed_scale = layers.token_embedding(cfg, 'wte')
     if not cfg.tie_embeddings:
       self.lm_head = layers.dense(cfg, cfg.vocab_size, ['embed'], ['vocab'], 'lm_head',
-                                  init=layers.param_init(cfg, cfg.emb_dim))
+                                  fan_in=cfg.emb_dim, use_bias=cfg.head_bias)
     if cfg.num_classes:  # GPT2ForSequenceClassification's `score`: no bias
       self.score = layers.dense(cfg, cfg.num_classes, ['embed'], ['classes'], 'score',
-                                use_bias=False)
+                                fan_in=cfg.emb_dim, use_bias=False,
+                                init=None if cfg.kernel_init == 'torch_default'
+                                else layers.param_init(cfg))
     if cfg.decode:
       self.decode_cache = layers.DecodeCache()
 
@@ -60,7 +64,7 @@ class GPT(nn.Module):
       segment_ids = jnp.ones_like(inputs)
     # Training: the packing/padding mask, AND causal kept factored (cuDNN skips the blocks it
     # hides). Decode: the whole mask over the cache.
-    decode_index, causal = None, not cfg.decode
+    decode_index, causal = None, cfg.causal and not cfg.decode
     if cfg.decode:
       mask, decode_index, cache_positions = self.decode_cache(segment_ids)
       positions = cache_positions if positions is None else positions
@@ -74,7 +78,8 @@ class GPT(nn.Module):
                            one_hot=True)(positions)
     else:
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
-    x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    if cfg.embedding_dropout:
+      x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index,
                            causal=causal)
     return layers.norm(cfg, 'ln_f')(x)                                    # (B, T, E)

@@ -16,25 +16,46 @@ Init = nn.initializers
 
 
 def param_init(cfg: ModelConfig, fan_in: Optional[int] = None, scale: float = 1.0):
-  """Kernel init: normal(0.02) (BERT/GPT-2) or, with kernel_init='fan_in', normal(1/sqrt(fan_in))
-  (T5, as in Mesh TensorFlow). `scale` shrinks residual-output layers."""
+  """Kernel init: normal(0.02) (BERT/GPT-2); with kernel_init='fan_in', normal(1/sqrt(fan_in))
+  (T5, as in Mesh TensorFlow); with 'torch_default', uniform(+-1/sqrt(fan_in)) as PyTorch's
+  nn.Linear (`scale` ignored: PyTorch does not shrink residual outputs). `scale` shrinks
+  residual-output layers."""
+  if fan_in is not None and cfg.kernel_init == 'torch_default':
+    return _uniform(fan_in ** -0.5)
   if fan_in is not None and cfg.kernel_init == 'fan_in':
     return Init.normal(scale * fan_in ** -0.5)
   return Init.normal(0.02 * scale)
+
+
+def _uniform(bound: float):
+  """U(-bound, bound): PyTorch's default for nn.Linear weights and biases."""
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound,
+                                                                  bound)
 
 
 def partitioned(init, names):
   return nn.with_logical_partitioning(init, names)
 
 
-def dense(cfg, features, in_names, out_names, name, *, axis=-1, init=None, use_bias=None):
-  """DenseGeneral whose kernel is named in_names + out_names and bias out_names."""
+def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, scale=1.0,
+          init=None, use_bias=None):
+  """DenseGeneral whose kernel is named in_names + out_names and bias out_names.
+
+  The kernel starts from `init`, else param_init(cfg, fan_in, scale); the bias from zeros, or
+  with kernel_init='torch_default' from U(+-1/sqrt(fan_in)) as PyTorch's nn.Linear.
+  """
   use_bias = cfg.dense_bias if use_bias is None else use_bias
+  bias_init = Init.zeros
+  if cfg.kernel_init == 'torch_default':
+    if fan_in is None:
+      raise ValueError(f'dense layer {name!r}: kernel_init=torch_default needs its fan_in')
+    bias_init = _uniform(fan_in ** -0.5)
   return nn.DenseGeneral(
       features=features, axis=axis, use_bias=use_bias, dtype=cfg.dtype,
       param_dtype=cfg.param_dtype, name=name,
-      kernel_init=partitioned(init or param_init(cfg), tuple(in_names) + tuple(out_names)),
-      bias_init=partitioned(Init.zeros, tuple(out_names)))
+      kernel_init=partitioned(init or param_init(cfg, fan_in, scale),
+                              tuple(in_names) + tuple(out_names)),
+      bias_init=partitioned(bias_init, tuple(out_names)))
 
 
 def norm(cfg: ModelConfig, name: str):
@@ -53,6 +74,8 @@ def embed(cfg: ModelConfig, num: int, names, name: str, std: float = 0.02,
   tables (positions, token types) whose rows every batch hits many times, so the gradient is a
   matmul rather than a scatter-add of colliding rows (serialized atomics on GPUs)."""
   cls = OneHotEmbed if one_hot else Embed
+  if cfg.kernel_init == 'torch_default':  # nn.Embedding: N(0, 1)
+    std = 1.0
   return cls(num_embeddings=num, features=cfg.emb_dim, dtype=cfg.dtype,
              param_dtype=cfg.param_dtype, embedding_init=partitioned(Init.normal(std), names),
              name=name)
@@ -89,7 +112,7 @@ def token_embedding(cfg: ModelConfig, name: str):
   sqrt(d), so token and (unit-amplitude) position signals are of the same size. Learned
   positions keep BERT/GPT-2's N(0, 0.02) with no scale, as the published checkpoints have.
   """
-  if cfg.position_embedding == 'sinusoidal':
+  if cfg.position_embedding == 'sinusoidal' and cfg.kernel_init != 'torch_default':
     return embed(cfg, cfg.vocab_size, ('vocab', 'embed'), name, cfg.emb_dim ** -0.5), \
         cfg.emb_dim ** 0.5
   return embed(cfg, cfg.vocab_size, ('vocab', 'embed'), name), 1.0
@@ -121,16 +144,15 @@ class MLP(nn.Module):
   def __call__(self, x):                                    # (B, T, E)
     cfg = self.cfg
     act = activation_fn(cfg.activation)
-    wi_init = param_init(cfg, cfg.emb_dim)
+    wi = lambda name: dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], name, fan_in=cfg.emb_dim)
     if cfg.activation.startswith('gated'):
-      h = act(dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi_0', init=wi_init)(x))
-      h = h * dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi_1', init=wi_init)(x)
+      h = act(wi('wi_0')(x)) * wi('wi_1')(x)
     else:
-      h = act(dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], 'wi', init=wi_init)(x))  # (B, T, F)
+      h = act(wi('wi')(x))                                  # (B, T, F)
     h = Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
         h, deterministic=cfg.deterministic)
-    return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo',
-                 init=param_init(cfg, cfg.mlp_dim, self.out_scale))(h)  # (B, T, E)
+    return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo', fan_in=cfg.mlp_dim,
+                 scale=self.out_scale)(h)                   # (B, T, E)
 
 
 class MultiHeadAttention(nn.Module):
@@ -150,10 +172,11 @@ class MultiHeadAttention(nn.Module):
     heads = (cfg.num_heads, cfg.head_dim)
     # fold_query_scale (T5): no 1/sqrt(H) logit scale; the query init carries it.
     q_init = param_init(cfg, cfg.emb_dim * (cfg.head_dim if cfg.fold_query_scale else 1))
-    kv_init = param_init(cfg, cfg.emb_dim)
-    q = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'query', init=q_init)(x_q)   # (B, T, N, H)
-    k = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'key', init=kv_init)(x_kv)   # (B, S, N, H)
-    v = dense(cfg, heads, ['embed'], ['heads', 'kv'], 'value', init=kv_init)(x_kv)
+    proj = lambda name, **kw: dense(cfg, heads, ['embed'], ['heads', 'kv'], name,
+                                    fan_in=cfg.emb_dim, **kw)
+    q = proj('query', init=q_init)(x_q)                            # (B, T, N, H)
+    k = proj('key')(x_kv)                                          # (B, S, N, H)
+    v = proj('value')(x_kv)
     if decode_index is not None:
       k, v = self._cached(k, v, decode_index)
     dropout_rng = None
@@ -165,7 +188,7 @@ class MultiHeadAttention(nn.Module):
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
         deterministic=cfg.deterministic, implementation=cfg.attention_impl)  # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
-                 init=param_init(cfg, cfg.num_heads * cfg.head_dim, self.out_scale))(out)
+                 fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
 
   def _cached(self, k, v, index):
     """Write (B, T, N, H) keys/values at `index` into the cache; return the whole cache."""

@@ -98,7 +98,8 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, segment_ids):                               # (B, T)
     cfg = self.cfg
-    x = _dropout(cfg, self.shared(tokens))                               # (B, T, E)
+    x = self.shared(tokens)                                              # (B, T, E)
+    x = _dropout(cfg, x) if cfg.embedding_dropout else x
     pos = jnp.arange(tokens.shape[1])
     bias = RelativePositionBias(cfg, bidirectional=True, name='relpos_bias')(pos, pos)
     x = layers.apply_stack(EncoderBlock, cfg, cfg.num_layers, 'layers', x,
@@ -133,7 +134,8 @@ class Decoder(nn.Module):
       self_mask = masks.segment_mask(segment_ids)
       bias_args = (jnp.arange(length), jnp.arange(length))
     bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
-    x = _dropout(cfg, self.shared(tokens))                               # (B, T, E)
+    x = self.shared(tokens)                                              # (B, T, E)
+    x = _dropout(cfg, x) if cfg.embedding_dropout else x
     x = layers.apply_stack(DecoderBlock, cfg, cfg.decoder_layers, 'layers', x, encoded,
                            self_mask, bias, masks.cross_mask(segment_ids, encoder_segment_ids),
                            decode_index, causal=causal)

@@ -142,6 +142,16 @@ def jit_train_step(train_step, state_shardings, mesh):
                  out_shardings=(state_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
 
 
+def jit_scan_steps(train_step, state_shardings, mesh):
+  """jax.jit of K train steps in one call: (state, batches (K, B, ...)) -> (state, metrics
+  (K,)), a lax.scan over the leading axis. The same steps as K calls of the train step (the
+  dropout key folds in state.step), one dispatch and one set of step buffers for all K."""
+  batches = NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES))
+  return jax.jit(lambda state, b: jax.lax.scan(train_step, state, b),
+                 in_shardings=(state_shardings, batches),
+                 out_shardings=(state_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
+
+
 def jit_eval_step(eval_step, param_shardings, mesh):
   batch = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
   return jax.jit(eval_step, in_shardings=(param_shardings, batch),
@@ -156,6 +166,7 @@ class Steps(NamedTuple):
   init_state: Callable     # PRNG key -> TrainState (see create_state)
   batch_sharding: NamedSharding  # of every batch array (first dimension over the batch axes)
   max_predictions: int     # LM head positions per row (0 = every position)
+  scan_steps: Callable     # jitted (state, batches (K, B, ...)) -> (state, metrics (K,))
 
   @property
   def state_shardings(self):
@@ -196,4 +207,5 @@ def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: i
   eval_step = make_eval_step(eval_model, t.get('loss_chunk_len', 0), max_predictions)
   return Steps(jit_train_step(train_step, shardings, mesh),
                jit_eval_step(eval_step, shardings.params, mesh), abstract, init_state,
-               NamedSharding(mesh, P(mesh_lib.BATCH_AXES)), max_predictions)
+               NamedSharding(mesh, P(mesh_lib.BATCH_AXES)), max_predictions,
+               jit_scan_steps(train_step, shardings, mesh))
