@@ -45,6 +45,35 @@ def quiet(verbose: bool) -> None:
   warnings.filterwarnings('ignore', category=UserWarning, module='orbax')
 
 
+def use_cpu_devices(count: int) -> None:
+  """Split the host CPU into `count` XLA devices (data parallelism over its cores), as
+  XLA_FLAGS=--xla_force_host_platform_device_count does; 0 leaves it alone. Must run before
+  JAX starts its backends; a device count already in XLA_FLAGS wins. No effect on GPU/TPU
+  backends (they keep their devices)."""
+  if not isinstance(count, int) or count < 0:
+    raise ValueError(f'cpu_devices={count!r}; expected 0 (leave it) or a device count')
+  flags = os.environ.get('XLA_FLAGS', '')
+  if count and 'xla_force_host_platform_device_count' not in flags:
+    os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={count}'.strip()
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.default_backend() == 'cpu' and jax.local_device_count() != count:
+      raise ValueError(f'cpu_devices={count} came too late: JAX already runs on '
+                       f'{jax.local_device_count()} CPU device(s); set XLA_FLAGS='
+                       f'--xla_force_host_platform_device_count={count} before starting')
+
+
+def use_compilation_cache() -> None:
+  """JAX's persistent compilation cache in $PRETRAIN_JAX_CACHE/jax (as MaxText keeps one in
+  ~/jax_cache): a rerun with the same shapes loads its compiled steps instead of compiling
+  them (measured on the chapter-41 GPT step: 5.5 s -> 0.5 s). JAX_COMPILATION_CACHE_DIR, if
+  set, wins."""
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_compilation_cache_dir', os.path.join(paths.cache_dir(), 'jax'))
+
+
 def _parse_flags(argv):
   """absl's flag parsing, with a parse error as one `error:` line and exit 2."""
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -87,5 +116,6 @@ def run(main) -> None:
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   if 'verbose' not in flags.FLAGS:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
+  use_compilation_cache()
   app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose),
           flags_parser=_parse_flags)

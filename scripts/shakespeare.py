@@ -27,6 +27,7 @@ def main(argv):
   config.corpus = _CORPUS.value
   if not os.path.isfile(config.corpus):
     raise app.UsageError(f'--corpus={config.corpus!r} is not a file')
+  cli.use_cpu_devices(config.cpu_devices)
   result = char_lm.run(config)
   g, b = result['gpt'], result['bert']
   print(f"GPT  {g['steps']} steps in {g['train_seconds']:.1f}s: validation perplexity "

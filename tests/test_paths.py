@@ -30,7 +30,8 @@ ALLOWED = {
     ('training/workdir.py', 'os.path.dirname(self.path)'): 'LocalLock: the local lock file',
     ('training/workdir.py', 'os.remove(aside)'): 'LocalLock: the renamed-aside stale lock',
     # The data cache is this host's tfds/tokenizer cache; only speed depends on it.
-    ('data/sources.py', 'os.path.expanduser(os.environ.get'): 'the host-local cache root',
+    ('cli.py', "jax.config.update('jax_compilation_cache_dir'"): 'the host-local JAX '
+                                                                  'compilation cache',
     ('data/sources.py', "os.path.join(cache_dir(), 'tfds')"): 'tfds cache (host-local, one '
                                                               'process only, rebuilt from the '
                                                               'files)',

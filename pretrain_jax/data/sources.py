@@ -32,9 +32,7 @@ from pretrain_jax.data import corpus, local_builder
 tf.config.set_visible_devices([], 'GPU')
 
 
-def cache_dir() -> str:
-  """$PRETRAIN_JAX_CACHE, default ~/.cache/pretrain_jax."""
-  return os.path.expanduser(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
+cache_dir = paths_lib.cache_dir
 
 
 class Source:

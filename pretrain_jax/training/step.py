@@ -77,6 +77,10 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   if prng_impl and prng_impl.startswith('philox') and jax.process_count() > 1:
     raise ValueError(f'train.prng_impl={prng_impl!r} does not compile across '
                      f'{jax.process_count()} processes; use threefry2x32 (or rbg) there')
+  if prng_impl and prng_impl.startswith('philox') and mesh is not None and mesh.size > 1:
+    raise ValueError(f'train.prng_impl={prng_impl!r} does not compile on a batch split over '
+                     f'{mesh.size} devices (jax 0.10: its mulhi has no sharded lowering); use '
+                     'threefry2x32 there')
 
   def loss_fn(params, batch, denoms, rng):
     sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, z_loss=z_loss,
