@@ -50,12 +50,34 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, sca
     if fan_in is None:
       raise ValueError(f'dense layer {name!r}: kernel_init=torch_default needs its fan_in')
     bias_init = _uniform(fan_in ** -0.5)
-  return nn.DenseGeneral(
+  return Dense2D(
       features=features, axis=axis, use_bias=use_bias, dtype=cfg.dtype,
       param_dtype=cfg.param_dtype, name=name,
       kernel_init=partitioned(init or param_init(cfg, fan_in, scale),
                               tuple(in_names) + tuple(out_names)),
       bias_init=partitioned(bias_init, tuple(out_names)))
+
+
+class Dense2D(nn.DenseGeneral):
+  """nn.DenseGeneral (same parameters, names and shapes) computed as ONE 2-D matmul:
+  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out)."""
+
+  @nn.compact
+  def __call__(self, inputs):
+    features = self.features if isinstance(self.features, tuple) else (self.features,)
+    axis = self.axis if isinstance(self.axis, tuple) else (self.axis,)
+    n_in = len(axis)
+    if sorted(a % inputs.ndim for a in axis) != list(range(inputs.ndim - n_in, inputs.ndim)):
+      raise ValueError(f'Dense2D contracts trailing axes; got axis={self.axis}')
+    in_shape, batch_shape = inputs.shape[-n_in:], inputs.shape[:-n_in]
+    kernel = self.param('kernel', self.kernel_init, in_shape + features, self.param_dtype)
+    k_in, k_out = int(np.prod(in_shape)), int(np.prod(features))
+    x = inputs.astype(self.dtype).reshape(-1, k_in)                          # (M, K)
+    y = jnp.dot(x, kernel.astype(self.dtype).reshape(k_in, k_out))           # (M, F)
+    if self.use_bias:
+      bias = self.param('bias', self.bias_init, features, self.param_dtype)
+      y = y + bias.astype(self.dtype).reshape(k_out)
+    return y.reshape(batch_shape + features)
 
 
 def norm(cfg: ModelConfig, name: str):
