@@ -14,6 +14,32 @@ import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
 
+
+def keep_freed_memory() -> bool:
+  """glibc malloc tuned so a train step reuses the memory the last one freed.
+
+  XLA:CPU allocates each step's buffers (tens of MB) from its worker threads. By default glibc
+  serves those from per-thread arenas whose heaps cannot hold them, so they are mmap'ed and
+  unmapped every step: fresh pages every call (tiny_gpt: ~25,700 minor page faults per step).
+  One arena, no mmap, no trimming and a 256 MB top pad keep them in the heap: 0 faults and
+  ~20-30% faster steps there. Runs before any thread starts (scripts import this module
+  first); PRETRAIN_JAX_MALLOC=default leaves glibc alone. Returns whether it applied.
+  """
+  if os.environ.get('PRETRAIN_JAX_MALLOC') == 'default' or not sys.platform.startswith('linux'):
+    return False
+  import ctypes  # pylint: disable=g-import-not-at-top
+  try:
+    libc = ctypes.CDLL('libc.so.6')
+  except OSError:   # not glibc (e.g. musl): nothing to tune
+    return False
+  m_trim_threshold, m_top_pad, m_mmap_max, m_arena_max = -1, -2, -4, -8
+  return all(libc.mallopt(option, value) == 1 for option, value in (
+      (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2 ** 31 - 1),
+      (m_top_pad, 256 << 20)))
+
+
+keep_freed_memory()
+
 # Exception types that carry a message for the user (the library raises these for bad input).
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, PermissionError, FloatingPointError)
