@@ -18,7 +18,7 @@ def test_char_vocab_and_encoding():
     char_lm.encode('az', vocab)
 
 
-@pytest.mark.slow   # ~85 s
+@pytest.mark.slow   # ~30 s
 def test_short_protocol_learns(tmp_path):
   text = ''.join(topics.topics[k] for k in sorted(topics.topics))[:12_000]
   corpus = tmp_path / 'corpus.txt'
