@@ -44,6 +44,7 @@ def _faults(malloc: str) -> float:
 def test_step_buffers_are_reused():
   default, tuned = _faults('default'), _faults('tuned')
   assert default > 1000, (default, tuned)        # mapped fresh every step without it ...
-  # ... and reused with it: 0 per step on an idle machine, ~2,500 measured with the suite
-  # running beside it (page faults are not timing, but other processes shift reuse a little)
-  assert tuned < default / 4, (default, tuned)
+  # ... and reused with it: 0 per step on an idle machine; with the suite's other worker
+  # running beside it 2,458 and 7,098 were measured (against ~24,200), so the bound is half
+  # (page faults are counts, not timing; without the fix the two are equal)
+  assert tuned < default / 2, (default, tuned)
