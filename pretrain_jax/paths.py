@@ -33,10 +33,10 @@ class PathError(OSError):
   """A remote path that cannot be used: unreachable, no credentials, no such bucket."""
 
 
-
 def cache_dir() -> str:
   """This host's cache: $PRETRAIN_JAX_CACHE, default ~/.cache/pretrain_jax."""
   return os.path.expanduser(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
+
 
 def is_remote(path) -> bool:
   return '://' in str(path)

@@ -332,7 +332,7 @@ def _heads_out(a):  # ours (N, H, E) -> HF Dense (N*H, E)
 
 
 def t5_to_hf(p, m):
-  """Our T5 params -> FlaxT5ForConditionalGeneration's (v1.0 ReLU, tied), as equiv_check.py."""
+  """Our T5 params -> FlaxT5ForConditionalGeneration's (v1.0 ReLU, tied)."""
   if m.activation != 'relu' or not m.tie_embeddings:
     raise NotImplementedError('parity mapping covers T5 v1.0 (relu, tied) only')
   attn = lambda a: {n: {'kernel': f(a[o])['kernel']} for n, o, f in
@@ -343,21 +343,19 @@ def t5_to_hf(p, m):
   hp = {'shared': {'embedding': p['shared']['embedding']},
         'encoder': {'block': {}, 'final_layer_norm': {'weight': p['encoder']['final_norm']['scale']}},
         'decoder': {'block': {}, 'final_layer_norm': {'weight': p['decoder']['final_norm']['scale']}}}
+  def self_attention(stack, i, block, attention, norm):
+    sa = attn(block[attention])
+    if i == 0:  # HF keeps the stack's relative-position table in its first block
+      sa['relative_attention_bias'] = {'embedding': p[stack]['relpos_bias']['rel_embedding']}
+    return {'SelfAttention': sa, 'layer_norm': {'weight': block[norm]['scale']}}
   for i in range(m.num_layers):
     b = p['encoder'][f'layers_{i}']
-    sa = attn(b['attention'])
-    if i == 0:
-      sa['relative_attention_bias'] = {'embedding': p['encoder']['relpos_bias']['rel_embedding']}
     hp['encoder']['block'][str(i)] = {'layer': {
-        '0': {'SelfAttention': sa, 'layer_norm': {'weight': b['pre_attention_norm']['scale']}},
-        '1': ff(b)}}
+        '0': self_attention('encoder', i, b, 'attention', 'pre_attention_norm'), '1': ff(b)}}
   for i in range(m.num_decoder_layers or m.num_layers):
     b = p['decoder'][f'layers_{i}']
-    sa = attn(b['self_attention'])
-    if i == 0:
-      sa['relative_attention_bias'] = {'embedding': p['decoder']['relpos_bias']['rel_embedding']}
     hp['decoder']['block'][str(i)] = {'layer': {
-        '0': {'SelfAttention': sa, 'layer_norm': {'weight': b['pre_self_attention_norm']['scale']}},
+        '0': self_attention('decoder', i, b, 'self_attention', 'pre_self_attention_norm'),
         '1': {'EncDecAttention': attn(b['encoder_decoder_attention']),
               'layer_norm': {'weight': b['pre_cross_attention_norm']['scale']}},
         '2': ff(b)}}

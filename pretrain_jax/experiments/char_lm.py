@@ -91,9 +91,9 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   start = time.perf_counter()
   scan = trainer.scan_steps
   if k > 1 and t.steps >= k:  # compile K steps while the state is created (two cores)
-    sample = batch_maker(objective_of(cfg), train_ids, length, batch, vocab_size,
-                         np.random.default_rng(0), mlm_probability)()
-    spec = {key: jax.ShapeDtypeStruct((k,) + v.shape, v.dtype) for key, v in sample.items()}
+    spec = {key: jax.ShapeDtypeStruct((k, batch, length), np.float32 if key == 'loss_weights'
+                                      else np.int32)
+            for key in ('inputs', 'targets', 'loss_weights')}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
       compiled = pool.submit(lambda: trainer.scan_steps.lower(trainer.abstract_state,
                                                                spec).compile())

@@ -51,9 +51,7 @@ class GPT(nn.Module):
                                   fan_in=cfg.emb_dim, use_bias=cfg.head_bias)
     if cfg.num_classes:  # GPT2ForSequenceClassification's `score`: no bias
       self.score = layers.dense(cfg, cfg.num_classes, ['embed'], ['classes'], 'score',
-                                fan_in=cfg.emb_dim, use_bias=False,
-                                init=None if cfg.kernel_init == 'torch_default'
-                                else layers.param_init(cfg))
+                                fan_in=cfg.emb_dim, use_bias=False)
     if cfg.decode:
       self.decode_cache = layers.DecodeCache()
 
