@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import filelock
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,13 +18,21 @@ MESHES = {'data': dict(data=8, fsdp=1, tensor=1), 'fsdp': dict(data=1, fsdp=8, t
 
 
 @pytest.fixture(scope='module')
-def report():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
-  proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+def report(tmp_path_factory, worker_id):
+  """The subprocess's JSON. It takes minutes, so it runs once per test session: pytest-xdist
+  workers share the parent of their temp directories, and a worker that finds the lock taken
+  waits and reads the file the other one wrote."""
+  root = tmp_path_factory.getbasetemp()
+  path = (root if worker_id == 'master' else root.parent) / 'sharding_report.json'
+  with filelock.FileLock(f'{path}.lock'):
+    if not path.exists():
+      env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+                 PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
+      proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True,
+                            text=True, timeout=600)
+      assert proc.returncode == 0, proc.stderr[-4000:]
+      path.write_text(proc.stdout.strip().splitlines()[-1])
+    return json.loads(path.read_text())
 
 
 @pytest.mark.parametrize('case', ['gpt/data', 'gpt/fsdp', 'gpt/tensor', 'gpt/mixed/micro2',
