@@ -5,7 +5,6 @@ batches are random windows of `max_len` characters from the training slice (GPT 
 next character of every position; BERT masks 15% with 80/10/10). Evaluation covers every
 non-overlapping window of the validation / held-out slice, with a fixed masking seed.
 """
-import concurrent.futures
 import time
 
 import flax.linen as nn
@@ -89,25 +88,14 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   make = batch_maker(objective_of(cfg), train_ids, length, batch, vocab_size,
                      np.random.default_rng(seed), mlm_probability)
   start = time.perf_counter()
-  scan = trainer.scan_steps
-  if k > 1 and t.steps >= k:  # compile K steps while the state is created (two cores)
-    spec = {key: jax.ShapeDtypeStruct((k, batch, length), np.float32 if key == 'loss_weights'
-                                      else np.int32)
-            for key in ('inputs', 'targets', 'loss_weights')}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-      compiled = pool.submit(lambda: trainer.scan_steps.lower(trainer.abstract_state,
-                                                               spec).compile())
-      state = trainer.create_state(t.seed)
-      scan = compiled.result()
-  else:
-    state = trainer.create_state(t.seed)
+  state = trainer.create_state(t.seed)
   done = 0
   while done < t.steps:
     n = min(k, t.steps - done)
     if n == 1:
       state, metrics = trainer.train_step(state, make())
     else:
-      state, metrics = (scan if n == k else trainer.scan_steps)(state, _stacked(make, n))
+      state, metrics = trainer.scan_steps(state, _stacked(make, n))
     done += n
   jax.block_until_ready(state)
   return cfg, state.params, time.perf_counter() - start, float(np.ravel(metrics['loss'])[-1])
