@@ -6,8 +6,9 @@ steps): a 1,024-piece vocabulary (the softmax is a third of the FLOPs at 2,048, 
 probe's words are single pieces either way); no dropout (the run sees each document ~5 times);
 and fixed sinusoidal positions (with N(0, 0.02) learned ones the loss was 6.0 and the
 masked-word probe 5%). Even so, 400 steps end on the masked-LM plateau (loss ~5.2: it predicts
-frequencies, not yet from its neighbours; 40% masking, shorter rows or a higher learning rate
-do not shorten it) -- the README's main-job section has the numbers; ~800 steps leave it.
+frequencies, not yet from its neighbours; 40% masking, shorter rows, other learning rates or
+T5's relative positions do not shorten it) -- the README's main-job section has the numbers;
+~800 steps leave it.
 """
 from configs import bert_base
 
