@@ -1,13 +1,16 @@
 """Does pre-training help? scratch vs linear_probe vs full fine-tuning of one checkpoint on a task.
 
   python scripts/transfer.py --init runs/tiny/gpt --task word_order --workdir runs/transfer/gpt \
-      [--modes scratch,linear_probe,full] [--sizes 200,0] [--config.train.steps=300 ...]
+      [--modes scratch,linear_probe,full] [--sizes 200,0] [--seeds 0,1,2]
+      [--config.train.steps=300 ...]
 
-Each run is `scripts/finetune.py` in <workdir>/<mode>[_n<size>] (rerunning resumes or reuses a
-finished run; pick a new --workdir to start over). --sizes limits the labelled training set to
-the first N examples (0 = all). Prints a table (final and best validation metric, steps, wall
-time) to stderr, one JSON line to stdout, and writes <workdir>/transfer.png: training loss and
-the validation metric against step, side by side.
+Each run is `scripts/finetune.py` in <workdir>/<mode>[_n<size>][_s<seed>] (rerunning resumes or
+reuses a finished run; pick a new --workdir to start over). --sizes limits the labelled training
+set to the first N examples (0 = all). --seeds repeats each run with train.seed = each value
+(the head's and scratch's init, dropout) and adds the mean and range per mode: on a small
+validation set one seed's margin can be noise. Prints a table (final and best validation
+metric, steps, wall time) to stderr, one JSON line to stdout, and writes
+<workdir>/transfer.png: training loss and the validation metric against step, side by side.
 """
 import json
 import os
@@ -23,6 +26,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'one subdirectory per run, and t
 _MODES = flags.DEFINE_list('modes', [], 'modes to run (default: scratch, linear_probe, full; '
                            'T5 has no head to probe: scratch, full)')
 _SIZES = flags.DEFINE_list('sizes', ['0'], 'labelled training set sizes (0 = all)')
+_SEEDS = flags.DEFINE_list('seeds', [], 'train.seed of each repeat of every run (default: '
+                           "the config's, once)")
 
 
 def main(argv):
@@ -31,17 +36,23 @@ def main(argv):
   config = _CONFIG.value
   config.unlock()
   config.init, config.task.name = _INIT.value, _TASK.value
-  try:
-    sizes = [int(s) for s in _SIZES.value]
-  except ValueError:
-    raise ValueError(f'--sizes={",".join(_SIZES.value)}; expected integers (0 = all '
-                     'examples)') from None
-  rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes)
+  sizes = _integers('sizes', _SIZES.value, 'integers (0 = all examples)')
+  seeds = _integers('seeds', _SEEDS.value, 'distinct integers')
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f'--seeds={",".join(_SEEDS.value)}; expected distinct integers')
+  rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes, seeds)
   png = transfer.plot(rows, os.path.join(_WORKDIR.value, 'transfer.png'),
                       f'{rows[0]["family"]} from {_INIT.value} on {_TASK.value}')
   print(transfer.table(rows), file=sys.stderr, flush=True)
-  print(json.dumps({'init': _INIT.value, 'task': _TASK.value, 'png': png, 'runs': rows}),
-        flush=True)
+  print(json.dumps({'init': _INIT.value, 'task': _TASK.value, 'png': png, 'runs': rows,
+                    'summary': transfer.summarize(rows)}), flush=True)
+
+
+def _integers(name, values, expected):
+  try:
+    return [int(v) for v in values]
+  except ValueError:
+    raise ValueError(f'--{name}={",".join(values)}; expected {expected}') from None
 
 
 if __name__ == '__main__':

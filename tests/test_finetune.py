@@ -131,6 +131,38 @@ def test_confusion_metrics_against_literals():
   assert float(task_lib.confusion_metrics(jnp.array([[4., 0.], [3., 0.]]))['mcc']) == 0.0
 
 
+def test_transfer_summary_over_seeds_against_literals():
+  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+  row = lambda mode, seed, final, best: {
+      'mode': mode, 'size': 100, 'seed': seed, 'metric': 'class_accuracy', 'final': final,
+      'best': best, 'steps': 200, 'wall_sec': 1.0, 'step_time_sec': 0.01, 'family': 'gpt'}
+  rows = [row('scratch', 0, 0.5, 0.6), row('scratch', 1, 0.7, 0.7), row('scratch', 2, 0.6, 0.8),
+          row('full', 0, 0.9, None), row('full', 1, 0.8, None)]
+  scratch, full = transfer.summarize(rows)
+  assert (scratch['mode'], scratch['seeds'], full['seeds']) == ('scratch', 3, 2)
+  np.testing.assert_allclose([scratch['final'], scratch['best'], full['final']], [0.6, 0.7, 0.85])
+  assert scratch['final_range'] == (0.5, 0.7) and full['best'] is None
+  text = transfer.table(rows)
+  assert '0.600 [0.500, 0.700]' in text and '0.850 [0.800, 0.900]' in text, text
+  assert 'mean' not in transfer.table(rows[:1])   # one seed: no summary block
+  assert transfer.run_name('full', 0) == 'full'
+  assert transfer.run_name('full', 200, 3) == 'full_n200_s3'
+
+
+@pytest.mark.parametrize('flag, value', [('seeds', '0,0'), ('sizes', 'all')])
+def test_transfer_script_refuses_bad_seeds_and_sizes(flag, value, tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+      [sys.executable, os.path.join(root, 'scripts', 'transfer.py'), '--init', str(tmp_path),
+       '--task', 'word_order', '--workdir', str(tmp_path / 'out'), f'--{flag}={value}'],
+      capture_output=True, text=True, timeout=300, cwd=root, check=False)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert f'--{flag}={value}; expected' in done.stderr.strip().splitlines()[-1], done.stderr
+  assert not os.path.exists(tmp_path / 'out')
+
+
 def test_t5_exact_match_scoring_against_a_literal():
   scores = run_lib.exact_match_scores(
       decoded=['positive', 'negative ', 'posi', 'negative'],
@@ -263,20 +295,23 @@ def _readme_transfer_config(init, mode):
 
 @pytest.mark.slow
 def test_pretrained_beats_scratch_on_the_embedded_task(gpt_init, tmp_path):
-  """Fixed seeds, so deterministic on a machine; measured 0.642 (full) vs 0.591 (scratch) of
-  175 validation sentences, each sentence 0.006: the margin asked is 4 sentences."""
+  """Fixed seeds, so deterministic on a machine; measured over train.seed 0 / 1 / 2: full 0.642
+  / 0.653 / 0.619 (mean 0.638), scratch 0.591 / 0.528 / 0.648 (mean 0.589) of 175 validation
+  sentences, each sentence 0.006: the margin asked of the means is 4 sentences (one seed's
+  margin is noise: seed 2 has scratch ahead)."""
   from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
   rows = transfer.run_transfer(_readme_transfer_config(gpt_init, 'full'), str(tmp_path),
-                               modes=('scratch', 'full'))
-  scratch, full = rows
-  assert (scratch['mode'], full['mode']) == ('scratch', 'full')
-  assert full['final'] > scratch['final'] + 0.02, (full['final'], scratch['final'])
-  assert full['best'] >= scratch['best'], (full['best'], scratch['best'])
+                               modes=('scratch', 'full'), seeds=(0, 1, 2))
+  assert [(r['mode'], r['seed']) for r in rows] == [
+      ('scratch', 0), ('scratch', 1), ('scratch', 2), ('full', 0), ('full', 1), ('full', 2)]
+  scratch, full = transfer.summarize(rows)
+  assert full['final'] > scratch['final'] + 0.02, (full, scratch)
+  assert full['best'] >= scratch['best'], (full, scratch)
   png = transfer.plot(rows, str(tmp_path / 'transfer.png'), 'gpt on word_order')
   assert open(png, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
   assert 'scratch' in transfer.table(rows) and 'full' in transfer.table(rows)
   import pretrain_jax  # the result loads and predicts labels
-  model = pretrain_jax.load_pretrained(str(tmp_path / 'full'))
+  model = pretrain_jax.load_pretrained(str(tmp_path / 'full_s0'))
   assert set(model.predict(['The list is sorted in place.', 'list The sorted is'])) <= {
       'original', 'shuffled'}
 

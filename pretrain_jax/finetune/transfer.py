@@ -1,9 +1,12 @@
 """The transfer comparison: scratch vs linear_probe vs full on one task, as a table and curves.
 
-Each (mode, labelled-set size) run is an ordinary fine-tuning workdir
-`<root>/<mode>[_n<size>]` (rerunning resumes / reuses finished runs); wall time is measured
-around each run.
+Each (mode, labelled-set size, seed) run is an ordinary fine-tuning workdir
+`<root>/<mode>[_n<size>][_s<seed>]` (rerunning resumes / reuses finished runs); wall time is
+measured around each run. Several seeds (`train.seed`: the head's init, scratch's whole init,
+dropout; the task and its example order stay) give each (mode, size) a mean and a range: on a
+validation set of a few hundred examples one seed's margin can be noise.
 """
+import statistics
 import time
 
 import ml_collections
@@ -12,40 +15,73 @@ from pretrain_jax import paths
 from pretrain_jax.finetune import run as run_lib
 
 
-def run_name(mode: str, size: int) -> str:
-  return f'{mode}_n{size}' if size else mode
+def run_name(mode: str, size: int, seed=None) -> str:
+  return mode + (f'_n{size}' if size else '') + ('' if seed is None else f'_s{seed}')
 
 
-def run_transfer(config, root: str, modes=(), sizes=(0,)) -> list:
-  """One fine-tuning run per (size, mode); returns a row per run (see `table`). No `modes`:
-  every mode the family has (T5, text to text, has no head to probe: scratch and full)."""
+def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
+  """One fine-tuning run per (size, mode, seed); returns a row per run (see `table`). No
+  `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
+  full). No `seeds`: the config's train.seed, in a workdir without the seed suffix."""
   rows, auto = [], not modes
   for size in sizes:
     for mode in (modes or ('scratch', 'linear_probe', 'full')):
       if auto and mode == 'linear_probe' and rows and rows[-1]['family'] == 't5':
         continue
-      c = ml_collections.ConfigDict(config.to_dict())
-      c.mode, c.task.max_train_examples = mode, int(size)
-      workdir = paths.join(root, run_name(mode, size))
-      start = time.perf_counter()
-      result = run_lib.finetune(c, workdir)
-      rows.append({'mode': mode, 'size': size or result['train_examples'],
-                   'metric': result['metric'], 'final': result['final'], 'best': result['best'],
-                   'steps': result['step'], 'wall_sec': time.perf_counter() - start,
-                   'step_time_sec': result['step_time_sec'], 'workdir': workdir,
-                   'family': result['family']})
+      for seed in (seeds or (None,)):
+        c = ml_collections.ConfigDict(config.to_dict())
+        c.mode, c.task.max_train_examples = mode, int(size)
+        if seed is not None:
+          c.train.seed = int(seed)
+        workdir = paths.join(root, run_name(mode, size, seed))
+        start = time.perf_counter()
+        result = run_lib.finetune(c, workdir)
+        rows.append({'mode': mode, 'size': size or result['train_examples'],
+                     'seed': c.train.seed, 'metric': result['metric'], 'final': result['final'],
+                     'best': result['best'], 'steps': result['step'],
+                     'wall_sec': time.perf_counter() - start,
+                     'step_time_sec': result['step_time_sec'], 'workdir': workdir,
+                     'family': result['family']})
   return rows
 
 
+def summarize(rows: list) -> list:
+  """One row per (mode, size) over its seeds: the mean, min and max of `final` and `best`, and
+  the seeds' count, in the order the runs came."""
+  groups = {}
+  for r in rows:
+    groups.setdefault((r['mode'], r['size']), []).append(r)
+  out = []
+  for (mode, size), runs in groups.items():
+    row = {'mode': mode, 'size': size, 'metric': runs[0]['metric'], 'seeds': len(runs)}
+    for key in ('final', 'best'):
+      values = [r[key] for r in runs if r[key] is not None]
+      row[key] = statistics.fmean(values) if values else None
+      row[key + '_range'] = (min(values), max(values)) if values else None
+    out.append(row)
+  return out
+
+
 def table(rows: list) -> str:
-  header = (f'{"mode":<13} {"examples":>8} {"metric":<15} {"final":>6} {"best":>6} '
+  """A line per run; with several seeds, then a line per (mode, size): mean [min, max]."""
+  header = (f'{"mode":<13} {"examples":>8} {"seed":>4} {"metric":<15} {"final":>6} {"best":>6} '
             f'{"steps":>6} {"wall s":>7} {"step ms":>8}')
   lines = [header, '-' * len(header)]
   fmt = lambda v, spec: '-' if v is None else format(v, spec)
   for r in rows:
-    lines.append(f'{r["mode"]:<13} {r["size"]:>8} {r["metric"]:<15} {fmt(r["final"], ".3f"):>6} '
-                 f'{fmt(r["best"], ".3f"):>6} {r["steps"]:>6} {r["wall_sec"]:>7.1f} '
+    lines.append(f'{r["mode"]:<13} {r["size"]:>8} {r["seed"]:>4} {r["metric"]:<15} '
+                 f'{fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} {r["steps"]:>6} '
+                 f'{r["wall_sec"]:>7.1f} '
                  f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8}')
+  summary = summarize(rows)
+  if any(s['seeds'] > 1 for s in summary):
+    span = lambda s, k: ('-' if s[k] is None else
+                         f'{s[k]:.3f} [{s[k + "_range"][0]:.3f}, {s[k + "_range"][1]:.3f}]')
+    lines += ['', f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean [min, max]":<24} '
+              'best: mean [min, max]']
+    for s in summary:
+      lines.append(f'{s["mode"]:<13} {s["size"]:>8} {s["seeds"]:>5}  {span(s, "final"):<24} '
+                   f'{span(s, "best")}')
   return '\n'.join(lines)
 
 
@@ -58,10 +94,13 @@ def plot(rows: list, path: str, title: str = '') -> str:
   colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red'}
   sizes = sorted({r['size'] for r in rows})
   styles = dict(zip(sizes, ['-', '--', ':', '-.'] * 4))
+  labelled = set()
   for r in rows:
     curves = run_lib.read_curves(r['workdir'])
     label = r['mode'] + (f' (n={r["size"]})' if len(sizes) > 1 else '')
-    style = dict(color=colors.get(r['mode']), linestyle=styles[r['size']], label=label)
+    style = dict(color=colors.get(r['mode']), linestyle=styles[r['size']],
+                 label=None if label in labelled else label)   # one legend entry per seeds
+    labelled.add(label)
     train = [(x['step'], x['loss']) for x in curves['train'] if x.get('loss') is not None]
     val = [(x['step'], x[r['metric']]) for x in curves['eval'] if r['metric'] in x]
     if train:
