@@ -99,7 +99,7 @@ def plot(rows: list, path: str, title: str = '') -> str:
     curves = run_lib.read_curves(r['workdir'])
     label = r['mode'] + (f' (n={r["size"]})' if len(sizes) > 1 else '')
     style = dict(color=colors.get(r['mode']), linestyle=styles[r['size']],
-                 label=None if label in labelled else label)   # one legend entry per seeds
+                 label=None if label in labelled else label)   # one legend entry for all seeds
     labelled.add(label)
     train = [(x['step'], x['loss']) for x in curves['train'] if x.get('loss') is not None]
     val = [(x['step'], x[r['metric']]) for x in curves['eval'] if r['metric'] in x]
