@@ -36,6 +36,20 @@ def _fmt(value, spec):
   return '-' if value is None else format(value, spec)
 
 
+# What to try on a trained model, as the README's Use section does, by family.
+NEXT = {'gpt': "generate --workdir {}/gpt --prompt 'The return statement'",
+        't5': "generate --workdir {}/t5 --prompt 'The <extra_id_0> statement is used to leave a "
+              "loop.'",
+        'bert': "fill_mask --workdir {}/bert --text 'The [MASK] statement is used to leave a "
+                "loop.'"}
+
+
+def next_command(workdir: str, families: list) -> str:
+  """The hint for the first of gpt, t5, bert that this run trained."""
+  family = next((f for f in NEXT if f in families), 'gpt')
+  return 'pretrain-jax ' + NEXT[family].format(workdir)
+
+
 def say(text: str = '') -> None:
   print(text, file=sys.stderr, flush=True)
 
@@ -131,8 +145,8 @@ def main(argv):
   for r in results:
     report(r['family'], r['held_out'])
   total = time.perf_counter() - start_all
-  say(f'\ndone in {total:.0f} s; next: pretrain-jax generate --workdir {_WORKDIR.value}/gpt '
-      f"--prompt 'The return statement'")
+  hint = next_command(_WORKDIR.value, [r['family'] for r in results])
+  say(f'\ndone in {total:.0f} s; next: {hint}')
   print(json.dumps({'workdir': _WORKDIR.value, 'wall_sec': total, 'models': results}),
         flush=True)
 

@@ -86,6 +86,9 @@ def test_main_job_trains_three_models_and_probes_them(newcomer):
   bert, gpt, t5 = (m['held_out'] for m in result['models'])
   assert bert['masked_word']['sentences'] == 3
   assert len(gpt['continuations']) == 3 and len(t5['span_fills']) == 3
+  hint = result['_stderr'].rsplit('next: ', 1)[1].splitlines()[0]   # a README command
+  assert hint.startswith('pretrain-jax generate --workdir runs/tiny/gpt '), hint
+  assert any(line.startswith(hint) for line in readme().splitlines()), hint
 
 
 @pytest.mark.slow   # ~100 s after the main job's fixture
