@@ -1,9 +1,11 @@
 """Fine-tuning a checkpoint on a labelled task (scripts/finetune.py, scripts/transfer.py).
 
-The model section comes from the checkpoint (`init`), plus `num_classes` for BERT/GPT; the
-rest is here. Override from the command line: `--config.train.steps=500`.
+The model section comes from the checkpoint (`init`), plus `num_classes` for BERT/GPT and any
+`model.dropout_rate` / `model.attention_dropout_rate` given here; the rest is here. Override
+from the command line: `--config.train.steps=500`.
 """
 import ml_collections
+from ml_collections import config_dict
 
 from configs import common
 
@@ -34,7 +36,11 @@ def get_config():
   c.data.eval_split = 'validation'
   c.data.tokenizer = ''             # filled in: the checkpoint's tokenizer
   c.data.seed = 0                   # example order
-  c.model = ml_collections.ConfigDict()  # filled in from the checkpoint
+  # Filled in from the checkpoint (the architecture). Of the model's fields, only these may be
+  # set for the fine-tune, as t5x and HF fine-tunes set dropout; None keeps the checkpoint's.
+  c.model = ml_collections.ConfigDict({
+      'dropout_rate': config_dict.placeholder(float),
+      'attention_dropout_rate': config_dict.placeholder(float)})
   c.train = common.train_config(batch_size=32, steps=300, learning_rate=1e-4)
   c.train.update(warmup_steps=30, schedule='linear', final_lr_fraction=0.0,
                  max_predictions_per_seq=0, eval_every=50, eval_batches=0,

@@ -178,6 +178,28 @@ def _write(path, rows):
     f.writelines(json.dumps(r) + '\n' for r in rows)
 
 
+def test_fine_tune_dropout_overrides_the_checkpoint_and_nothing_else():
+  import types  # pylint: disable=g-import-not-at-top
+  init = types.SimpleNamespace(model_config=model_cfg('gpt'),
+                               config={'data': {'tokenizer': '/x/t.model'}})
+  rows = [{'text': 'a', 'label': 'x'}, {'text': 'b', 'label': 'y'}]
+  task = tasks.Task('t', {'train': rows, 'validation': rows}, ('x', 'y'))
+  c = finetune_config.get_config()
+  c.data.seq_len = 16
+  built = run_lib.build_config(c, init, task)
+  assert (built.model.dropout_rate, built.model.num_classes) == (0.0, 2)   # the checkpoint's
+  c.model.dropout_rate = 0.1
+  built = run_lib.build_config(c, init, task)
+  assert (built.model.dropout_rate, built.model.attention_dropout_rate) == (0.1, 0.0)
+  assert ModelConfig.from_config(built.model).dropout_rate == 0.1
+  assert built.model.num_layers == 2 and built.model.emb_dim == 32
+  c.unlock()
+  c.model.num_layers = 3
+  with pytest.raises(ValueError, match=r'model.num_layers=3: the architecture comes from the '
+                     r'checkpoint; expected only model.dropout_rate, model.attention_dropout'):
+    run_lib.build_config(c, init, task)
+
+
 def test_local_task_files_and_their_errors(tmp_path):
   d = tmp_path / 'task'
   d.mkdir()

@@ -32,6 +32,7 @@ from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import loop, task as task_lib
 
 MODES = ('full', 'linear_probe', 'scratch')
+MODEL_OVERRIDES = ('dropout_rate', 'attention_dropout_rate')   # configs/finetune.py's model.*
 
 
 def load_init(path: str) -> load.Pretrained:
@@ -56,6 +57,13 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   if config.mode not in MODES:
     raise ValueError(f'mode={config.mode!r}; expected one of {MODES}')
   model = init.model_config.to_dict()
+  for key, value in config.get('model', {}).items():   # dropout set for the fine-tune
+    if value is None:
+      continue
+    if key not in MODEL_OVERRIDES:
+      raise ValueError(f'model.{key}={value!r}: the architecture comes from the checkpoint; '
+                       f'expected only {", ".join("model." + k for k in MODEL_OVERRIDES)}')
+    model[key] = value
   if family_of(init.model_config).name != 't5':
     if not task.labels:
       raise ValueError(f'task {task.name!r} is text-to-text (inputs/targets); a '
