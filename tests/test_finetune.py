@@ -185,6 +185,7 @@ def test_fine_tune_dropout_overrides_the_checkpoint_and_nothing_else():
   rows = [{'text': 'a', 'label': 'x'}, {'text': 'b', 'label': 'y'}]
   task = tasks.Task('t', {'train': rows, 'validation': rows}, ('x', 'y'))
   c = finetune_config.get_config()
+  assert set(c.model) == set(run_lib.MODEL_OVERRIDES)   # the config offers what run accepts
   c.data.seq_len = 16
   built = run_lib.build_config(c, init, task)
   assert (built.model.dropout_rate, built.model.num_classes) == (0.0, 2)   # the checkpoint's
