@@ -177,8 +177,8 @@ class Steps(NamedTuple):
     return state_lib.shardings_of(self.abstract_state)
 
   def create_state(self, seed: int):
-    """A fresh TrainState, created directly in its shards."""
-    return jax.jit(self.init_state, out_shardings=self.state_shardings)(jax.random.key(seed))
+    """A fresh TrainState, created directly in its shards (state.init_in_shards)."""
+    return state_lib.init_in_shards(self.init_state, self.state_shardings, seed)
 
 
 def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: int = 0,

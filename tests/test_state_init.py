@@ -1,0 +1,35 @@
+"""The train state's init program: compiled at CPU_INIT_COMPILER_OPTIONS on CPU (it runs once;
+its compile time is mostly threefry fusions), it must give the SAME bits as the default
+compilation, for every family and initializer (N(0, 0.02), fan_in, PyTorch's uniform)."""
+import jax
+import numpy as np
+import pytest
+
+from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from tests.test_train import SEQ, tiny_config
+
+CASES = {'bert': {}, 'gpt': {}, 't5': {},
+         'gpt_torch_default': dict(kernel_init='torch_default', position_embedding='sinusoidal',
+                                   tie_embeddings=False, head_bias=True, causal=False)}
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_init_options_keep_the_default_compilation_bits(case):
+  config = tiny_config(case.split('_')[0])
+  config.model.update(CASES[case])
+  cfg = ModelConfig.from_config(config.model)
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  abstract, init_state = state_lib.abstract_state(
+      build(cfg), opt_lib.make_optimizer(config.train), mesh, family_of(cfg).init_batch(SEQ))
+  shardings = state_lib.shardings_of(abstract)
+  assert state_lib.CPU_INIT_COMPILER_OPTIONS  # on this CPU, the options are really used
+  ours = state_lib.init_in_shards(init_state, shardings, seed=3)
+  default = jax.jit(init_state, out_shardings=shardings)(jax.random.key(3))
+  leaves, ref = jax.tree.leaves(ours), jax.tree.leaves(default)
+  assert len(leaves) == len(ref) > 10
+  for a, b in zip(leaves, ref):
+    assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+  assert any(np.asarray(x).std() > 0 for x in leaves)   # really random, not all zeros
