@@ -1,12 +1,14 @@
 """The train state's init program: compiled at CPU_INIT_COMPILER_OPTIONS on CPU (it runs once;
 its compile time is mostly threefry fusions), it must give the SAME bits as the default
 compilation, for every family and initializer (N(0, 0.02), fan_in, PyTorch's uniform)."""
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import evaluate
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from tests.test_train import SEQ, tiny_config
@@ -33,3 +35,15 @@ def test_init_options_keep_the_default_compilation_bits(case):
   for a, b in zip(leaves, ref):
     assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
   assert any(np.asarray(x).std() > 0 for x in leaves)   # really random, not all zeros
+
+
+def test_random_init_params_keep_the_default_compilation_bits():
+  """training.evaluate.random_init_params (the 'random init' baselines) goes through run_once
+  with no shardings: the same bits as a plain jax.jit of model.init."""
+  cfg = ModelConfig.from_config(tiny_config('t5').model)
+  args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(8, cfg.nsp))
+  ref = nn.unbox(jax.jit(build(cfg).init)(jax.random.key(5), *args, **kwargs)['params'])
+  ours = evaluate.random_init_params(cfg, seed=5)
+  assert jax.tree.structure(ours) == jax.tree.structure(ref)
+  assert all(np.array_equal(np.asarray(a), np.asarray(b))
+             for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)))

@@ -13,7 +13,7 @@ import numpy as np
 
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.objectives import mlm
-from pretrain_jax.training import mesh as mesh_lib, step as step_lib, task
+from pretrain_jax.training import mesh as mesh_lib, state as state_lib, step as step_lib, task
 
 MASK = '[MASK]'
 
@@ -198,7 +198,8 @@ def run(config) -> dict:
   eval_cfg = bert_cfg.replace(deterministic=True)
   heldout = ids['heldout']
   bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability)
-  random_params = jax.jit(build(eval_cfg).init)(jax.random.key(1), heldout[None, :48])['params']
+  random_params = state_lib.run_once(lambda key: build(eval_cfg).init(key, heldout[None, :48]),
+                                     jax.random.key(1))['params']
   random_init = evaluate_bert(eval_cfg, nn.unbox(random_params), heldout, config.eval_seed,
                               config.mlm_probability)
   return {'vocab_size': len(vocab), 'seed': seed,

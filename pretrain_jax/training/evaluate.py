@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from pretrain_jax.models import ModelConfig, build, family_of
-from pretrain_jax.training import task
+from pretrain_jax.training import state as state_lib, task
 
 
 def evaluate(eval_step, params, batches, max_batches: int = 0) -> dict:
@@ -44,4 +44,5 @@ def random_init_params(cfg: ModelConfig, seed: int = 0):
   """Fresh parameters of the same architecture (the 'before pre-training' baseline)."""
   model = build(cfg.replace(deterministic=True, decode=False))
   args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(8, cfg.nsp))
-  return nn.unbox(jax.jit(model.init)(jax.random.key(seed), *args, **kwargs)['params'])
+  init = lambda key: model.init(key, *args, **kwargs)['params']
+  return nn.unbox(state_lib.run_once(init, jax.random.key(seed)))

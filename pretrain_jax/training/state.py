@@ -91,22 +91,28 @@ def shardings_of(abstract) -> TrainState:
   return jax.tree.map(lambda a: a.sharding, abstract)
 
 
-# The init program runs once, so on CPU it is compiled at LLVM optimisation level 1: its
+# Init programs run once, so on CPU they are compiled at LLVM optimisation level 1: their
 # compile time is dominated by the threefry fusions of the parameter initializers (~0.1-0.3 s
-# each at the default level 2) and drops by 30-60% (chapter-41 GPT: 3.6 -> 2.5 s; 24 random
-# arrays: 7.5 -> 3.1 s) while the values stay bit-identical (tests/test_state_init.py checks
-# all three families). Level 0 would change them (in the last ulp of normal draws).
+# each at the default level 2) and drops by 30-60% (chapter-41 GPT state: 3.5 -> 1.8 s; 24
+# random arrays: 7.5 -> 3.1 s) while the values stay bit-identical (tests/test_state_init.py
+# checks all three families). Level 0 would change them (in the last ulp of normal draws).
 CPU_INIT_COMPILER_OPTIONS = {'xla_backend_optimization_level': 1}
 
 
+def run_once(fn, *args, out_shardings=None):
+  """jax.jit(fn, out_shardings=...)(*args) for a program that runs once (an init): on CPU
+  compiled with CPU_INIT_COMPILER_OPTIONS."""
+  lowered = jax.jit(fn, out_shardings=out_shardings).lower(*args)
+  devices = (next(iter(jax.tree.leaves(out_shardings)[0].device_set)) if out_shardings
+             else jax.devices()[0])
+  options = CPU_INIT_COMPILER_OPTIONS if devices.platform == 'cpu' else None
+  return lowered.compile(compiler_options=options)(*args)
+
+
 def init_in_shards(init_state, shardings, seed: int):
-  """init_state(jax.random.key(seed)) compiled with `out_shardings`, so every leaf is created
-  directly in its shards (nothing is gathered onto one device)."""
-  key = jax.random.key(seed)
-  lowered = jax.jit(init_state, out_shardings=shardings).lower(key)
-  platform = next(iter(jax.tree.leaves(shardings)[0].device_set)).platform
-  options = CPU_INIT_COMPILER_OPTIONS if platform == 'cpu' else None
-  return lowered.compile(compiler_options=options)(key)
+  """init_state(jax.random.key(seed)) with every leaf created directly in its shards
+  (nothing is gathered onto one device)."""
+  return run_once(init_state, jax.random.key(seed), out_shardings=shardings)
 
 
 def create_state(model, tx, mesh: Mesh, batch: dict, seed: int):
