@@ -101,19 +101,25 @@ class Encoder(nn.Module):
     x = self.shared(tokens)                                              # (B, T, E)
     x = _dropout(cfg, x) if cfg.embedding_dropout else x
     pos = jnp.arange(tokens.shape[1])
-    bias = _per_row(RelativePositionBias(cfg, bidirectional=True, name='relpos_bias')(pos, pos),
-                    tokens.shape[0])
+    bias = RelativePositionBias(cfg, bidirectional=True, name='relpos_bias')(pos, pos)
+    bias = _per_row(cfg, bias, tokens.shape[0])
     x = layers.apply_stack(EncoderBlock, cfg, cfg.num_layers, 'layers', x,
                            masks.segment_mask(segment_ids), bias)
     return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
 
 
-def _per_row(bias, batch: int):
-  """(1, N, T, S) -> (B, N, T, S), once for the whole stack. Every layer adds the same bias; with
-  the batch broadcast inside each layer, the backward pass reduced each layer's (B, N, T, S)
-  logit gradient over B separately (XLA:CPU: one 178 ms YNNPACK reduction at the bench shapes,
-  8 x 8 x 256 x 256 x 4 layers). Broadcast here, the layers' gradients are summed first and
-  reduced once (47 ms), as in HF's T5, whose position bias carries the batch's mask."""
+def _per_row(cfg: ModelConfig, bias, batch: int):
+  """The reference attention path: (1, N, T, S) -> (B, N, T, S), once for the whole stack.
+
+  Every layer adds the same bias. Broadcast over the batch inside each layer, the backward pass
+  reduced each layer's (B, N, T, S) logit gradient over B separately (XLA:CPU: one 178 ms
+  YNNPACK reduction at the bench shapes, 8 x 8 x 256 x 256 x 4 layers); broadcast here, the
+  layers' gradients are summed first and reduced once (47 ms), as in HF's T5. The reference path
+  materializes per-row logits anyway; fused kernels ('xla', 'cudnn') keep the (1, N, T, S) bias,
+  whose gradient they can reduce over the batch themselves.
+  """
+  if cfg.attention_impl != 'reference':
+    return bias
   return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 
 
@@ -143,8 +149,8 @@ class Decoder(nn.Module):
     else:
       self_mask = masks.segment_mask(segment_ids)
       bias_args = (jnp.arange(length), jnp.arange(length))
-    bias = _per_row(RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args),
-                    tokens.shape[0])
+    bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
+    bias = _per_row(cfg, bias, tokens.shape[0])
     x = self.shared(tokens)                                              # (B, T, E)
     x = _dropout(cfg, x) if cfg.embedding_dropout else x
     x = layers.apply_stack(DecoderBlock, cfg, cfg.decoder_layers, 'layers', x, encoded,
