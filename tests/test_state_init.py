@@ -27,7 +27,7 @@ def test_init_options_keep_the_default_compilation_bits(case):
   abstract, init_state = state_lib.abstract_state(
       build(cfg), opt_lib.make_optimizer(config.train), mesh, family_of(cfg).init_batch(SEQ))
   shardings = state_lib.shardings_of(abstract)
-  assert state_lib.CPU_INIT_COMPILER_OPTIONS  # on this CPU, the options are really used
+  assert jax.devices()[0].platform == 'cpu'   # so init_in_shards compiles with the options
   ours = state_lib.init_in_shards(init_state, shardings, seed=3)
   default = jax.jit(init_state, out_shardings=shardings)(jax.random.key(3))
   leaves, ref = jax.tree.leaves(ours), jax.tree.leaves(default)

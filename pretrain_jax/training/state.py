@@ -103,9 +103,9 @@ def run_once(fn, *args, out_shardings=None):
   """jax.jit(fn, out_shardings=...)(*args) for a program that runs once (an init): on CPU
   compiled with CPU_INIT_COMPILER_OPTIONS."""
   lowered = jax.jit(fn, out_shardings=out_shardings).lower(*args)
-  devices = (next(iter(jax.tree.leaves(out_shardings)[0].device_set)) if out_shardings
-             else jax.devices()[0])
-  options = CPU_INIT_COMPILER_OPTIONS if devices.platform == 'cpu' else None
+  device = (next(iter(jax.tree.leaves(out_shardings)[0].device_set)) if out_shardings
+            else jax.devices()[0])
+  options = CPU_INIT_COMPILER_OPTIONS if device.platform == 'cpu' else None
   return lowered.compile(compiler_options=options)(*args)
 
 
