@@ -115,8 +115,9 @@ def _per_row(cfg: ModelConfig, bias, batch: int):
   reduced each layer's (B, N, T, S) logit gradient over B separately (XLA:CPU: one 178 ms
   YNNPACK reduction at the bench shapes, 8 x 8 x 256 x 256 x 4 layers); broadcast here, the
   layers' gradients are summed first and reduced once (47 ms), as in HF's T5. The reference path
-  materializes per-row logits anyway; fused kernels ('xla', 'cudnn') keep the (1, N, T, S) bias,
-  whose gradient they can reduce over the batch themselves.
+  materializes per-row logits anyway. jax.nn.dot_product_attention ('xla', 'cudnn') keeps the
+  (1, N, T, S) bias, so cuDNN is never handed a per-row bias and gradient it would otherwise
+  reduce over the batch itself; 'xla' thereby stays the per-layer path the tests compare with.
   """
   if cfg.attention_impl != 'reference':
     return bias
