@@ -34,9 +34,10 @@ def _packed(doc_a, doc_b, length):
   return inputs, seg, pos
 
 
-@pytest.mark.parametrize('family', ['gpt', 'bert'])
-def test_packed_document_is_isolated(family):
-  cfg = tiny(family)
+@pytest.mark.parametrize('family,options', [('gpt', {}), ('bert', {}),
+                                            ('bert', dict(position_embedding='alibi'))])
+def test_packed_document_is_isolated(family, options):
+  cfg = tiny(family, **options)
   params = init(cfg)
   doc_a, doc_b = tokens((7,), 2), tokens((5,), 3)
   alone, seg, pos = _packed(doc_a, jnp.zeros(0, jnp.int32), 16)

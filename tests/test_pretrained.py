@@ -118,7 +118,7 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
   tok = model.tokenizer
   sentence = 'the function returns a new list of strings'
   ids = np.array([[tok.cls_id] + tok.encode(sentence) + [tok.sep_id]] * 32, np.int32)
-  # Overfit with the real train step: MLM corruption of the one sentence, 150 steps.
+  # Overfit with the real train step: MLM corruption of the one sentence, 300 steps.
   from pretrain_jax.models import build  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import task  # pylint: disable=g-import-not-at-top
@@ -140,7 +140,7 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
     updates, opt = tx.update(grads, opt, params)
     return optax.apply_updates(params, updates), opt
 
-  for _ in range(150):
+  for _ in range(300):
     b = mlm.mask_tokens(ids, rng, selectable=selectable, random_ids=np.arange(10, tok.vocab_size),
                         mask_id=tok.mask_id, probability=0.3)
     batch = {'inputs': b['inputs'], 'targets': b['targets'], 'loss_weights': b['loss_weights'],

@@ -1,4 +1,9 @@
-"""BERT: post-LN encoder, learned positions + token types, GELU (erf), MLM and NSP heads."""
+"""BERT: post-LN encoder, learned positions + token types, GELU (erf), MLM and NSP heads.
+
+Positions: learned (the published BERT), fixed sinusoidal, or ALiBi (MosaicBERT: no position
+embedding; a distance bias on every layer's attention logits, built once here and handed to
+the core as its `bias`).
+"""
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -13,11 +18,11 @@ class BertBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask):                                # (B, T, E)
+  def __call__(self, x, mask, bias):                          # (B, T, E)
     cfg = self.cfg
     drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     x = layers.norm(cfg, 'attention_norm')(
-        x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask)))
+        x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask, bias)))
     x = layers.norm(cfg, 'output_norm')(x + drop(layers.MLP(cfg, name='mlp')(x)))
     return x, None
 
@@ -72,17 +77,21 @@ class BERT(nn.Module):
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     mask = masks.segment_mask(segment_ids)                               # (B, 1, T, T)
     x = self.word_embeddings(inputs) * self.embed_scale                  # (B, T, E)
+    bias = None
     if cfg.position_embedding == 'learned':
       x = x + layers.embed(cfg, cfg.max_len, ('position', 'embed'), 'position_embeddings',
                            one_hot=True)(positions)
-    else:
+    elif cfg.position_embedding == 'sinusoidal':
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
+    else:                                                                # alibi
+      bias = layers.alibi_bias(positions, cfg.num_heads, cfg.alibi_bias_max)  # (B, N, T, T)
     x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)
     if cfg.embedding_dropout:
       x = Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
-    return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
+    return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask,
+                              bias)                                     # (B, T, E)
 
   def logits(self, hidden):                                              # (..., E)
     h = self.mlm_transform(hidden)

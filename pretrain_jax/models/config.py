@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
-POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative')
+POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative', 'alibi')
 REMAT_POLICIES = ('none', 'minimal', 'full')
 KERNEL_INITS = ('normal', 'fan_in', 'torch_default')
 NORMS = ('layernorm', 'rmsnorm')
@@ -62,6 +62,9 @@ class ModelConfig:
   nsp: bool = False                      # BERT next-sentence head
   num_classes: int = 0                   # sequence classification head (BERT/GPT); 0 = none.
                                          # With one, __call__ returns (B, num_classes) logits
+  alibi_bias_max: float = 8.0            # position_embedding='alibi' (bert): head h of N adds
+                                         # -2**(-alibi_bias_max * h / N) * |i - j| to its logits
+                                         # (Press et al.; MosaicBERT, MPT: 8)
   relative_buckets: int = 32             # T5 relative position bias
   relative_max_distance: int = 128
   scan_layers: bool = False              # nn.scan over layers (compile time flat in depth)
@@ -106,7 +109,11 @@ class ModelConfig:
           'generation)')
     check((self.position_embedding == 'relative') == (self.family == 't5'),
           'position_embedding', self.position_embedding,
-          "'relative' for t5 and 'learned' or 'sinusoidal' for bert/gpt")
+          "'relative' for t5, 'learned' or 'sinusoidal' for bert/gpt, or 'alibi' for bert")
+    check(self.position_embedding != 'alibi' or self.family == 'bert', 'position_embedding',
+          self.position_embedding, "'learned' or 'sinusoidal' for gpt ('alibi' is bert's)")
+    check(isinstance(self.alibi_bias_max, (int, float)) and self.alibi_bias_max > 0,
+          'alibi_bias_max', self.alibi_bias_max, 'a positive number')
 
   @property
   def decoder_layers(self) -> int:
