@@ -10,19 +10,16 @@ from pretrain_jax.models.layers import alibi_bias
 
 
 def test_alibi_bias_literal():
-  # 2 heads, bias_max 2: slopes 2**-1 and 2**-2; distances |i - j| of positions 0, 1, 2.
+  # 2 heads, bias_max 2: slopes 2**-1 and 2**-2; distances |i - j| of rows 0, 1, 2; one
+  # (1, N, T, T) constant for the whole batch.
   distance = np.array([[0, 1, 2], [1, 0, 1], [2, 1, 0]], np.float32)
-  np.testing.assert_array_equal(alibi_bias(jnp.array([[0, 1, 2]]), 2, 2.0),
-                                [[-0.5 * distance, -0.25 * distance]])
-  # Positions restart in each packed document (one head, slope 2**-1); the segment mask hides
-  # the other document's keys.
-  packed = alibi_bias(jnp.array([[0, 1, 0, 1]]), 1, 1.0)[0, 0]
-  np.testing.assert_array_equal(packed[2], [0.0, -0.5, 0.0, -0.5])
+  np.testing.assert_array_equal(alibi_bias(3, 2, 2.0), [[-0.5 * distance, -0.25 * distance]])
 
 
 def test_alibi_bert_sees_only_relative_positions():
   """Shifting every position by a constant changes nothing with ALiBi, and does with the
-  absolute (sinusoidal) positions it replaces: the bias is the only position signal."""
+  absolute (sinusoidal) positions it replaces: the bias is the only position signal. (Packed
+  documents, whose positions restart, are test_models' packing test.)"""
   x = tokens((1, 9))
   pos = jnp.arange(9)[None]
   for kind, invariant in (('alibi', True), ('sinusoidal', False)):

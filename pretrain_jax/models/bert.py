@@ -83,8 +83,8 @@ class BERT(nn.Module):
                            one_hot=True)(positions)
     elif cfg.position_embedding == 'sinusoidal':
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
-    else:                                                                # alibi
-      bias = layers.alibi_bias(positions, cfg.num_heads, cfg.alibi_bias_max)  # (B, N, T, T)
+    else:                                                  # alibi: (1, N, T, T), all layers
+      bias = layers.alibi_bias(inputs.shape[1], cfg.num_heads, cfg.alibi_bias_max)
     x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)

@@ -149,13 +149,18 @@ def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
   return jnp.pad(out, [(0, 0)] * (out.ndim - 1) + [(0, dim - 2 * half)])
 
 
-def alibi_bias(positions: jnp.ndarray, num_heads: int, bias_max: float) -> jnp.ndarray:
-  """ALiBi (Press et al.), symmetric as in MosaicBERT: (B, T) positions -> (B, N, T, T) float32
-  logit bias -2**(-bias_max * h / N) * |i - j| for head h = 1..N. Every head starts out
-  preferring nearby tokens; the steepest sees little beyond a few neighbours."""
-  slopes = 2.0 ** (-bias_max * np.arange(1, num_heads + 1) / num_heads)           # (N,)
-  distance = jnp.abs(positions[:, :, None] - positions[:, None, :]).astype(jnp.float32)
-  return -jnp.asarray(slopes, jnp.float32)[:, None, None] * distance[:, None]     # (B, N, T, T)
+def alibi_bias(length: int, num_heads: int, bias_max: float) -> jnp.ndarray:
+  """ALiBi (Press et al.), symmetric as in MosaicBERT: (1, N, T, T) float32 logit bias
+  -2**(-bias_max * h / N) * |i - j| for head h = 1..N. Every head starts out preferring nearby
+  tokens; the steepest sees little beyond a few neighbours.
+
+  It reads row indices, not positions: within a packed document positions run on by one, so
+  |i - j| is the distance between positions wherever the segment mask lets i see j, and one
+  (1, N, T, T) constant serves the whole batch (no per-row bias, no gradient)."""
+  slopes = (2.0 ** (-bias_max * np.arange(1, num_heads + 1) / num_heads)).astype(np.float32)
+  index = np.arange(length)
+  distance = np.abs(index[:, None] - index[None, :]).astype(np.float32)           # (T, T)
+  return jnp.asarray(-slopes[None, :, None, None] * distance)                      # (1, N, T, T)
 
 
 def activation_fn(name: str):
