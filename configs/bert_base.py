@@ -21,7 +21,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.param_dtype = 'float32'         # parameter and optimizer-state storage dtype
   m.attention_impl = 'reference'    # 'reference' | 'xla' | 'cudnn'
   m.activation = 'gelu'             # exact (erf) GELU
-  m.position_embedding = 'learned'  # 'learned' or 'sinusoidal'
+  m.position_embedding = 'learned'  # 'learned', 'sinusoidal' or 'alibi'
+  m.alibi_bias_max = 8.0            # alibi: head h of N has slope 2**(-8 h / N)
   m.dropout_rate = 0.1              # hidden dropout
   m.attention_dropout_rate = 0.1    # dropout on attention probabilities
   m.layer_norm_eps = 1e-12          # LayerNorm epsilon

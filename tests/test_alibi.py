@@ -6,7 +6,7 @@ import pytest
 from modeling import forward, init, tiny, tokens
 from pretrain_jax.hf.family import learned_position_problems
 from pretrain_jax.models import ModelConfig
-from pretrain_jax.models.layers import alibi_bias
+from pretrain_jax.models.layers import alibi_bias, alibi_slopes
 
 
 def test_alibi_bias_literal():
@@ -16,18 +16,32 @@ def test_alibi_bias_literal():
   np.testing.assert_array_equal(alibi_bias(3, 2, 2.0), [[-0.5 * distance, -0.25 * distance]])
 
 
-def test_alibi_bert_sees_only_relative_positions():
-  """Shifting every position by a constant changes nothing with ALiBi, and does with the
-  absolute (sinusoidal) positions it replaces: the bias is the only position signal. (Packed
-  documents, whose positions restart, are test_models' packing test.)"""
+def test_alibi_slopes_for_heads_not_a_power_of_two_interleave_as_mpt():
+  np.testing.assert_array_equal(alibi_slopes(4, 8.0), 2.0 ** -np.array([2., 4., 6., 8.]))
+  # 12 heads: the 16-head slopes 2**-(h / 2), even h first, then odd, cut to 12.
+  np.testing.assert_allclose(alibi_slopes(12, 8.0), 2.0 ** -np.array(
+      [1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5]), rtol=1e-7)
+
+
+def test_alibi_is_the_only_order_signal():
+  """With no position embedding, attention is blind to order: reversing the tokens reverses
+  the outputs. ALiBi's bias is what breaks that (a zero or missing bias would not)."""
   x = tokens((1, 9))
-  pos = jnp.arange(9)[None]
-  for kind, invariant in (('alibi', True), ('sinusoidal', False)):
-    cfg = tiny('bert', position_embedding=kind)
-    params = init(cfg)
-    a = forward(cfg, params, x, positions=pos)
-    b = forward(cfg, params, x, positions=pos + 5)
-    assert np.allclose(a, b, atol=1e-5) == invariant, kind
+  cfg = tiny('bert', position_embedding='alibi', alibi_bias_max=1.0)
+  params = init(cfg)
+  forward_then_reverse = np.asarray(forward(cfg, params, x))[:, ::-1]
+  reverse_then_forward = np.asarray(forward(cfg, params, x[:, ::-1]))
+  # A mirror-symmetric bias gives mirror-symmetric outputs: reversed in, reversed out...
+  np.testing.assert_allclose(forward_then_reverse, reverse_then_forward, atol=1e-5)
+  # ... but a token's output depends on who its neighbours are: rotating the row by one moves
+  # every token to other neighbours (no longer a mirror image).
+  rotated = np.asarray(forward(cfg, params, jnp.roll(x, 1, axis=1)))
+  assert np.abs(np.roll(np.asarray(forward(cfg, params, x)), 1, axis=1) - rotated).max() > 5e-4
+  # Without the bias (slopes ~0), the same rotation only rotates the outputs.
+  flat = cfg.replace(alibi_bias_max=64.0)
+  np.testing.assert_allclose(np.roll(np.asarray(forward(flat, params, x)), 1, axis=1),
+                             np.asarray(forward(flat, params, jnp.roll(x, 1, axis=1))),
+                             atol=1e-5)
 
 
 def test_alibi_slopes_reach_the_logits():
@@ -44,6 +58,8 @@ def test_alibi_slopes_reach_the_logits():
 @pytest.mark.parametrize('options,match', [
     (dict(family='gpt', position_embedding='alibi'), "position_embedding='alibi'.*gpt"),
     (dict(family='bert', position_embedding='alibi', alibi_bias_max=0), 'alibi_bias_max=0'),
+    (dict(family='bert', alibi_bias_max=float('inf')), 'alibi_bias_max=inf'),
+    (dict(family='bert', alibi_bias_max=True), 'alibi_bias_max=True'),
 ])
 def test_alibi_config_errors(options, match):
   family = options.pop('family')

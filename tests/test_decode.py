@@ -77,9 +77,11 @@ def _stack_layers(params, prefix):
   return out
 
 
-@pytest.mark.parametrize('family,prefix', [('gpt', 'h'), ('bert', 'layer')])
-def test_scanned_layers_equal_unrolled_layers(family, prefix):
-  cfg = tiny(family)
+@pytest.mark.parametrize('family,prefix,options', [
+    ('gpt', 'h', {}), ('bert', 'layer', {}),
+    ('bert', 'layer', dict(position_embedding='alibi', alibi_bias_max=1.0))])
+def test_scanned_layers_equal_unrolled_layers(family, prefix, options):
+  cfg = tiny(family, **options)
   params = init(cfg)
   x = tokens((2, 10), 7)
   stacked = _stack_layers(params, prefix)

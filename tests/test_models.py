@@ -82,9 +82,11 @@ def test_t5_decoder_is_causal_and_encoder_padding_is_ignored():
                 - base).max() > 1e-4
 
 
-@pytest.mark.parametrize('family', ['gpt', 'bert', 't5'])
-def test_attention_implementations_agree_in_the_model(family):
-  ref = tiny(family)
+@pytest.mark.parametrize('family,options', [
+    ('gpt', {}), ('bert', {}), ('t5', {}),
+    ('bert', dict(position_embedding='alibi', alibi_bias_max=1.0))])
+def test_attention_implementations_agree_in_the_model(family, options):
+  ref = tiny(family, **options)
   params = init(ref)
   x = tokens((2, 12), 10)
   seg = jnp.array([[1] * 5 + [2] * 5 + [0] * 2, [1] * 12])

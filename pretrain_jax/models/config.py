@@ -1,5 +1,6 @@
 """The frozen model dataclass: the one boundary between ml_collections configs and modules."""
 import dataclasses
+import numbers
 from typing import Any, Optional
 
 import jax.numpy as jnp
@@ -64,7 +65,8 @@ class ModelConfig:
                                          # With one, __call__ returns (B, num_classes) logits
   alibi_bias_max: float = 8.0            # position_embedding='alibi' (bert): head h of N adds
                                          # -2**(-alibi_bias_max * h / N) * |i - j| to its logits
-                                         # (Press et al.; MosaicBERT, MPT: 8)
+                                         # (N a power of two; else MPT's interleaving, see
+                                         # layers.alibi_slopes; Press et al., MosaicBERT, MPT: 8)
   relative_buckets: int = 32             # T5 relative position bias
   relative_max_distance: int = 128
   scan_layers: bool = False              # nn.scan over layers (compile time flat in depth)
@@ -112,8 +114,10 @@ class ModelConfig:
           "'relative' for t5, 'learned' or 'sinusoidal' for bert/gpt, or 'alibi' for bert")
     check(self.position_embedding != 'alibi' or self.family == 'bert', 'position_embedding',
           self.position_embedding, "'learned' or 'sinusoidal' for gpt ('alibi' is bert's)")
-    check(isinstance(self.alibi_bias_max, (int, float)) and self.alibi_bias_max > 0,
-          'alibi_bias_max', self.alibi_bias_max, 'a positive number')
+    check(isinstance(self.alibi_bias_max, numbers.Real) and not isinstance(
+        self.alibi_bias_max, bool) and 0 < self.alibi_bias_max <= 64, 'alibi_bias_max',
+          self.alibi_bias_max, 'a number in (0, 64] (the steepest slope is 2**-(it / N); '
+          'beyond 64 every slope is ~0: no position signal)')
 
   @property
   def decoder_layers(self) -> int:

@@ -149,18 +149,29 @@ def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
   return jnp.pad(out, [(0, 0)] * (out.ndim - 1) + [(0, dim - 2 * half)])
 
 
+def alibi_slopes(num_heads: int, bias_max: float) -> np.ndarray:
+  """ALiBi's per-head slopes (Press et al.; MPT's `gen_slopes`): 2**(-bias_max * h / N) for
+  h = 1..N when N is a power of two; otherwise those of the next power of two, odd-numbered
+  first, then even, cut to N (12 heads, bias_max 8: 2**-1 ... 2**-8, then 2**-0.5 ... 2**-3.5)."""
+  padded = 1 << max(num_heads - 1, 0).bit_length()                     # next power of two
+  slopes = 2.0 ** (-bias_max * np.arange(1, padded + 1) / padded)
+  if padded != num_heads:
+    slopes = np.concatenate([slopes[1::2], slopes[::2]])[:num_heads]
+  return slopes.astype(np.float32)                                      # (N,)
+
+
 def alibi_bias(length: int, num_heads: int, bias_max: float) -> jnp.ndarray:
-  """ALiBi (Press et al.), symmetric as in MosaicBERT: (1, N, T, T) float32 logit bias
-  -2**(-bias_max * h / N) * |i - j| for head h = 1..N. Every head starts out preferring nearby
-  tokens; the steepest sees little beyond a few neighbours.
+  """Symmetric ALiBi, as MosaicBERT: (1, N, T, T) float32 logit bias -slope_h * |i - j|. Every
+  head starts out preferring nearby tokens; the steepest sees little beyond a few neighbours.
 
   It reads row indices, not positions: within a packed document positions run on by one, so
   |i - j| is the distance between positions wherever the segment mask lets i see j, and one
-  (1, N, T, T) constant serves the whole batch (no per-row bias, no gradient)."""
-  slopes = (2.0 ** (-bias_max * np.arange(1, num_heads + 1) / num_heads)).astype(np.float32)
-  index = np.arange(length)
-  distance = np.abs(index[:, None] - index[None, :]).astype(np.float32)           # (T, T)
-  return jnp.asarray(-slopes[None, :, None, None] * distance)                      # (1, N, T, T)
+  (1, N, T, T) constant, computed inside the program (not embedded in it), serves the whole
+  batch with no gradient. (A row with padding in its middle, which no pipeline here makes,
+  would count the gap.)"""
+  index = jnp.arange(length)
+  distance = jnp.abs(index[:, None] - index[None, :]).astype(jnp.float32)        # (T, T)
+  return -alibi_slopes(num_heads, bias_max)[None, :, None, None] * distance[None, None]
 
 
 def activation_fn(name: str):
