@@ -24,14 +24,15 @@ def test_alibi_slopes_for_heads_not_a_power_of_two_interleave_as_mpt():
 
 
 def test_alibi_is_the_only_order_signal():
-  """With no position embedding, attention is blind to order: reversing the tokens reverses
-  the outputs. ALiBi's bias is what breaks that (a zero or missing bias would not)."""
+  """With no position embedding, only the bias tells positions apart. Being symmetric, it
+  keeps reversal equivariance (reversed in, reversed out) but breaks it for a rotation, which
+  gives tokens other neighbours; with slopes ~0 a rotation only rotates the outputs."""
   x = tokens((1, 9))
   cfg = tiny('bert', position_embedding='alibi', alibi_bias_max=1.0)
   params = init(cfg)
   forward_then_reverse = np.asarray(forward(cfg, params, x))[:, ::-1]
   reverse_then_forward = np.asarray(forward(cfg, params, x[:, ::-1]))
-  # A mirror-symmetric bias gives mirror-symmetric outputs: reversed in, reversed out...
+  # A mirror-symmetric bias: reversed in, reversed out...
   np.testing.assert_allclose(forward_then_reverse, reverse_then_forward, atol=1e-5)
   # ... but a token's output depends on who its neighbours are: rotating the row by one moves
   # every token to other neighbours (no longer a mirror image).

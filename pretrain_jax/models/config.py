@@ -8,6 +8,8 @@ import jax.numpy as jnp
 FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative', 'alibi')
+FAMILY_POSITIONS = {'bert': ('learned', 'sinusoidal', 'alibi'), 'gpt': ('learned', 'sinusoidal'),
+                    't5': ('relative',)}
 REMAT_POLICIES = ('none', 'minimal', 'full')
 KERNEL_INITS = ('normal', 'fan_in', 'torch_default')
 NORMS = ('layernorm', 'rmsnorm')
@@ -109,11 +111,8 @@ class ModelConfig:
     check(self.causal or not self.decode, 'causal', self.causal,
           'True to decode with a key/value cache (a bidirectional stack has no left-to-right '
           'generation)')
-    check((self.position_embedding == 'relative') == (self.family == 't5'),
-          'position_embedding', self.position_embedding,
-          "'relative' for t5, 'learned' or 'sinusoidal' for bert/gpt, or 'alibi' for bert")
-    check(self.position_embedding != 'alibi' or self.family == 'bert', 'position_embedding',
-          self.position_embedding, "'learned' or 'sinusoidal' for gpt ('alibi' is bert's)")
+    check(self.position_embedding in FAMILY_POSITIONS[self.family], 'position_embedding',
+          self.position_embedding, f'one of {FAMILY_POSITIONS[self.family]} for {self.family}')
     check(isinstance(self.alibi_bias_max, numbers.Real) and not isinstance(
         self.alibi_bias_max, bool) and 0 < self.alibi_bias_max <= 64, 'alibi_bias_max',
           self.alibi_bias_max, 'a number in (0, 64] (the steepest slope is 2**-(it / N); '
