@@ -15,30 +15,64 @@ import sys
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
 
 
-def keep_freed_memory() -> bool:
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -4, -8   # glibc mallopt
+
+
+def _glibc():
+  """libc for mallopt, or None (not Linux, not glibc, or PRETRAIN_JAX_MALLOC=default)."""
+  if os.environ.get('PRETRAIN_JAX_MALLOC') == 'default' or not sys.platform.startswith('linux'):
+    return None
+  import ctypes  # pylint: disable=g-import-not-at-top
+  try:
+    return ctypes.CDLL('libc.so.6')
+  except OSError:   # not glibc (e.g. musl): nothing to tune
+    return None
+
+
+def malloc_arenas(cpu_devices: int) -> int:
+  """glibc arenas for a process running XLA on `cpu_devices` host devices: 1 for one device
+  (its step buffers come from the main heap; see keep_freed_memory), glibc's own default of
+  8 per core for several (their threads allocate at once and one arena serialises them)."""
+  return 1 if cpu_devices <= 1 else 8 * (os.cpu_count() or 1)
+
+
+def keep_freed_memory(cpu_devices: int = 1) -> bool:
   """glibc malloc tuned so a train step reuses the memory the last one freed.
 
   XLA:CPU allocates each step's buffers (tens of MB) from its worker threads. By default glibc
   serves those from per-thread arenas whose heaps cannot hold them, so they are mmap'ed and
   unmapped every step: fresh pages every call (tiny_gpt: ~25,700 minor page faults per step).
-  One arena, no mmap, no trimming and a 256 MB top pad keep them in the heap: 0 faults and
-  ~20-30% faster steps there. Runs before any thread starts (scripts import this module
-  first); PRETRAIN_JAX_MALLOC=default leaves glibc alone. Returns whether it applied.
+  No mmap, no trimming and a 256 MB top pad keep them in the heap: 0 faults and ~20-30% faster
+  steps there. The arena count depends on `cpu_devices` (malloc_arenas):
+  - one device: ONE arena. A thread arena's heap holds at most 64 MB and glibc (2.36) mmaps
+    anything larger from a thread arena whatever M_MMAP_MAX says; tiny_gpt's step needs 98 MB,
+    so only the main heap can keep it (68-72 vs 94-101 ms per step with glibc's arenas).
+  - several devices (scripts/shakespeare.py's cpu_devices=2): glibc's default arena count. Their
+    threads allocate at the same time; with one arena, XLA's compilation and the steps after
+    it spent ~10% of the time in malloc and its lock (chapter-41 BERT: compile 4.3-5.3 vs
+    3.1-3.5 s, 100 steps 4.2-4.8 vs 3.7-3.9 s). Each device's buffers (40 MB there) still fit
+    a thread arena.
+  Runs before any thread starts (scripts import this module first; use_cpu_devices sets the
+  arena count again before JAX starts). PRETRAIN_JAX_MALLOC=default leaves glibc alone.
+  Returns whether it applied.
   """
-  if os.environ.get('PRETRAIN_JAX_MALLOC') == 'default' or not sys.platform.startswith('linux'):
+  libc = _glibc()
+  if libc is None:
     return False
-  import ctypes  # pylint: disable=g-import-not-at-top
-  try:
-    libc = ctypes.CDLL('libc.so.6')
-  except OSError:   # not glibc (e.g. musl): nothing to tune
-    return False
-  m_trim_threshold, m_top_pad, m_mmap_max, m_arena_max = -1, -2, -4, -8
   return all(libc.mallopt(option, value) == 1 for option, value in (
-      (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2 ** 31 - 1),
-      (m_top_pad, 256 << 20)))
+      (M_ARENA_MAX, malloc_arenas(cpu_devices)), (M_MMAP_MAX, 0),
+      (M_TRIM_THRESHOLD, 2 ** 31 - 1), (M_TOP_PAD, 256 << 20)))
 
 
-keep_freed_memory()
+def _forced_cpu_devices() -> int:
+  """The device count XLA_FLAGS asks of the host platform (1 if it asks none)."""
+  import re  # pylint: disable=g-import-not-at-top
+  found = re.findall(r'--xla_force_host_platform_device_count=(\d+)',
+                     os.environ.get('XLA_FLAGS', ''))
+  return int(found[-1]) if found else 1
+
+
+keep_freed_memory(_forced_cpu_devices())
 
 # Exception types that carry a message for the user (the library raises these for bad input).
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
@@ -80,6 +114,7 @@ def use_cpu_devices(count: int) -> None:
     raise ValueError(f'cpu_devices={count!r}; expected 0 (leave it) or a device count')
   flags = os.environ.get('XLA_FLAGS', '')
   if count and 'xla_force_host_platform_device_count' not in flags:
+    keep_freed_memory(count)   # arenas for `count` devices, while no thread has taken one
     os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={count}'.strip()
     import jax  # pylint: disable=g-import-not-at-top
     if jax.default_backend() == 'cpu' and jax.local_device_count() != count:

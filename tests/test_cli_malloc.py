@@ -48,3 +48,37 @@ def test_step_buffers_are_reused():
   # running beside it 2,458 and 7,098 were measured (against ~24,200), so the bound is half
   # (page faults are counts, not timing; without the fix the two are equal)
   assert tuned < default / 2, (default, tuned)
+
+
+ARENAS = r'''
+import ctypes, json, os, sys, tempfile
+from pretrain_jax import cli
+cli.use_cpu_devices(int(sys.argv[1]))
+import jax, jax.numpy as jnp
+for d in jax.devices():  # every device's thread allocates its buffers
+  jax.block_until_ready(jax.device_put(jnp.ones((256, 256)), d) @ jnp.ones((256, 256)))
+libc = ctypes.CDLL('libc.so.6')
+libc.fopen.restype = ctypes.c_void_p
+path = os.path.join(tempfile.mkdtemp(), 'malloc_info.xml')
+f = libc.fopen(path.encode(), b'w')
+libc.malloc_info(0, ctypes.c_void_p(f))
+libc.fclose(ctypes.c_void_p(f))
+print(json.dumps({'devices': jax.local_device_count(),
+                  'arenas': open(path).read().count('<heap nr=')}))
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
+def test_arenas_follow_cpu_devices():
+  """One device: one arena (the main heap keeps its >64 MB step buffers); several devices
+  (cli.use_cpu_devices, as scripts/shakespeare.py): several, so their threads do not queue on
+  one lock."""
+  def arenas(count):
+    env = {**os.environ, 'XLA_FLAGS': ''}
+    env.pop('PRETRAIN_JAX_MALLOC', None)
+    out = subprocess.run([sys.executable, '-c', ARENAS, str(count)], env=env,
+                         capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+  assert arenas(0) == {'devices': 1, 'arenas': 1}
+  several = arenas(2)
+  assert several['devices'] == 2 and several['arenas'] > 1, several
