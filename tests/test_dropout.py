@@ -19,25 +19,6 @@ def test_keep_mask_rate_and_scale():
   assert abs(float(jnp.mean(keep)) - threshold / 65536) < 1.5e-3
 
 
-@pytest.mark.parametrize('shape', [(3, 5, 7), (4, 6), (1,), ()])
-def test_keep_mask_two_elements_per_word(shape):
-  """Element 2j of the last axis is word j's low 16 bits, 2j+1 its high 16 (odd axes too)."""
-  rng = jax.random.key(7)
-  n = shape[-1] if shape else 1
-  words = np.asarray(jax.random.bits(rng, (*shape[:-1], (n + 1) // 2), jnp.uint32))
-  halves = np.stack([words & 0xFFFF, words >> 16], -1).reshape(*shape[:-1], -1)[..., :n]
-  keep, _ = dropout.keep_mask(rng, 0.5, shape)
-  np.testing.assert_array_equal(keep, (halves < 32768).reshape(shape))
-
-
-def test_keep_mask_word_halves_are_independent():
-  """Two elements drawn from one 32-bit word are uncorrelated (5e5 pairs: sd of r ~1.4e-3)."""
-  keep, _ = dropout.keep_mask(jax.random.key(11), 0.5, (1000, 1000))
-  pairs = np.asarray(keep, np.float64).reshape(-1, 2)
-  assert abs(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1]) < 7e-3
-  assert abs(pairs.mean() - 0.5) < 2e-3
-
-
 def test_dropout_values_gradient_and_determinism():
   x = jnp.linspace(1.0, 2.0, 4096).reshape(64, 64)
   rng = jax.random.key(3)
