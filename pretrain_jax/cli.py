@@ -49,7 +49,7 @@ def keep_freed_memory(cpu_devices: int = 1) -> bool:
     so only the main heap can keep it (68-72 vs 94-101 ms per step with glibc's arenas).
   - several devices (scripts/shakespeare.py's cpu_devices=2): glibc's default arena count. Their
     threads allocate at the same time; with one arena, XLA's compilation and the steps after
-    it spent ~10% of the time in malloc and its lock (chapter-41 BERT: compile 4.3-5.3 vs
+    it spent ~10% more of the time in malloc and its lock (chapter-41 BERT: compile 4.3-5.3 vs
     3.1-3.5 s, 100 steps 4.2-4.8 vs 3.7-3.9 s). Each device's buffers (40 MB there) still fit
     a thread arena.
   Runs before any thread starts (scripts import this module first; use_cpu_devices sets the
