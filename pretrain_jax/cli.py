@@ -13,6 +13,10 @@ import os
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
+# TensorFlow (tf.data only: integer and string ops here) logs "oneDNN custom operations are on"
+# through absl before TF_CPP_MIN_LOG_LEVEL applies, on CPUs where oneDNN is on by default (seen on
+# an AVX512-VNNI/BF16 host with tensorflow-cpu 2.21). oneDNN only changes TF's float kernels.
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -4, -8   # glibc mallopt
