@@ -1,7 +1,6 @@
 """make_dataset end to end on the embedded corpus: DESIGN.md keys, determinism, exact resume,
 host shares, finite epochs and clear errors for bad input."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -21,15 +20,7 @@ KEYS = {
 CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False)]
 
 
-@pytest.fixture(scope='module', autouse=True)
-def cache(tmp_path_factory):
-  old = os.environ.get('PRETRAIN_JAX_CACHE')
-  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
-  yield
-  if old is None:
-    del os.environ['PRETRAIN_JAX_CACHE']
-  else:
-    os.environ['PRETRAIN_JAX_CACHE'] = old
+pytestmark = pytest.mark.usefixtures('module_cache')  # a fresh cache for this module
 
 
 @pytest.fixture(scope='module')

@@ -1,7 +1,6 @@
 """Data streams (data/streams.py): the global batches and the saved data state do not depend on
 the host count, so a checkpoint written by N hosts resumes on M; the refusals name the numbers."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -15,15 +14,7 @@ CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', Fals
 GLOBAL = 8
 
 
-@pytest.fixture(scope='module', autouse=True)
-def cache(tmp_path_factory):
-  old = os.environ.get('PRETRAIN_JAX_CACHE')
-  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
-  yield
-  if old is None:
-    del os.environ['PRETRAIN_JAX_CACHE']
-  else:
-    os.environ['PRETRAIN_JAX_CACHE'] = old
+pytestmark = pytest.mark.usefixtures('module_cache')  # a fresh cache for this module
 
 
 @pytest.fixture(scope='module')

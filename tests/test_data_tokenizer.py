@@ -11,15 +11,6 @@ from pretrain_jax.data import corpus, tokenizer as tok_lib
 TEXTS = corpus.embedded_documents()[:120]
 
 
-@pytest.fixture(scope='module')
-def cache(tmp_path_factory):
-  old = os.environ.get('PRETRAIN_JAX_CACHE')
-  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
-  yield os.environ['PRETRAIN_JAX_CACHE']
-  if old is None:
-    del os.environ['PRETRAIN_JAX_CACHE']
-  else:
-    os.environ['PRETRAIN_JAX_CACHE'] = old
 
 
 @pytest.mark.parametrize('model_type', ['unigram', 'bpe', 'char'])
@@ -100,11 +91,11 @@ def test_too_small_vocab_is_a_clear_error(tmp_path):
                                 model_type='wordpiece')
 
 
-def test_load_tokenizer_trains_once_and_caches(cache, monkeypatch):
+def test_load_tokenizer_trains_once_and_caches(module_cache, monkeypatch):
   dc = common.data_config('clm', 64)
   dc.tokenizer_vocab_size = 1024
   t = tok_lib.load_tokenizer(dc)
-  assert t.path.startswith(cache) and t.vocab_size == 1024
+  assert t.path.startswith(module_cache) and t.vocab_size == 1024
   calls = []
   monkeypatch.setattr(tok_lib, 'train_sentencepiece', lambda *a, **k: calls.append(1))
   again = tok_lib.load_tokenizer(dc)

@@ -282,18 +282,6 @@ def test_iterator_resumes_and_pads_the_last_eval_batch():
 
 # ---- end to end: a short pre-training, then fine-tuning (heavier) --------------------------
 
-@pytest.fixture(scope='module')
-def cache(tmp_path_factory):
-  """One corpus, tokenizer and compilation cache for the module's pre-trainings."""
-  old = os.environ.get('PRETRAIN_JAX_CACHE')
-  os.environ['PRETRAIN_JAX_CACHE'] = str(tmp_path_factory.mktemp('cache'))
-  yield
-  if old is None:
-    del os.environ['PRETRAIN_JAX_CACHE']
-  else:
-    os.environ['PRETRAIN_JAX_CACHE'] = old
-
-
 def _pretrain(tmp_path_factory, config, name):
   """A model of the main job, as scripts/train_tiny.py trains it (~60 s)."""
   workdir = str(tmp_path_factory.mktemp(name))
@@ -302,19 +290,19 @@ def _pretrain(tmp_path_factory, config, name):
 
 
 @pytest.fixture(scope='module')
-def gpt_init(cache, tmp_path_factory):
+def gpt_init(module_cache, tmp_path_factory):
   """The main job's tiny GPT (400 steps)."""
   return _pretrain(tmp_path_factory, tiny_gpt.get_config(), 'gpt')
 
 
 @pytest.fixture(scope='module')
-def bert_init(cache, tmp_path_factory):
+def bert_init(module_cache, tmp_path_factory):
   """The main job's tiny BERT (400 steps, ALiBi)."""
   return _pretrain(tmp_path_factory, tiny_bert.get_config(), 'bert')
 
 
 @pytest.fixture(scope='module')
-def t5_init(cache, tmp_path_factory):
+def t5_init(module_cache, tmp_path_factory):
   """The main job's tiny T5 (250 steps)."""
   return _pretrain(tmp_path_factory, tiny_t5.get_config(), 't5')
 
