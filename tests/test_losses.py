@@ -1,0 +1,58 @@
+"""cross_entropy_sums against the textbook formulas: logsumexp, jnp.argmax (ties included)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pretrain_jax.training import losses
+
+
+def _reference(logits, targets, weights, z_loss):
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  nll = log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return {'loss': jnp.sum(nll * weights), 'z_loss': z_loss * jnp.sum(log_z ** 2 * weights),
+          'correct': jnp.sum(correct * weights), 'weight': jnp.sum(weights)}
+
+
+def _case(seed=0, shape=(3, 7), vocab=11):
+  rng = np.random.default_rng(seed)
+  # Small integers: most rows have several maxima, so the argmax tie rule decides hits.
+  logits = rng.integers(-2, 3, size=shape + (vocab,)).astype(np.float32)
+  logits[0, 0] = 1.0                                   # a row that is all one value
+  logits[1, 2, :4] = -np.inf                           # masked-out vocabulary entries
+  maxima = [np.flatnonzero(row == row.max()) for row in logits.reshape(-1, vocab)]
+  # Targets: the first maximum, a later maximum (a tie argmax does not pick) or any id.
+  picks = [m[0] if i % 3 == 0 else m[-1] if i % 3 == 1 else rng.integers(vocab)
+           for i, m in enumerate(maxima)]
+  targets = np.array(picks, np.int32).reshape(shape)
+  weights = rng.integers(0, 3, size=shape).astype(np.float32)
+  return jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+
+
+def test_sums_match_logsumexp_and_argmax_with_ties():
+  logits, targets, weights = _case()
+  later_ties = sum(int(np.flatnonzero(row == row.max())[0] != t)
+                   for row, t in zip(np.asarray(logits).reshape(-1, 11), np.asarray(targets).ravel())
+                   if row[t] == row.max())
+  assert later_ties > 0                                # the case really has tied maxima
+  got = losses.cross_entropy_sums(logits, targets, weights, z_loss=1e-3)
+  want = _reference(logits, targets, weights, 1e-3)
+  assert got.keys() == want.keys()
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-6, err_msg=k)
+  assert float(got['correct']) == float(want['correct'])
+
+
+def test_gradient_matches_logsumexp():
+  logits, targets, weights = _case(seed=1)
+  logits = jnp.where(jnp.isfinite(logits), logits + 0.1 * jax.random.normal(
+      jax.random.key(0), logits.shape), logits)
+
+  def total(fn):
+    return jax.grad(lambda x: (lambda s: s['loss'] + s['z_loss'])(
+        fn(x, targets, weights, 1e-3)))(logits)
+  got = total(lambda *a: losses.cross_entropy_sums(*a))
+  want = total(_reference)
+  assert np.all(np.isfinite(np.asarray(got)))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
