@@ -10,6 +10,7 @@ import numpy as np
 from pretrain_jax.models import masks
 from pretrain_jax.models.attention import dot_product_attention
 from pretrain_jax.models.dropout import Dropout
+from pretrain_jax.models.matmul import matmul
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
@@ -60,7 +61,8 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, sca
 
 class Dense2D(nn.DenseGeneral):
   """nn.DenseGeneral (same parameters, names and shapes) computed as ONE 2-D matmul:
-  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out)."""
+  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out)
+  (models/matmul.py: on CPU, with a weight gradient in XLA's fast matmul library)."""
 
   @nn.compact
   def __call__(self, inputs):
@@ -73,7 +75,7 @@ class Dense2D(nn.DenseGeneral):
     kernel = self.param('kernel', self.kernel_init, in_shape + features, self.param_dtype)
     k_in, k_out = int(np.prod(in_shape)), int(np.prod(features))
     x = inputs.astype(self.dtype).reshape(-1, k_in)                          # (M, K)
-    y = jnp.dot(x, kernel.astype(self.dtype).reshape(k_in, k_out))           # (M, F)
+    y = matmul(x, kernel.astype(self.dtype).reshape(k_in, k_out))            # (M, F)
     if self.use_bias:
       bias = self.param('bias', self.bias_init, features, self.param_dtype)
       y = y + bias.astype(self.dtype).reshape(k_out)
