@@ -1,7 +1,9 @@
-"""cross_entropy_sums against the textbook formulas: logsumexp, jnp.argmax (ties included)."""
+"""cross_entropy_sums against the textbook formulas: logsumexp, jnp.argmax (ties included),
+for vocabularies searched whole (11) and in blocks (320 = 2 x 160, 3000 = 6 x 500)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pretrain_jax.training import losses
 
@@ -16,8 +18,11 @@ def _reference(logits, targets, weights, z_loss):
 
 def _case(seed=0, shape=(3, 7), vocab=11):
   rng = np.random.default_rng(seed)
-  # Small integers: most rows have several maxima, so the argmax tie rule decides hits.
-  logits = rng.integers(-2, 3, size=shape + (vocab,)).astype(np.float32)
+  # Small integers: most rows have several maxima (in several blocks of a large vocabulary),
+  # so the argmax tie rule decides hits. Large vocabularies get a rarer top value, so that
+  # some rows' first maximum lies in a later block.
+  top = 3 if vocab < 64 else 40
+  logits = rng.integers(-2, top, size=shape + (vocab,)).astype(np.float32)
   logits[0, 0] = 1.0                                   # a row that is all one value
   logits[1, 2, :4] = -np.inf                           # masked-out vocabulary entries
   maxima = [np.flatnonzero(row == row.max()) for row in logits.reshape(-1, vocab)]
@@ -29,10 +34,12 @@ def _case(seed=0, shape=(3, 7), vocab=11):
   return jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
 
 
-def test_sums_match_logsumexp_and_argmax_with_ties():
-  logits, targets, weights = _case()
+@pytest.mark.parametrize('vocab', [11, 320, 3000])
+def test_sums_match_logsumexp_and_argmax_with_ties(vocab):
+  logits, targets, weights = _case(shape=(4, 9), vocab=vocab)
   later_ties = sum(int(np.flatnonzero(row == row.max())[0] != t)
-                   for row, t in zip(np.asarray(logits).reshape(-1, 11), np.asarray(targets).ravel())
+                   for row, t in zip(np.asarray(logits).reshape(-1, vocab),
+                                     np.asarray(targets).ravel())
                    if row[t] == row.max())
   assert later_ties > 0                                # the case really has tied maxima
   got = losses.cross_entropy_sums(logits, targets, weights, z_loss=1e-3)
@@ -43,8 +50,9 @@ def test_sums_match_logsumexp_and_argmax_with_ties():
   assert float(got['correct']) == float(want['correct'])
 
 
-def test_gradient_matches_logsumexp():
-  logits, targets, weights = _case(seed=1)
+@pytest.mark.parametrize('vocab', [11, 320])
+def test_gradient_matches_logsumexp(vocab):
+  logits, targets, weights = _case(seed=1, vocab=vocab)
   logits = jnp.where(jnp.isfinite(logits), logits + 0.1 * jax.random.normal(
       jax.random.key(0), logits.shape), logits)
 
@@ -56,3 +64,17 @@ def test_gradient_matches_logsumexp():
   assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
+
+
+def test_blocked_search_finds_maxima_in_every_block():
+  """One maximum per row, placed in each block in turn (and at both ends of a block)."""
+  vocab = 3000                                          # 6 blocks of 500
+  places = [0, 499, 500, 999, 1700, 2499, 2500, 2999]
+  logits = np.zeros((len(places), vocab), np.float32)
+  logits[np.arange(len(places)), places] = 1.0
+  logits[2, 2800] = 1.0                                 # a later tie: the first one counts
+  targets = jnp.asarray(places, jnp.int32)
+  got = losses.cross_entropy_sums(jnp.asarray(logits), targets, jnp.ones(len(places)))
+  assert float(got['correct']) == len(places)
+  got = losses.cross_entropy_sums(jnp.asarray(logits), targets + 1, jnp.ones(len(places)))
+  assert float(got['correct']) == 0.0

@@ -10,7 +10,7 @@ import pytest
 from pretrain_jax.models.matmul import matmul
 
 
-@pytest.mark.parametrize('k,f', [(16, 48), (48, 16), (32, 32)])   # K < F, K > F, K == F
+@pytest.mark.parametrize('k,f', [(16, 48), (48, 16), (32, 32)])   # both transpose forms
 def test_values_and_gradients_are_jnp_dot(k, f):
   kx, kw, kd = jax.random.split(jax.random.key(0), 3)
   x, w = jax.random.normal(kx, (40, k)), jax.random.normal(kw, (k, f))
