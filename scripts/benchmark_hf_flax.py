@@ -3,7 +3,7 @@
   HF_FLAX_SITE=/tmp/hf_flax python scripts/benchmark_hf_flax.py --family t5|gpt|bert
       [--rounds 5] [--steps 5] [--warmup 2] [--dropout] [--our_attention_dropout RATE]
       [--hf_optimizer same|adam] [--hf_loss int|onehot] [--hf_metrics | --no-hf_metrics]
-      [--nsp] [--tiny] [--parity] [--parity_only]
+      [--nsp] [--our_max_predictions N] [--tiny] [--parity] [--parity_only]
 
 
 INSTALLING THE HF SIDE. The repo pins transformers 5.x, which has no Flax models any more, so
@@ -30,7 +30,9 @@ MODELS (both sides built from configs/bench_<family>.py; --tiny shrinks both ali
        bias); 256 tokens, batch 8. configs/bench_bert.py has NSP OFF (model.nsp = data.nsp =
        False) and train.max_predictions_per_seq = 0, so OUR MLM head runs on all 256
        positions exactly as HF's does, and both losses are the cross-entropy on the ~15% masked
-       positions only (loss_weights), summed / sum(weights). With --nsp (or a config with NSP)
+       positions only (loss_weights), summed / sum(weights). --our_max_predictions -1 runs
+       ours as the product trains by default instead: the MLM head on the masked positions only
+       (step.max_predictions; the same loss, a fifth of the head's FLOPs). With --nsp (or a config with NSP)
        HF is FlaxBertForPreTraining and both sides add the NSP cross-entropy (pooler + 2-way
        classifier on [CLS]) averaged over rows.
 
@@ -136,6 +138,10 @@ def parse_args():
   p.add_argument('--parity', action='store_true',
                  help="copy our initial params into HF's layout and compare logits and losses")
   p.add_argument('--parity_only', action='store_true', help='--parity, then stop')
+  p.add_argument('--our_max_predictions', type=int, default=None,
+                 help="bert: ours' train.max_predictions_per_seq (default: bench_bert's 0, the "
+                      "MLM head on all positions as HF's; -1: the product default, the head on "
+                      "the masked positions only)")
   p.add_argument('--lr', type=float, default=1e-4)
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args()
@@ -156,6 +162,8 @@ def our_config(args):
       c.benchmark.target_len = 16
     c.data.seq_len = 32
     c.train.batch_size = 2
+  if args.our_max_predictions is not None:
+    c.train.max_predictions_per_seq = args.our_max_predictions
   if args.nsp:
     c.model.nsp = True
     c.data.nsp = True
