@@ -78,3 +78,14 @@ def test_blocked_search_finds_maxima_in_every_block():
   assert float(got['correct']) == len(places)
   got = losses.cross_entropy_sums(jnp.asarray(logits), targets + 1, jnp.ones(len(places)))
   assert float(got['correct']) == 0.0
+
+
+def test_accelerator_path_searches_the_whole_row(monkeypatch):
+  """Off CPU the block search is skipped; the whole-row search gives the same sums."""
+  logits, targets, weights = _case(shape=(4, 9), vocab=3000)
+  on_cpu = losses.cross_entropy_sums(logits, targets, weights)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  whole_row = losses.cross_entropy_sums(logits, targets, weights)
+  for k in on_cpu:
+    assert float(whole_row[k]) == float(on_cpu[k]), k
+  assert float(on_cpu['correct']) == float(_reference(logits, targets, weights, 0.0)['correct'])
