@@ -43,3 +43,19 @@ def test_cpu_weight_gradient_contracts_no_first_axis(k, f):
   assert '0' not in dots, hlo                        # plain jnp.dot's dw contracts axis 0
   plain = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.dot(x, w) ** 2), (0, 1)))
   assert '0' in re.findall(r'lhs_contracting_dims=\{(\d+)\}', plain.lower(x, w).compile().as_text())
+
+
+
+def test_remat_minimal_still_saves_the_matmul_output(capsys):
+  """The custom_vjp's forward dot is visible to layers.REMAT['minimal'] (saved, not redone)."""
+  from jax.ad_checkpoint import print_saved_residuals
+  from pretrain_jax.models.layers import REMAT
+
+  def saved(policy):
+    block = jax.checkpoint(lambda x, w1, w2: matmul(jax.nn.relu(matmul(x, w1)), w2),
+                           policy=policy)
+    print_saved_residuals(lambda *a: jnp.sum(block(*a) ** 2),
+                          jnp.ones((32, 16)), jnp.ones((16, 64)), jnp.ones((64, 16)))
+    return capsys.readouterr().out
+  assert 'f32[32,64]' in saved(REMAT['minimal'])       # the hidden layer's dot output
+  assert 'f32[32,64]' not in saved(REMAT['full'])
