@@ -328,21 +328,28 @@ def _readme_transfer_config(init, mode):
   return c
 
 
+SEEDS = (0, 1, 2, 3, 4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('init', ['gpt_init', 'bert_init', 't5_init'])
 def test_pretrained_beats_scratch_on_the_embedded_task(init, request, tmp_path):
-  """Fixed seeds, so deterministic on a machine; measured over train.seed 0 / 1 / 2, final
-  validation accuracy of 176 sentences (each 0.006; T5: exact match of the decoded label):
-  GPT full 0.483 / 0.682 / 0.636 (mean 0.600), scratch 0.551 / 0.528 / 0.534 (0.538); BERT
-  full 0.602 / 0.585 / 0.545 (0.578), scratch 0.534 / 0.540 / 0.517 (0.530); T5 full 0.528 /
-  0.551 / 0.568 (0.549), scratch 0.477 / 0.528 / 0.517 (0.508). The margin asked of the means
-  is 4 sentences; one seed's margin is noise (GPT's seed 0 has scratch ahead)."""
+  """Fixed seeds, so deterministic on a machine. Final validation accuracy of 176 sentences
+  (each 0.006; T5: exact match of the decoded label) over train.seed 0-4, measured
+  2026-11-24 with models/matmul's CPU weight gradient: GPT full 0.483 / 0.682 / 0.631 / 0.670 /
+  0.545 (mean 0.602), scratch 0.636 / 0.540 / 0.568 / 0.574 / 0.551 (0.574); BERT full 0.602 /
+  0.585 / 0.545 / 0.597 / 0.574 (0.581), scratch 0.534 / 0.540 / 0.517 / 0.506 / 0.551 (0.530);
+  T5 full 0.528 / 0.551 / 0.580 / 0.500 / 0.540 (0.540), scratch 0.477 / 0.534 / 0.517 / 0.494 /
+  0.551 (0.515). The margin asked of the means is 4 sentences. One seed's margin is noise
+  (GPT's seed 0 has scratch ahead by 0.153), and three seeds were too few: a float-rounding
+  change (that weight gradient) moved GPT's scratch seeds 0-2 from 0.551 / 0.528 / 0.534 to
+  0.636 / 0.540 / 0.568 and the three-seed margin from 0.062 to 0.017."""
   init = request.getfixturevalue(init)
   from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
   rows = transfer.run_transfer(_readme_transfer_config(init, 'full'), str(tmp_path),
-                               modes=('scratch', 'full'), seeds=(0, 1, 2))
+                               modes=('scratch', 'full'), seeds=SEEDS)
   assert [(r['mode'], r['seed']) for r in rows] == [
-      ('scratch', 0), ('scratch', 1), ('scratch', 2), ('full', 0), ('full', 1), ('full', 2)]
+      (mode, seed) for mode in ('scratch', 'full') for seed in SEEDS]
   scratch, full = transfer.summarize(rows)
   assert full['final'] > scratch['final'] + 0.02, (full, scratch)
   assert full['best'] >= scratch['best'], (full, scratch)
