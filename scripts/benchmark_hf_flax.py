@@ -31,9 +31,9 @@ MODELS (both sides built from configs/bench_<family>.py; --tiny shrinks both ali
        False) and train.max_predictions_per_seq = 0, so OUR MLM head runs on all 256
        positions exactly as HF's does, and both losses are the cross-entropy on the ~15% masked
        positions only (loss_weights), summed / sum(weights). --our_max_predictions -1 runs
-       ours as the product trains by default instead: the MLM head on the masked positions only
-       (step.max_predictions; the same loss, a fifth of the head's FLOPs). With --nsp (or a config with NSP)
-       HF is FlaxBertForPreTraining and both sides add the NSP cross-entropy (pooler + 2-way
+       ours as the product trains by default instead: the MLM head on the masked positions
+       only (step.max_predictions; the same loss, a fifth of the head's FLOPs). With --nsp (or
+       a config with NSP) HF is FlaxBertForPreTraining and both sides add the NSP cross-entropy (pooler + 2-way
        classifier on [CLS]) averaged over rows.
 
 Both steps are jitted with the train state donated and take the SAME device-resident synthetic

@@ -7,7 +7,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-
 @pytest.fixture(scope='module')
 def module_cache(tmp_path_factory):
   """A fresh PRETRAIN_JAX_CACHE (corpora, tokenizers, compilation cache) shared by one test
