@@ -33,8 +33,8 @@ MODELS (both sides built from configs/bench_<family>.py; --tiny shrinks both ali
        positions only (loss_weights), summed / sum(weights). --our_max_predictions -1 runs
        ours as the product trains by default instead: the MLM head on the masked positions
        only (step.max_predictions; the same loss, a fifth of the head's FLOPs). With --nsp (or
-       a config with NSP) HF is FlaxBertForPreTraining and both sides add the NSP cross-entropy (pooler + 2-way
-       classifier on [CLS]) averaged over rows.
+       a config with NSP) HF is FlaxBertForPreTraining and both sides add the NSP
+       cross-entropy (pooler + 2-way classifier on [CLS]) averaged over rows.
 
 Both steps are jitted with the train state donated and take the SAME device-resident synthetic
 batch (pretrain_jax.perf.benchmark.synthetic_batch: Zipf ids, segment ids all ones) and the SAME
