@@ -47,7 +47,11 @@ def keep_freed_memory(cpu_devices: int = 1) -> bool:
   serves those from per-thread arenas whose heaps cannot hold them, so they are mmap'ed and
   unmapped every step: fresh pages every call (tiny_gpt: ~25,700 minor page faults per step).
   No mmap, no trimming and a 256 MB top pad keep them in the heap: 0 faults and ~20-30% faster
-  steps there. The arena count depends on `cpu_devices` (malloc_arenas):
+  steps there. No trimming means M_TRIM_THRESHOLD -1 (mallopt(3): "disables trimming
+  completely"). The largest positive value, 2**31 - 1, still trims a free top of the heap above
+  2 GB, and the next step faults all of it in again (GPT bench step beside HF's, one process:
+  ~250,000-310,000 faults in 7 of 48 steps).
+  The arena count depends on `cpu_devices` (malloc_arenas):
   - one device: ONE arena. A thread arena's heap holds at most 64 MB and glibc (2.36) mmaps
     anything larger from a thread arena whatever M_MMAP_MAX says; tiny_gpt's step needs 98 MB,
     so only the main heap can keep it (68-72 vs 94-101 ms per step with glibc's arenas).
@@ -65,7 +69,7 @@ def keep_freed_memory(cpu_devices: int = 1) -> bool:
     return False
   return all(libc.mallopt(option, value) == 1 for option, value in (
       (M_ARENA_MAX, malloc_arenas(cpu_devices)), (M_MMAP_MAX, 0),
-      (M_TRIM_THRESHOLD, 2 ** 31 - 1), (M_TOP_PAD, 256 << 20)))
+      (M_TRIM_THRESHOLD, -1), (M_TOP_PAD, 256 << 20)))
 
 
 def _forced_cpu_devices() -> int:
