@@ -1,7 +1,7 @@
 """One fp32 train step: Hugging Face's Flax model (transformers 4.57) vs pretrain_jax's, per family.
 
   HF_FLAX_SITE=/tmp/hf_flax python scripts/benchmark_hf_flax.py --family t5|gpt|bert
-      [--rounds 5] [--steps 5] [--warmup 2] [--dropout] [--our_attention_dropout RATE]
+      [--rounds 20] [--steps 1] [--warmup 4] [--dropout] [--our_attention_dropout RATE]
       [--hf_optimizer same|adam] [--hf_loss int|onehot] [--hf_metrics | --no-hf_metrics]
       [--nsp] [--our_max_predictions N] [--tiny] [--parity] [--parity_only]
 
@@ -75,7 +75,9 @@ deterministic logits and the losses of the two loss functions on the benchmark b
 
 Timing is interleaved: after compiling and warming up both, each round times --steps steps
 of HF then --steps steps of ours (block_until_ready after every step) and records the median
-ms/step of each. The last stdout line is one JSON record.
+ms/step of each. The default, one step each over 20 rounds, pairs every step of ours with
+an HF step taken seconds before it: this class of shared 2-core machine drifts by several percent
+within minutes, and the ratio's quartiles (in the record) show how much. The last stdout line is one JSON record.
 
 Both run in one process with glibc malloc as every pretrain_jax script sets it
 (cli.keep_freed_memory: a step's buffers come back from the heap, 0 minor page faults per step;
@@ -122,9 +124,9 @@ def patch_hf_t5(modeling):
 def parse_args():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument('--family', choices=FAMILIES, default='t5')
-  p.add_argument('--rounds', type=int, default=5)
-  p.add_argument('--steps', type=int, default=5, help='timed steps per model per round')
-  p.add_argument('--warmup', type=int, default=2, help='untimed steps of each after compiling')
+  p.add_argument('--rounds', type=int, default=20)
+  p.add_argument('--steps', type=int, default=1, help='timed steps per model per round')
+  p.add_argument('--warmup', type=int, default=4, help='untimed steps of each after compiling')
   p.add_argument('--dropout', action='store_true', help='dropout 0.1 on both sides')
   p.add_argument('--our_attention_dropout', type=float, default=None,
                  help="ours: attention-probability dropout under --dropout (default: our "
@@ -546,6 +548,8 @@ def main():
       'median_ours_ms': round(statistics.median(r['ours_ms'] for r in rounds), 2),
       'median_ratio_ours_over_hf': round(statistics.median(r['ratio_ours_over_hf']
                                                            for r in rounds), 4),
+      'ratio_quartiles': [round(q, 4) for q in statistics.quantiles(
+          [r['ratio_ours_over_hf'] for r in rounds], n=4)] if len(rounds) > 1 else None,
       'hf_compile_s': round(hf_compile_s, 2), 'ours_compile_s': round(our_compile_s, 2),
       'malloc': os.environ.get('PRETRAIN_JAX_MALLOC') or 'tuned',
       'hf_loss': [None if hf_loss0 is None else round(hf_loss0, 4), round(hf_loss, 4)],
