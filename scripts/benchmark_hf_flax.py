@@ -76,8 +76,9 @@ deterministic logits and the losses of the two loss functions on the benchmark b
 Timing is interleaved: after compiling and warming up both, each round times --steps steps
 of HF then --steps steps of ours (block_until_ready after every step) and records the median
 ms/step of each. The default, one step each over 20 rounds, pairs every step of ours with
-an HF step taken seconds before it: this class of shared 2-core machine drifts by several percent
-within minutes, and the ratio's quartiles (in the record) show how much. The last stdout line is one JSON record.
+an HF step taken seconds before it: this class of shared 2-core machine drifts by several
+percent within minutes, and the ratio's quartiles (in the record) show how much. The last
+stdout line is one JSON record.
 
 Both run in one process with glibc malloc as every pretrain_jax script sets it
 (cli.keep_freed_memory: a step's buffers come back from the heap, 0 minor page faults per step;
