@@ -55,7 +55,10 @@ def _first_max(logits):
   block maxima give the row maximum, the first block holding it is found among the blocks,
   and only that block's values are searched. So the whole row is read once, by a plain max,
   instead of once more by a compare-and-select the size of the logits (measured at the bench
-  logits, forward and backward of the loss: 69 -> 55 ms). A NaN row matches no index (>= V).
+  logits, forward and backward of the loss: 69 -> 55 ms). A row holding a NaN has a NaN loss
+  (its exp-sum) but an unspecified hit: XLA:CPU's max reduction may drop a NaN (measured: rows
+  of 3,000 and 32,128 with one NaN gave the finite maximum, or -inf with the NaN last;
+  openxla/xla#21461).
   CPU only: on accelerators a vocabulary-sharded (tensor-parallel) row would be resharded by
   the block reshape and gather, and the whole-row search is one more fused reduction there.
   """
