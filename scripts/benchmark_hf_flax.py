@@ -93,7 +93,7 @@ import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 sys.path.insert(0, os.environ.get('HF_FLAX_SITE', '/tmp/hf_flax'))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pretrain_jax import cli  # noqa: F401  first: glibc malloc as every script sets it (below)
+from pretrain_jax import cli  # noqa: F401  first: glibc malloc as every script sets it (above)
 
 import argparse
 import json
