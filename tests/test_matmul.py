@@ -45,7 +45,6 @@ def test_cpu_weight_gradient_contracts_no_first_axis(k, f):
   assert '0' in re.findall(r'lhs_contracting_dims=\{(\d+)\}', plain.lower(x, w).compile().as_text())
 
 
-
 def test_remat_minimal_still_saves_the_matmul_output(capsys):
   """The custom_vjp's forward dot is visible to layers.REMAT['minimal'] (saved, not redone)."""
   from jax.ad_checkpoint import print_saved_residuals
