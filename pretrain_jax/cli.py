@@ -10,6 +10,7 @@ prints `error: <what, the value, what is expected>` on stderr and exits 2; a gen
 failure keeps its traceback. `--verbose` restores the libraries' INFO logs and every traceback.
 """
 import os
+import re
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
@@ -143,6 +144,20 @@ def use_compilation_cache() -> None:
   jax.config.update('jax_compilation_cache_dir', os.path.join(paths.cache_dir(), 'jax'))
 
 
+def unknown_override(argv, error) -> str:
+  """One line for ml_collections' error on `--config.a.b=v` when the config has no `b`:
+  the flag as given, the missing field and ml_collections' suggestion, if any."""
+  text = str(error).replace('\\n', ' ')
+  found = re.search(r"'([^'\\ ]+)", text)
+  field = found.group(1) if found else '?'
+  hint = re.search(r'Did you mean "([^"]+)"', text)
+  given = next((a for a in argv[1:] if a.startswith('--') and
+                field in a.split('=', 1)[0].lstrip('-').split('.')[1:]), field)
+  return (f'error: {given}: the config has no field {field!r}'
+          + (f' (did you mean {hint.group(1)!r}?)' if hint else '')
+          + '; expected a key that the config file defines')
+
+
 def _parse_flags(argv):
   """absl's flag parsing, with a parse error as one `error:` line and exit 2."""
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -152,6 +167,9 @@ def _parse_flags(argv):
     cause = e.__cause__ or e.__context__
     detail = f' ({one_line(cause)[7:]})' if cause and str(cause) not in str(e) else ''
     print(f'{one_line(e)}{detail}; see --helpshort', file=sys.stderr)
+    sys.exit(2)
+  except (AttributeError, KeyError) as e:   # ml_collections: an override of a missing field
+    print(unknown_override(argv, e), file=sys.stderr)
     sys.exit(2)
   for name in flags.FLAGS:   # ml_collections loads config files lazily: load them now
     flag = flags.FLAGS[name]

@@ -1,0 +1,31 @@
+"""Bad command lines end in one `error:` line naming the flag, exit 2 (pretrain_jax.cli)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(script, *args, cwd=ROOT):
+  return subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', script), *args],
+                        capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
+
+
+@pytest.mark.parametrize('script, args, flag, field, hint', [
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W'], '--config.train.stepz=4', 'stepz', 'steps'),
+    ('describe.py', ['--config', 'configs/tiny_t5.py'], '--config.model.num_layerz=3',
+     'num_layerz', 'num_layers'),
+    ('finetune.py', ['--init', 'nowhere', '--task', 'word_order', '--workdir', 'W'], '--config.model.emb_dim=64',
+     'emb_dim', None),   # fine-tuning's config reads its overrides when the flag is defined
+])
+def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint, tmp_path):
+  args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
+  done = run_script(script, *args, flag)
+  assert done.returncode == 2, done.stderr[-3000:]
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f'error: {flag}: '), done.stderr[-3000:]
+  assert f'no field {field!r}' in lines[0]
+  assert (f'did you mean {hint!r}' in lines[0]) if hint else 'did you mean' not in lines[0]
+  assert not os.path.exists(tmp_path / 'w')
