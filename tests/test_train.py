@@ -1,4 +1,6 @@
 """Train step, optimizers, schedules and config errors on one device (fp32, tiny models)."""
+import os
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -148,3 +150,26 @@ def test_batch_not_divisible_by_microbatches():
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
   with pytest.raises(ValueError, match='batch_size=8 is not divisible by train.microbatches=3'):
     mesh_lib.check_config(config, mesh)
+
+
+@pytest.mark.parametrize('family, causal, objective, expected', [
+    ('bert', True, 'clm', 'mlm'),       # next-token targets an encoder reads in its own input
+    ('gpt', False, 'clm', 'mlm'),       # the same leak through the bidirectional GPT stack
+    ('gpt', True, 'mlm', 'clm'),
+    ('t5', True, 'clm', 'span_corruption'),
+    ('gpt', True, 'span_corruption', 'clm'),
+])
+def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, objective,
+                                                               expected, tmp_path):
+  from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+  config = tiny_config(family)
+  config.model.causal = causal
+  config.data.objective = objective
+  model_cfg = ModelConfig.from_config(config.model)
+  with pytest.raises(ValueError, match=f"objective='{objective}' but a {family}.* pre-trains "
+                                       f"with '{expected}'"):
+    loop.check_objective(model_cfg, objective)
+  loop.check_objective(model_cfg, expected)
+  with pytest.raises(ValueError, match=f"objective='{objective}'"):
+    loop.train_and_evaluate(config, str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w' / 'config.json')

@@ -50,11 +50,6 @@ def _clm_batch(ids, starts, length):
           'loss_weights': np.ones((len(starts), length), np.float32)}
 
 
-def objective_of(cfg) -> str:
-  """'clm' for a causal stack, 'mlm' for a bidirectional one (BERT, or gpt with causal=False)."""
-  return 'mlm' if not cfg.causal else family_of(cfg).objective
-
-
 def batch_maker(objective, ids, length, batch, vocab_size, rng, mlm_probability=0.15):
   """() -> one training batch of random windows of `ids` ([MASK] is the last id)."""
   if objective == 'clm':
@@ -85,7 +80,7 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   k = int(t.get('steps_per_call', 1))
   if k < 1:
     raise ValueError(f'train.steps_per_call={k}; expected a positive integer')
-  make = batch_maker(objective_of(cfg), train_ids, length, batch, vocab_size,
+  make = batch_maker(family_of(cfg).pretrain_objective(cfg), train_ids, length, batch, vocab_size,
                      np.random.default_rng(seed), mlm_probability)
   start = time.perf_counter()
   state = trainer.create_state(t.seed)

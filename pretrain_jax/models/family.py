@@ -54,6 +54,11 @@ class Family:
     return (tuple(batch[k] for k in self.input_keys),
             {k: batch.get(k) for k in self.kwarg_keys})
 
+  def pretrain_objective(self, cfg) -> str:
+    """The data.objective `cfg` pre-trains with: the family's, or 'mlm' for a bidirectional
+    stack (gpt with causal=False: the mask is the only difference)."""
+    return self.objective if cfg.causal else 'mlm'
+
   def active_heads(self, cfg) -> tuple:
     return tuple(h for h in self.heads if getattr(cfg, h.enabled))
 
