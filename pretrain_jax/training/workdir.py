@@ -42,9 +42,10 @@ FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_b
 ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
                   'train.final_lr_fraction', 'train.weight_decay', 'train.grad_clip',
                   'train.adam_b1', 'train.adam_b2', 'train.z_loss', 'train.microbatches',
-                  'train.seed', 'train.prng_impl', 'train.batch_size')
+                  'train.seed', 'train.prng_impl')
 # Every other key (model.*, the data fields that define the token stream, train.optimizer,
-# mesh.* is free: checkpoints restore onto any mesh) must match the workdir's config.json.
+# train.batch_size: each data stream fills a fixed number of rows of every batch; mesh.* is
+# free: checkpoints restore onto any mesh) must match the workdir's config.json.
 
 
 class LockHeld(RuntimeError):
@@ -352,15 +353,20 @@ def shared_tokenizer(data_config, workdir: str, source=None):
   """The tokenizer every process uses: `data.tokenizer` when set; else `<workdir>/tokenizer.model`,
   which process 0 creates (trained once on `source`, or copied from its cache:
   data.load_tokenizer) while the others wait at a barrier, so all hosts load the same file and
-  no host-local cache matters for correctness."""
+  no host-local cache matters for correctness. Once config.json exists the copy is the run's."""
   import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
   if data_config.tokenizer:
     return data.load_tokenizer(data_config)
-  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
-  if jax.process_index() == 0 and not paths.isfile(copy):
-    paths.copy(data.load_tokenizer(data_config, source).path, copy)
+  root = paths.absolute(workdir)
+  copy = paths.join(root, TOKENIZER_FILE)
+  # A copy without config.json is a refused first run's: it may come from other data.* settings,
+  # so it is replaced by the one these settings make (the config check guards the rest).
+  if jax.process_index() == 0 and not (paths.isfile(copy) and read_config(root) is not None):
+    made = data.load_tokenizer(data_config, source).path
+    if not (paths.isfile(copy) and _same_bytes(made, copy)):
+      paths.copy(made, copy)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('pretrain_jax: the workdir tokenizer is written')
   return data.Tokenizer(copy)
