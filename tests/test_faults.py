@@ -436,3 +436,66 @@ def test_kill_9_during_a_save_then_restart_matches_an_uninterrupted_run(tmp_path
   a = checkpoint.restore_params(str(tmp_path / 'whole'))[1]
   b = checkpoint.restore_params(str(tmp_path / 'killed'))[1]
   jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_a_data_position_that_cannot_restore_leaves_the_workdir_unchanged(tmp_path):
+  """An allowed change passes the config check; the data position then refuses (as a changed
+  batch layout does): config.json, its history and the logs stay as they were, so the original
+  command still resumes."""
+  config = gpt(steps=2, checkpoint_every=1)
+  train(config, tmp_path)
+  before = snapshot(tmp_path)
+
+  def refusing(**kw):
+    it = synthetic.synthetic_datasets(config)(**kw)
+    def set_state(state):
+      raise ValueError('data iterator state has stream_rows=2 but this iterator has 1')
+    it.set_state = set_state
+    return it
+  changed = gpt(steps=3, checkpoint_every=1, learning_rate=0.02,
+                allow_config_change='train.learning_rate')
+  with pytest.raises(ValueError, match='stream_rows'):
+    train(changed, tmp_path, datasets=refusing)
+  assert snapshot(tmp_path) == before
+  assert train(gpt(steps=3, checkpoint_every=1), tmp_path)['step'] == 3
+
+
+def test_batch_size_is_not_a_key_a_resume_may_change():
+  # each data stream fills a fixed number of rows of every batch: its position cannot continue
+  with pytest.raises(ValueError, match='allow_config_change names train.batch_size'):
+    workdir_lib.config_differences(gpt().to_dict(), gpt().to_dict(), 'train.batch_size')
+
+
+def test_a_resumed_run_logs_each_step_once(tmp_path):
+  writer = metrics_lib.MetricWriter(str(tmp_path))
+  for step in range(1, 6):
+    writer.write(step, {'loss': float(step)})
+  writer.close()
+  with open(tmp_path / 'metrics.jsonl', 'a') as f:
+    f.write('{"step": 6, "spl')                    # a crash mid-line
+  writer = metrics_lib.MetricWriter(str(tmp_path), resume_step=3)   # restored checkpoint 3
+  writer.write(4, {'loss': 40.0})
+  writer.close()
+  assert train_steps(tmp_path) == [1, 2, 3, 4]
+  with open(tmp_path / 'metrics.jsonl') as f:
+    assert json.loads(f.read().splitlines()[-1])['loss'] == 40.0
+
+
+def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
+  """The first run trains the workdir's tokenizer, then is refused (seq_len too long); the
+  corrected command asks for another vocabulary and gets it, not the leftover copy."""
+  from configs import tiny_gpt  # pylint: disable=g-import-not-at-top
+  from test_pretrained import _small  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
+  config = _small(tiny_gpt.get_config(), steps=2)
+  config.data.update(tokenizer_vocab_size=256, tokenizer_train_chars=200_000, seq_len=100)
+  config.model.vocab_size = 256
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(ValueError, match='seq_len=100 is longer than the model holds'):
+    loop.train_and_evaluate(config, workdir)
+  assert os.listdir(workdir) == [workdir_lib.TOKENIZER_FILE]
+  config.data.update(seq_len=64, tokenizer_vocab_size=384)
+  config.model.vocab_size = 384
+  assert loop.train_and_evaluate(config, workdir)['step'] == 2
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  assert data.Tokenizer(os.path.join(workdir, workdir_lib.TOKENIZER_FILE)).vocab_size == 384

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from pretrain_jax.models import ModelConfig
+from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
@@ -103,6 +103,17 @@ def check_finite(history: list) -> None:
           'train.grad_clip > 0 or float32 compute')
 
 
+def check_objective(model_cfg, objective: str) -> None:
+  """Refuses a data.objective the model does not train with: a bidirectional encoder given
+  next-token targets would read each target in its own input."""
+  expected = family_of(model_cfg).pretrain_objective(model_cfg)
+  if objective != expected:
+    stack = f'{model_cfg.family}' + ('' if model_cfg.causal else ' (causal=False)')
+    raise ValueError(f'config.data.objective={objective!r} but a {stack} model pre-trains '
+                     f'with {expected!r}; set --config.data.objective={expected} or use the '
+                     'config of the family that objective trains')
+
+
 def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
                        evaluators=()) -> dict:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
@@ -127,12 +138,14 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(config),
                               init_length=config.data.seq_len)
 
+  if datasets is None:
+    check_objective(model_cfg, config.data.objective)
   train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets, workdir)
   eval_start = eval_iter.get_state()
-  config = workdir_lib.write_config(config, workdir, tokenizer_path,
-                                    (ckpt_lib.complete_steps(workdir) or [None])[-1],
-                                    is_writer=jax.process_index() == 0)
-  writer = metrics_lib.MetricWriter(workdir)
+  newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
+  # Checked now, recorded once the state and data position restore: a refused resume leaves
+  # config.json as it was, so the original command still resumes.
+  workdir_lib.write_config(config, workdir, tokenizer_path, newest, is_writer=False)
 
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
@@ -141,12 +154,18 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(steps.abstract_state)
     train_iter.set_state(data_state)
-    writer.line(f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}')
+    restored = f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}'
   else:
+    restored = None
     state = steps.create_state(t.seed)
     if init_params is not None:
       state = state.replace(params=jax.device_put(init_params(state.params),
                                                   steps.state_shardings.params))
+  config = workdir_lib.write_config(config, workdir, tokenizer_path, newest,
+                                    is_writer=jax.process_index() == 0)
+  writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step) if restored else None)
+  if restored:
+    writer.line(restored)
   start = int(state.step)
   writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')

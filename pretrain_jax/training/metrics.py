@@ -102,7 +102,11 @@ class StepClock:
 class MetricWriter:
   """Writes scalars to stdout (one line), TensorBoard and `<workdir>/metrics.jsonl`."""
 
-  def __init__(self, workdir: str, *, enabled: bool = True, flush_sec: float = 30.0):
+  def __init__(self, workdir: str, *, enabled: bool = True, flush_sec: float = 30.0,
+               resume_step: int | None = None):
+    """`resume_step`: the step a resumed run restarts from. Records past it (written after that
+    checkpoint by the run that stopped) are dropped from metrics.jsonl, and TensorBoard purges
+    its events past it (tensorboardX purge_step), so each step is logged once."""
     self.enabled = enabled and jax.process_index() == 0
     self.tb = self.jsonl = None
     self.path = paths.join(paths.absolute(workdir), 'metrics.jsonl')
@@ -112,10 +116,15 @@ class MetricWriter:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self.tb_dir = paths.join(paths.absolute(workdir), 'tensorboard')
       self.tb_local = tempfile.mkdtemp(prefix='pretrain_jax-tb-') if self.remote else None
-      self.tb = SummaryWriter(self.tb_local or self.tb_dir)
+      purge = None if resume_step is None else resume_step + 1
+      self.tb = SummaryWriter(self.tb_local or self.tb_dir, purge_step=purge)
+      kept = (_records_up_to(self.path, resume_step)
+              if self.remote or resume_step is not None else None)
       if self.remote:
-        self.lines = [paths.read_text(self.path)] if paths.isfile(self.path) else []
+        self.lines = kept
       else:
+        if resume_step is not None:
+          paths.write_text(self.path, ''.join(kept))
         self.jsonl = open(self.path, 'a')
 
   def write(self, step: int, scalars: dict, prefix: str = 'train') -> None:
@@ -158,6 +167,24 @@ class MetricWriter:
         self.jsonl.close()
       if self.tb_local:
         paths.rmtree(self.tb_local)
+
+
+def _records_up_to(path: str, step: int | None) -> list:
+  """metrics.jsonl's lines (each ending in a newline); with `step`, those of steps <= step.
+  A torn last line (a crash mid-write) is dropped with them."""
+  if not paths.isfile(path):
+    return []
+  lines = [l + '\n' for l in paths.read_text(path).splitlines() if l.strip()]
+  if step is None:
+    return lines
+  kept = []
+  for l in lines:
+    try:
+      if json.loads(l).get('step', 0) <= step:
+        kept.append(l)
+    except ValueError:
+      continue
+  return kept
 
 
 def _json_number(value):
