@@ -86,7 +86,8 @@ keep_freed_memory(_forced_cpu_devices())
 # Exception types that carry a message for the user (the library raises these for bad input).
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, PermissionError, FloatingPointError)
-USER_ERROR_NAMES = ('LockHeld', 'CheckpointError', 'CheckpointSaveError', 'UsageError')
+USER_ERROR_NAMES = ('LockHeld', 'CheckpointError', 'CheckpointSaveError', 'UsageError',
+                    'PathError')
 
 
 def is_user_error(error: BaseException) -> bool:
@@ -170,6 +171,10 @@ def _parse_flags(argv):
     sys.exit(2)
   except (AttributeError, KeyError) as e:   # ml_collections: an override of a missing field
     print(unknown_override(argv, e), file=sys.stderr)
+    sys.exit(2)
+  except SyntaxError as e:                  # --config=FILE that is not Python
+    print(f'error: {e.filename}: not a config file ({e.msg}, line {e.lineno}); expected a '
+          'Python config file such as configs/tiny_gpt.py', file=sys.stderr)
     sys.exit(2)
   for name in flags.FLAGS:   # ml_collections loads config files lazily: load them now
     flag = flags.FLAGS[name]

@@ -17,6 +17,7 @@ at hand is one clear error naming the path within seconds (gcsfs would retry for
 import contextlib
 import fnmatch
 import glob as glob_lib
+import json
 import os
 import shutil
 import tempfile
@@ -140,7 +141,11 @@ def listdir(path) -> list:
 def makedirs(path) -> None:
   """Creates a folder and its parents (a no-op on object stores, which have no folders)."""
   if not is_remote(path):
-    os.makedirs(absolute(path), exist_ok=True)
+    try:
+      os.makedirs(absolute(path), exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+      raise NotADirectoryError(f'{path} (or a folder above it) is a file; expected a '
+                               'directory, or a path where one can be made') from None
   else:
     _epath(path).mkdir(parents=True, exist_ok=True)
 
@@ -154,6 +159,14 @@ def read_bytes(path) -> bytes:
 
 def read_text(path) -> str:
   return read_bytes(path).decode('utf-8')
+
+
+def read_json(path):
+  """The JSON value in `path`; a file that is not JSON is a ValueError naming it."""
+  try:
+    return json.loads(read_text(path))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ValueError(f'{path} is not valid JSON ({e}); expected the file as written') from None
 
 
 def write_bytes(path, data: bytes) -> None:

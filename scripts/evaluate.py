@@ -23,9 +23,11 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (or checkpoint
 _FILES = flags.DEFINE_string('files', '', 'evaluate on these C4-format files instead')
 _SPLIT = flags.DEFINE_string('split', '', 'split to read (default: config.data.eval_split)')
 _RANDOM = flags.DEFINE_bool('random_init', False, 'evaluate the untrained architecture')
-_BATCHES = flags.DEFINE_integer('batches', 20, 'batches to evaluate (0 = the whole split)')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: train batch)')
-_STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)')
+_BATCHES = flags.DEFINE_integer('batches', 20, 'batches to evaluate (0 = the whole split)',
+                                lower_bound=0)
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: train batch)',
+                                   lower_bound=0)
+_STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)', lower_bound=0)
 
 
 def main(argv):

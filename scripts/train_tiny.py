@@ -27,9 +27,12 @@ EXPECTED = 'about 3-4.5 minutes on 2 idle cores (2m59s measured; 2m17s on a reru
 
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/tiny', 'one subdirectory per model')
 _MODELS = flags.DEFINE_list('models', DEFAULT_MODELS, 'configs/<name>.py')
-_STEPS = flags.DEFINE_integer('steps', 0, 'train steps per model (0 = the config\'s)')
-_PROBES = flags.DEFINE_integer('probe_sentences', 40, 'held-out sentences per probe (0 = none)')
-_EVAL_BATCHES = flags.DEFINE_integer('eval_batches', 8, 'held-out batches for the metrics table')
+_STEPS = flags.DEFINE_integer('steps', 0, 'train steps per model (0 = the config\'s)',
+                              lower_bound=0)
+_PROBES = flags.DEFINE_integer('probe_sentences', 40, 'held-out sentences per probe (0 = none)',
+                               lower_bound=0)
+_EVAL_BATCHES = flags.DEFINE_integer('eval_batches', 8, 'held-out batches for the metrics table',
+                                     lower_bound=0)
 
 
 def _fmt(value, spec):
@@ -113,6 +116,14 @@ def main(argv):
   results, start_all = [], time.perf_counter()
   if _MODELS.value == DEFAULT_MODELS and not _STEPS.value:
     say(f'the main job: tiny BERT, GPT and T5, then held-out probes; {EXPECTED}')
+  import configs  # pylint: disable=g-import-not-at-top
+  known = sorted(f[:-3] for f in os.listdir(os.path.dirname(configs.__file__))
+                 if f.endswith('.py')
+                 and f not in ('__init__.py', 'common.py', 'bench_common.py'))
+  unknown = [name for name in _MODELS.value if name not in known]
+  if unknown:
+    raise ValueError(f'--models names {unknown}; expected configs/<name>.py names such as '
+                     f'{DEFAULT_MODELS} (configs/ has {known})')
   for name in _MODELS.value:
     config = importlib.import_module(f'configs.{name}').get_config()
     if _STEPS.value:

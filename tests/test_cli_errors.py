@@ -29,3 +29,32 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
   assert f'no field {field!r}' in lines[0]
   assert (f'did you mean {hint!r}' in lines[0]) if hint else 'did you mean' not in lines[0]
   assert not os.path.exists(tmp_path / 'w')
+
+
+@pytest.mark.parametrize('script, args, expected', [
+    ('describe.py', ['--config', 'README.md'], 'error: README.md: not a config file ('),
+    ('train_tiny.py', ['--workdir', 'W', '--models', 'tiny_gpz'],
+     "error: --models names ['tiny_gpz']; expected configs/<name>.py names"),
+    ('train_tiny.py', ['--workdir', 'W', '--steps', '-3'], 'error: flag --steps=-3: '),
+    ('evaluate.py', ['--workdir', 'W', '--batches', '-1'], 'error: flag --batches=-1: '),
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'README.md'],
+     'README.md (or a folder above it) is a file; expected a directory'),
+])
+def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
+  args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
+  done = run_script(script, *args)
+  lines = done.stderr.strip().splitlines()
+  assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+  assert lines[0].startswith('error: ') and expected in lines[0], lines
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_path_errors_are_user_errors_and_bad_json_is_named(tmp_path):
+  from pretrain_jax import cli, paths  # pylint: disable=g-import-not-at-top
+  assert cli.is_user_error(paths.PathError('gs://nobucket/x: cannot list gs://nobucket'))
+  bad = tmp_path / 'config.json'
+  bad.write_text('{bad')
+  with pytest.raises(ValueError, match=f'{bad} is not valid JSON'):
+    paths.read_json(str(bad))
+  with pytest.raises(NotADirectoryError, match='is a file; expected a directory'):
+    paths.makedirs(str(bad / 'sub'))

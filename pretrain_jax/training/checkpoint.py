@@ -386,7 +386,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = paths.join(workdir, CONFIG_FILE)
   if not paths.isfile(path):
     raise FileNotFoundError(f'{path} not found; expected a workdir written by scripts/train.py')
-  config = ml_collections.ConfigDict(json.loads(paths.read_text(path)))
+  config = ml_collections.ConfigDict(paths.read_json(path))
   copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
   if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
     config.data.tokenizer = copy

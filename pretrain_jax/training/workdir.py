@@ -148,7 +148,7 @@ class LocalLock(WorkdirLock):
 
   def acquire(self) -> str:
     """Takes the lock; returns a message ('' or how a stale lock was taken over)."""
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    paths.makedirs(os.path.dirname(self.path))
     if not self._create():
       holder, age = self._holder()
       reason = self._stale(holder, age) if holder is not None else 'it vanished'
@@ -284,7 +284,7 @@ def read_config(workdir: str):
   path = paths.join(workdir, CONFIG_FILE)
   if not paths.isfile(path):
     return None
-  return json.loads(paths.read_text(path))
+  return paths.read_json(path)
 
 
 def write_config(config, workdir: str, tokenizer_path: str, start_step,
