@@ -72,12 +72,16 @@ def texts(ds):
   return [t.decode() for t in ds.as_numpy_iterator()]
 
 
-def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache):
+def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys):
   good = write_files(tmp_path)
   dc = common.data_config('clm', 16)
   dc.files = str(tmp_path / '*')
   dc.validation_fraction = 0.1
   source = sources.open_source(dc)
+  # The skipped records are said without --verbose (the per-record reasons are logged).
+  warning = [l for l in capsys.readouterr().err.splitlines() if 'records skipped' in l]
+  assert len(warning) == 1 and warning[0].startswith('warning: local files: 40 documents kept')
+  assert "'bad_json': 1" in warning[0], warning
   train = texts(sources.text_dataset(source, 'train', shuffle_buffer=0))
   val = texts(sources.text_dataset(source, 'validation', shuffle_buffer=0))
   assert len(val) == 4 and sorted(train + val) == sorted(good)

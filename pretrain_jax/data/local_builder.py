@@ -177,8 +177,9 @@ class LocalTextFiles(tfds.core.GeneratorBasedBuilder):
     stats = collections.Counter()
     num_docs = sum(1 for _ in read_documents(self._paths, self._text_key, stats))
     skipped = {k: v for k, v in stats.items() if k != 'documents'}
-    if skipped:
-      log.warning('local files: %d documents kept, records skipped: %s', num_docs, skipped)
+    if skipped:   # always shown (the per-record reasons are logged: --verbose)
+      print(f'warning: local files: {num_docs} documents kept, records skipped: {skipped} '
+            '(--verbose names each)', file=sys.stderr, flush=True)
     if num_docs == 0:
       raise ValueError(f'no usable document in {len(self._paths)} file(s) '
                        f'{self._paths[:3]}...: skipped {skipped or "nothing (files empty)"}')
