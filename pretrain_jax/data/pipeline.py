@@ -143,8 +143,16 @@ class DataIterator:
                        f'and this run has {mine}; the stream count is fixed for a run: resume '
                        f'with --config.data.num_streams={saved} on a host count dividing it '
                        f'({streams.divisors(saved) if isinstance(saved, int) else "?"})')
+    docs = self._identity.get('documents')
+    saved_docs = state.get('documents', docs)   # (states saved before the count: not checked)
+    if saved_docs != docs:
+      raise ValueError(f'split {self._identity["split"]!r} had {saved_docs} documents when the '
+                       f'data position was saved and has {docs} now: the data behind '
+                       'config.data.files (or the tfds dataset) changed, and the position would '
+                       'continue in other documents; resume on the same data or use a new '
+                       'workdir')
     for key, value in self._identity.items():
-      if state.get(key) != value:
+      if key != 'documents' and state.get(key) != value:
         raise ValueError(f'data iterator state has {key}={state.get(key)!r} but this iterator '
                          f'has {key}={value!r}; it was saved by a differently configured pipeline')
     missing = [s for s in self._owned if str(s) not in state.get('streams', {})]
@@ -277,7 +285,8 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   owned = streams.owned(num_streams, process_index, process_count, global_batch)
   rows = global_batch // num_streams
   identity = dict(split=split, seed=int(seed), objective=data_config.objective,
-                  seq_len=lengths['seq_len'], num_streams=num_streams, stream_rows=rows)
+                  seq_len=lengths['seq_len'], num_streams=num_streams, stream_rows=rows,
+                  documents=source.num_examples(split))
   objective, nsp = data_config.objective, bool(data_config.nsp)
   tables = tokenizer_lib.id_tables(tokenizer)
   if data_config.objective == 'mlm' and data_config.whole_word_mask and tables.word_start is None:
