@@ -19,7 +19,10 @@ exited 0 on every worker. --dry_run prints the commands (one per line) and runs 
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
+import difflib
+import importlib.util
 import json
+import os
 import sys
 
 from absl import app, flags
@@ -88,6 +91,7 @@ def run_command(command: str, argv) -> dict:
       max_polls=_MAX_POLLS.value, watch_interval_s=_WATCH_INTERVAL_S.value,
       max_retries=_MAX_RETRIES.value, backoff_s=_BACKOFF_S.value, python=_PYTHON.value)
   if command == 'run':
+    check_train_args(TRAIN_ARGS)
     return job.run(TRAIN_ARGS, watch=_WATCH.value)
   if command == 'logs':
     return job.logs(_WORKER.value, _FOLLOW.value, _LINES.value)
@@ -111,6 +115,41 @@ def main(argv):
   if _DRY_RUN.value:
     result['dry_run'] = True
   print(json.dumps(result), flush=True)
+
+
+def check_train_args(args) -> None:
+  """What would fail on every worker after the setup, refused here: no --config or a config
+  file the repository lacks, an override of a field the config does not have, and a workdir
+  outside Cloud Storage (the workers share nothing else, and a preempted worker loses its disk).
+  """
+  workdir, config_arg = gcloud.workdir_of(args), gcloud.flag_of(args, 'config')
+  if not workdir or not config_arg:
+    raise ValueError(f'train.py arguments {args} need --config and --workdir; e.g. -- '
+                     '--config configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
+  if not workdir.startswith('gs://'):
+    raise ValueError(f'--workdir {workdir} is on a worker\'s disk; expected gs://BUCKET/... (the '
+                     'workers share only Cloud Storage, and a preempted worker loses its disk)')
+  path, _, variant = config_arg.partition(':')
+  full = path if os.path.isabs(path) else os.path.join(launcher.REPO_ROOT, path)
+  if not os.path.isfile(full):
+    raise ValueError(f'--config {config_arg}: no such file in {launcher.REPO_ROOT}; expected a '
+                     'config the repository ships, such as configs/gpt2_small.py')
+  spec = importlib.util.spec_from_file_location('_tpu_checked_config', full)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(variant) if variant else module.get_config()
+  for arg in args:
+    if not arg.startswith('--config.'):
+      continue
+    node, keys = config, arg[len('--config.'):].split('=', 1)[0].split('.')
+    for key in keys:
+      if not hasattr(node, 'keys') or key not in node:
+        close = difflib.get_close_matches(key, list(node.keys()) if hasattr(node, 'keys') else [],
+                                          n=1)
+        raise ValueError(f'{arg}: the config has no field {key!r}'
+                         + (f' (did you mean {close[0]!r}?)' if close else '')
+                         + '; expected a key that the config file defines')
+      node = node[key]
 
 
 def split_train_args(args):

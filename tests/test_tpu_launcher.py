@@ -437,3 +437,23 @@ def test_describe_output_that_is_not_json_is_one_clear_error():
                      r"--zone=us-west4-a --format=json` printed 'Listed 0 items.'; expected a "
                      r"JSON object$"):
     job.describe()
+
+
+@pytest.mark.parametrize('train_args, message', [
+    (['--config', 'configs/gpt2_smal.py', '--workdir', 'gs://bkt/r'],
+     'error: --config configs/gpt2_smal.py: no such file in '),
+    (['--config', 'configs/gpt2_small.py', '--workdir', 'runs/local'],
+     "error: --workdir runs/local is on a worker's disk; expected gs://BUCKET/..."),
+    (TRAIN_ARGS + ['--config.model.vocab_sise=50304'],
+     "error: --config.model.vocab_sise=50304: the config has no field 'vocab_sise' (did you "
+     "mean 'vocab_size'?)"),
+    (['--workdir', 'gs://bkt/r'], 'need --config and --workdir'),
+])
+def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train_args, message):
+  done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--'] + train_args, fake.env)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+  assert message in done.stderr
+  assert fake.calls() == []                       # refused before any gcloud command
+  ok = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--dry_run', '--'] + TRAIN_ARGS
+              + ['--config.model.vocab_size=50304'], fake.env)
+  assert ok.returncode == 0, ok.stderr

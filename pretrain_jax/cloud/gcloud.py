@@ -203,10 +203,15 @@ def stop_command(grace_s=60) -> str:
 
 def workdir_of(train_args) -> str:
   """The value of --workdir in train.py's arguments ('' when absent)."""
+  return flag_of(train_args, 'workdir')
+
+
+def flag_of(train_args, name: str) -> str:
+  """The value of --name (`--name V` or `--name=V`) in train.py's arguments ('' when absent)."""
   for i, arg in enumerate(train_args):
-    if arg.startswith('--workdir='):
+    if arg.startswith(f'--{name}='):
       return arg.split('=', 1)[1]
-    if arg == '--workdir' and i + 1 < len(train_args):
+    if arg == f'--{name}' and i + 1 < len(train_args):
       return train_args[i + 1]
   return ''
 
