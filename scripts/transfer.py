@@ -10,18 +10,16 @@ set to the first N examples (0 = all). --seeds repeats each run with train.seed 
 (the head's and scratch's init, dropout) and adds the mean and range per mode: on a small
 validation set one seed's margin can be noise. Prints a table (final and best validation
 metric, steps, wall time) to stderr, one JSON line to stdout, and writes
-<workdir>/transfer.png: training loss and the validation metric against step, side by side.
+<workdir>/transfer.png (gs:// too): training loss and the validation metric against step, side
+by side. A plot that fails is reported after the JSON line (with "png": null), never instead.
 """
-import json
-import os
-import sys
-
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
 from pretrain_jax.finetune import flags as ft_flags
 
 _CONFIG, _INIT, _TASK = ft_flags.define_common()
+flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
 _WORKDIR = flags.DEFINE_string('workdir', None, 'one subdirectory per run, and transfer.png')
 _MODES = flags.DEFINE_list('modes', [], 'modes to run (default: scratch, linear_probe, full; '
                            'T5 has no head to probe: scratch, full)')
@@ -37,15 +35,15 @@ def main(argv):
   config.unlock()
   config.init, config.task.name = _INIT.value, _TASK.value
   sizes = _integers('sizes', _SIZES.value, 'integers (0 = all examples)')
+  if any(size < 0 for size in sizes):
+    raise ValueError(f'--sizes={",".join(_SIZES.value)}; expected integers >= 0 (0 = all '
+                     'examples)')
   seeds = _integers('seeds', _SEEDS.value, 'distinct integers')
   if len(set(seeds)) != len(seeds):
     raise ValueError(f'--seeds={",".join(_SEEDS.value)}; expected distinct integers')
   rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes, seeds)
-  png = transfer.plot(rows, os.path.join(_WORKDIR.value, 'transfer.png'),
-                      f'{rows[0]["family"]} from {_INIT.value} on {_TASK.value}')
-  print(transfer.table(rows), file=sys.stderr, flush=True)
-  print(json.dumps({'init': _INIT.value, 'task': _TASK.value, 'png': png, 'runs': rows,
-                    'summary': transfer.summarize(rows)}), flush=True)
+  transfer.report(rows, _WORKDIR.value, f'{rows[0]["family"]} from {_INIT.value} on '
+                  f'{_TASK.value}', init=_INIT.value, task=_TASK.value)
 
 
 def _integers(name, values, expected):

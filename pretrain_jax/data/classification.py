@@ -42,6 +42,9 @@ def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: i
   if family == 't5':
     if not target_len:
       raise ValueError('data.target_len=0; expected the decoder length for T5 targets')
+    if seq_len < 2:
+      raise ValueError(f'data.seq_len={seq_len} leaves no room for text beside T5\'s EOS; '
+                       'expected at least 2')
     rows = {k: zeros(seq_len) for k in ('encoder_input_tokens', 'encoder_segment_ids',
                                         'encoder_positions')}
     rows.update({k: zeros(target_len) for k in ('decoder_input_tokens', 'decoder_target_tokens',
@@ -70,6 +73,12 @@ def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: i
       rows['class_ids'] = np.array([index[e['label']] for e in examples], np.int32)
     return Encoded(rows, truncated)
 
+  pairs = any(e.get('text_pair') is not None for e in examples)
+  specials = (2 + pairs) if family == 'bert' else (1 + pairs)
+  if seq_len <= specials:
+    raise ValueError(f'data.seq_len={seq_len} leaves no room for text beside {family}\'s '
+                     f'{specials} special tokens per {"pair" if pairs else "example"}; expected '
+                     f'at least {specials + 1}')
   rows = {k: zeros(seq_len) for k in ('inputs', 'segment_ids', 'positions')}
   if family == 'bert':
     rows['token_type_ids'] = zeros(seq_len)

@@ -10,14 +10,17 @@
   name = 'train=a.csv,validation=b.csv'   named files
 
 The label set is collected from the training split (sorted; integers numerically) and becomes
-the class order; a validation label unseen in training is an error.
+the class order; a validation label unseen in training is an error, and a train label on very
+few rows (a typo?: rare_labels) a warning on stderr.
 """
+import collections
 import csv
 import dataclasses
 import io
 import json
 import random
 import re
+import sys
 import zlib
 
 from pretrain_jax import paths
@@ -25,6 +28,7 @@ from pretrain_jax import paths
 EMBEDDED = 'word_order'
 SPLIT_FILES = {'train': ('train',), 'validation': ('validation', 'dev'), 'test': ('test',)}
 EXTENSIONS = ('.jsonl', '.json', '.csv', '.tsv')
+RARE_FRACTION, RARE_SINGLE = 0.01, 10   # a train label this rare is warned about (rare_labels)
 # tfds name -> (text feature, pair feature or None, headline metric, T5 task prefix)
 TFDS_TASKS = {
     'glue/sst2': ('sentence', None, 'accuracy', 'sst2 sentence'),
@@ -63,12 +67,28 @@ def _label_key(label: str):
   return (0, int(label), '') if re.fullmatch(r'-?\d+', label) else (1, 0, label)
 
 
+def rare_labels(counts: dict) -> list:
+  """Labels rare enough to look like typos: on fewer than RARE_FRACTION of the rows, or on one
+  row while another label has at least RARE_SINGLE rows."""
+  total, most = sum(counts.values()), max(counts.values())
+  return [label for label, n in counts.items()
+          if n < RARE_FRACTION * total or (n == 1 and most >= RARE_SINGLE)]
+
+
 def collect_labels(task_name: str, splits: dict) -> tuple:
   """Sorted label set of the train split; errors for an unseen label in any other split."""
-  labels = tuple(sorted({e['label'] for e in splits['train']}, key=_label_key))
+  counts = collections.Counter(e['label'] for e in splits['train'])
+  labels = tuple(sorted(counts, key=_label_key))
   if len(labels) < 2:
     raise ValueError(f'task {task_name!r}: the train split has labels {list(labels)}; expected '
                      'at least 2 classes')
+  for label in rare_labels(counts):
+    like = [other for other in labels if other != label and
+            other.strip().lower() == label.strip().lower()]
+    print(f'warning: task {task_name!r}: train label {label!r} is on {counts[label]} of '
+          f'{sum(counts.values())} rows{f" (like {like[0]!r})" if like else ""}; a typo? it '
+          f'trains as a class of its own (labels: {dict(counts.most_common(5))})',
+          file=sys.stderr, flush=True)
   for split, examples in splits.items():
     unseen = sorted({e['label'] for e in examples} - set(labels))
     if split != 'train' and unseen:
@@ -98,19 +118,51 @@ def _check_examples(task_name: str, split: str, rows: list, where: str) -> list:
 
 
 def read_rows(path: str) -> list:
-  """Records of one .jsonl / .json (a list of objects) / .csv / .tsv file (header row)."""
+  """Records of one .jsonl / .json (a list of objects) / .csv / .tsv file (header row); a
+  malformed line is an error naming the file and its line number."""
   text = paths.read_text(path)
   if path.endswith('.jsonl'):
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+      if line.strip():
+        rows.append(_record(path, number, _json(path, line, number)))
+    return rows
   if path.endswith('.json'):
-    data = json.loads(text)
+    data = _json(path, text)
     if not isinstance(data, list):
       raise ValueError(f'{path}: a JSON {type(data).__name__}; expected a list of objects')
-    return data
+    return [_record(path, None, row, i) for i, row in enumerate(data)]
   if path.endswith(('.csv', '.tsv')):
-    return list(csv.DictReader(io.StringIO(text), delimiter='\t' if path.endswith('.tsv')
-                               else ','))
+    reader = csv.DictReader(io.StringIO(text), delimiter='\t' if path.endswith('.tsv') else ',')
+    rows = []
+    for row in reader:   # a short row fills None, a long one puts the rest under None
+      if None in row or None in row.values():
+        fields = len(row) - 1 + len(row[None]) if None in row else sum(
+            v is not None for v in row.values())
+        raise ValueError(f'{path} line {reader.line_num}: {fields} field(s); expected '
+                         f'{len(reader.fieldnames)} as in the header {reader.fieldnames}')
+      rows.append(row)
+    return rows
   raise ValueError(f'{path}: unknown extension; expected one of {EXTENSIONS}')
+
+
+def _json(path: str, text: str, number=None):
+  """json.loads(text); a syntax error names `path` and the line (`number`: a .jsonl line)."""
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    expected = 'one JSON object per line' if number else 'a list of objects'
+    raise ValueError(f'{path} line {number or e.lineno}: not valid JSON ({e.msg}, column '
+                     f'{e.colno}); expected {expected}') from None
+
+
+def _record(path: str, number, row, index=None):
+  """`row` when it is a JSON object, else an error naming the line (or list item)."""
+  if not isinstance(row, dict):
+    where = f'line {number}' if number else f'item {index}'
+    raise ValueError(f'{path} {where}: a JSON {type(row).__name__}; expected an object with '
+                     'text [, text_pair], label or inputs, targets')
+  return row
 
 
 def _split_files(name: str) -> dict:

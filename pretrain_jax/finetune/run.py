@@ -51,11 +51,34 @@ def load_init(path: str) -> load.Pretrained:
                      'directory') from None
 
 
+# config key -> (smallest allowed value, what the values mean); checked before anything loads
+LIMITS = {
+    'data.seq_len': (1, 'a positive input length'),
+    'data.target_len': (0, 'the T5 target length (unused by BERT and GPT)'),
+    'data.seed': (0, 'a non-negative seed'),
+    'task.max_train_examples': (0, '0 (all examples) or a positive count'),
+    'task.max_eval_examples': (0, '0 (all examples) or a positive count'),
+    'probe_learning_rate': (0, '0 (train.learning_rate) or a positive rate'),
+}
+
+
+def check_config(config) -> None:
+  """A one-line error naming the key and value for a bad mode or fine-tuning number (the
+  loop checks train.* itself)."""
+  if config.mode not in MODES:
+    raise ValueError(f'mode={config.mode!r}; expected one of {MODES}')
+  for key, (least, meaning) in LIMITS.items():
+    section, name = key.rsplit('.', 1) if '.' in key else ('', key)
+    value = (config[section] if section else config).get(name, least)
+    number = (int, float) if key == 'probe_learning_rate' else (int,)
+    if isinstance(value, bool) or not isinstance(value, number) or value < least:
+      raise ValueError(f'{key}={value!r}; expected {meaning}')
+
+
 def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDict:
   """`config` (configs/finetune.py) completed from the checkpoint and the task."""
   config = ml_collections.ConfigDict(config.to_dict())
-  if config.mode not in MODES:
-    raise ValueError(f'mode={config.mode!r}; expected one of {MODES}')
+  check_config(config)
   model = init.model_config.to_dict()
   for key, value in config.get('model', {}).items():   # dropout set for the fine-tune
     if value is None:
@@ -175,6 +198,7 @@ def finetune(config, workdir: str) -> dict:
   """Fine-tunes config.init on config.task in `workdir` (resuming there); returns the loop's
   summary plus `metric` (the task's headline, e.g. class_mcc for CoLA) and its final / best
   validation values."""
+  check_config(config)
   init = load_init(config.init)
   task = tasks.load_task(config.task.name, tfds_data_dir=config.task.tfds_data_dir,
                          seed=config.data.seed)

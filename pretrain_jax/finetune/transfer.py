@@ -6,7 +6,9 @@ measured around each run. Several seeds (`train.seed`: the head's init, scratch'
 dropout; the task and its example order stay) give each (mode, size) a mean and a range: on a
 validation set of a few hundred examples one seed's margin can be noise.
 """
+import json
 import statistics
+import sys
 import time
 
 import ml_collections
@@ -23,6 +25,14 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
   """One fine-tuning run per (size, mode, seed); returns a row per run (see `table`). No
   `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
   full). No `seeds`: the config's train.seed, in a workdir without the seed suffix."""
+  for size in sizes:   # before the first run: a bad size or config fails at once
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+      raise ValueError(f'sizes {list(sizes)}: {size!r}; expected 0 (all examples) or a '
+                       'positive count of training examples')
+  for mode in modes or ('full',):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.mode = mode
+    run_lib.check_config(c)
   rows, auto = [], not modes
   for size in sizes:
     for mode in (modes or ('scratch', 'linear_probe', 'full')):
@@ -86,7 +96,9 @@ def table(rows: list) -> str:
 
 
 def plot(rows: list, path: str, title: str = '') -> str:
-  """Training loss (left) and the validation metric (right) against step, one line per run."""
+  """Training loss (left) and the validation metric (right) against step, one line per run,
+  as a PNG at `path` (local or gs://: written through the path layer); returns `path`."""
+  import io  # pylint: disable=g-import-not-at-top
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -118,6 +130,25 @@ def plot(rows: list, path: str, title: str = '') -> str:
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=100)   # matplotlib opens local files only
   plt.close(fig)
-  return path
+  paths.write_bytes(path, png.getvalue())
+  return str(path)
+
+
+def report(rows: list, root: str, title: str = '', **fields) -> dict:
+  """After the runs: the table on stderr, then <root>/transfer.png, then one JSON line on
+  stdout ({**fields, png, runs, summary}; png None if the plot failed). A failed plot is raised
+  after the JSON line: it never costs the summary of runs already done."""
+  print(table(rows), file=sys.stderr, flush=True)
+  png, failed = paths.join(root, 'transfer.png'), None
+  try:
+    plot(rows, png, title)
+  except Exception as e:  # pylint: disable=broad-except  (raised once the summary is out)
+    png, failed = None, e
+  result = dict(fields, png=png, runs=rows, summary=summarize(rows))
+  print(json.dumps(result), flush=True)
+  if failed is not None:
+    raise failed
+  return result

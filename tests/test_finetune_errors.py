@@ -1,0 +1,179 @@
+"""Fine-tuning's user errors: task files, config numbers, typo'd labels, the transfer plot, help."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gcs_emulator
+from configs import finetune as finetune_config
+from pretrain_jax import paths
+from pretrain_jax.data import classification, tasks
+from pretrain_jax.finetune import run as run_lib, transfer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _workdir_with_curves(workdir):
+  records = [{'split': 'train', 'step': s, 'loss': 1.0 / s} for s in (1, 2, 3)]
+  records += [{'split': 'eval', 'step': s, 'class_accuracy': 0.5 + 0.1 * s} for s in (2, 3)]
+  paths.write_text(paths.join(workdir, 'metrics.jsonl'),
+                   ''.join(json.dumps(r) + '\n' for r in records))
+  return [{'mode': 'full', 'size': 10, 'seed': 0, 'metric': 'class_accuracy', 'final': 0.8,
+           'best': 0.8, 'steps': 3, 'wall_sec': 1.0, 'step_time_sec': 0.1,
+           'workdir': str(workdir), 'family': 'gpt'}]
+
+
+def test_plot_writes_a_png_to_a_path_object_in_a_new_folder(tmp_path):
+  rows = _workdir_with_curves(tmp_path / 'full')
+  png = transfer.plot(rows, tmp_path / 'new' / 'transfer.png', 'title')
+  assert png == str(tmp_path / 'new' / 'transfer.png')
+  assert open(png, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_plot_writes_a_png_to_gcs():
+  saved = dict(os.environ)
+  with gcs_emulator.serve() as env:
+    os.environ.update(env)
+    try:
+      rows = _workdir_with_curves('gs://bucket/transfer/full')
+      png = transfer.plot(rows, 'gs://bucket/transfer/transfer.png')
+      assert png == 'gs://bucket/transfer/transfer.png'
+      assert paths.read_bytes(png)[:8] == b'\x89PNG\r\n\x1a\n'
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+
+
+def test_a_failed_plot_comes_after_the_summary(tmp_path, monkeypatch, capsys):
+  rows = _workdir_with_curves(tmp_path / 'full')
+  def broken(*args):
+    del args
+    raise PermissionError('transfer.png: read-only')
+  monkeypatch.setattr(transfer, 'plot', broken)
+  with pytest.raises(PermissionError, match='read-only'):
+    transfer.report(rows, str(tmp_path), 'title', init='i', task='t')
+  out, err = capsys.readouterr()
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result['png'] is None and result['init'] == 'i' and len(result['runs']) == 1
+  assert result['summary'][0]['final'] == 0.8 and 'full' in err
+  monkeypatch.undo()
+  result = transfer.report(rows, str(tmp_path), 'title', init='i', task='t')
+  assert result['png'] == str(tmp_path / 'transfer.png') and os.path.isfile(result['png'])
+
+
+def _task_dir(tmp_path, train_lines, validation='text,label\nx,good\n', name='validation.csv'):
+  d = tmp_path / 'task'
+  d.mkdir(exist_ok=True)
+  (d / 'train.jsonl').write_text('\n'.join(train_lines) + '\n')
+  (d / name).write_text(validation)
+  return d
+
+
+def test_malformed_task_lines_name_the_file_and_the_line(tmp_path):
+  good = [json.dumps({'text': f'sentence {i}', 'label': ['bad', 'good'][i % 2]})
+          for i in range(40)]
+  d = _task_dir(tmp_path, good[:30] + ['{"text": "a broken line", "label": }'] + good[30:])
+  with pytest.raises(ValueError, match=r'train.jsonl line 31: not valid JSON \(Expecting value'):
+    tasks.load_task(str(d))
+  d = _task_dir(tmp_path, good[:3] + ['', '["text", "label"]'] + good[3:])   # blank line 4
+  with pytest.raises(ValueError, match=r'train.jsonl line 5: a JSON list; expected an object'):
+    tasks.load_task(str(d))
+  d = _task_dir(tmp_path, good, 'text,label\nx,good\ny,bad,surplus\n')
+  with pytest.raises(ValueError, match=r"validation.csv line 3: 3 field\(s\); expected 2 as in "
+                     r"the header \['text', 'label'\]"):
+    tasks.load_task(str(d))
+  os.remove(d / 'validation.csv')
+  d = _task_dir(tmp_path, good, 'text\tlabel\nx\tgood\nonly text\n', 'validation.tsv')
+  with pytest.raises(ValueError, match=r'validation.tsv line 3: 1 field\(s\); expected 2'):
+    tasks.load_task(str(d))
+  os.remove(d / 'validation.tsv')
+  d = _task_dir(tmp_path, good, '[{"text": "x", "label": "good"},\n {"text" "y"}]',
+                'validation.json')
+  with pytest.raises(ValueError, match=r'validation.json line 2: not valid JSON'):
+    tasks.load_task(str(d))
+  (d / 'validation.json').write_text('[{"text": "x", "label": "good"}, "y"]')
+  with pytest.raises(ValueError, match=r'validation.json item 1: a JSON str; expected an obj'):
+    tasks.load_task(str(d))
+  (d / 'validation.json').write_text('[{"text": "x", "label": "good"}]')
+  assert tasks.load_task(str(d)).labels == ('bad', 'good')
+
+
+@pytest.mark.parametrize('key, value, expected', [
+    ('data.seq_len', 0, 'a positive input length'),
+    ('data.target_len', -1, 'the T5 target length'),
+    ('data.seed', -3, 'a non-negative seed'),
+    ('task.max_train_examples', -5, r'0 \(all examples\) or a positive count'),
+    ('task.max_eval_examples', -1, r'0 \(all examples\) or a positive count'),
+    ('probe_learning_rate', -1e-3, r'0 \(train.learning_rate\) or a positive rate'),
+    ('mode', 'probe', r"one of \('full'")])
+def test_bad_fine_tune_numbers_are_refused_before_anything_loads(key, value, expected, tmp_path):
+  c = finetune_config.get_config()
+  section, name = key.rsplit('.', 1) if '.' in key else ('', key)
+  (c[section] if section else c)[name] = value
+  c.init = str(tmp_path / 'no_checkpoint')   # never read: the config is checked first
+  with pytest.raises(ValueError, match=f'^{key}={value!r}; expected {expected}'):
+    run_lib.finetune(c, str(tmp_path / 'out'))
+  assert not os.path.exists(tmp_path / 'out')
+
+
+def test_transfer_refuses_a_negative_size_before_the_first_run(tmp_path):
+  c = finetune_config.get_config()
+  c.init = str(tmp_path / 'no_checkpoint')
+  with pytest.raises(ValueError, match=r'sizes \[200, -5\]: -5; expected 0 \(all examples\)'):
+    transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full',), sizes=(200, -5))
+  c.data.seq_len = 0
+  with pytest.raises(ValueError, match='^data.seq_len=0; expected a positive input length'):
+    transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full',))
+  assert not os.path.exists(tmp_path / 'out')
+
+
+@pytest.mark.parametrize('family, pair, least', [('bert', True, 4), ('bert', False, 3),
+                                                 ('gpt', True, 3), ('gpt', False, 2)])
+def test_a_seq_len_with_no_room_for_text_is_refused(family, pair, least):
+  class Tok:
+    cls_id, sep_id, eos_id, pad_id = 1, 2, 3, 0
+    encode = staticmethod(lambda text: [10 + len(w) for w in text.split()])
+  example = dict({'text': 'a bb ccc', 'label': 'x'}, **({'text_pair': 'dd ee'} if pair else {}))
+  task = tasks.Task('t', {'train': [example, dict(example, label='y')]}, ('x', 'y'))
+  with pytest.raises(ValueError, match=f'^data.seq_len={least - 1} leaves no room for text '
+                     f'.*expected at least {least}'):
+    classification.encode(task, 'train', Tok, family, seq_len=least - 1)
+  rows = classification.encode(task, 'train', Tok, family, seq_len=least).rows
+  assert rows['segment_ids'].sum(1).tolist() == [least, least]
+
+
+def test_a_rare_label_is_warned_about_and_still_trains(capsys):
+  rows = [{'text': 'a', 'label': ['bad', 'good'][i % 2]} for i in range(40)]
+  labels = tasks.collect_labels('reviews', {'train': rows + [{'text': 'b', 'label': 'Good'}]})
+  assert labels == ('Good', 'bad', 'good')   # it trains, as the data says
+  err = capsys.readouterr().err
+  assert "warning: task 'reviews': train label 'Good' is on 1 of 41 rows (like 'good')" in err
+  assert "'bad'" not in err.split('labels:')[0]
+  # Legitimately rare labels: 3 of 100, or one row of a tiny set, pass without a word.
+  rare = [{'text': 'a', 'label': 'common'}] * 97 + [{'text': 'b', 'label': 'rare'}] * 3
+  assert tasks.collect_labels('t', {'train': rare}) == ('common', 'rare')
+  tiny = [{'text': 'a', 'label': 'x'}] * 5 + [{'text': 'b', 'label': 'y'}]
+  assert tasks.collect_labels('t', {'train': tiny}) == ('x', 'y')
+  assert capsys.readouterr().err == ''
+  # Under 1% of the rows is warned about at any count.
+  many = [{'text': 'a', 'label': 'common'}] * 995 + [{'text': 'b', 'label': 'odd'}] * 5
+  tasks.collect_labels('t', {'train': many})
+  assert "train label 'odd' is on 5 of 1000 rows; a typo?" in capsys.readouterr().err
+  assert tasks.rare_labels({'a': 50, 'b': 1}) == ['b'] and not tasks.rare_labels({'a': 9, 'b': 1})
+  np.testing.assert_equal(tasks.RARE_FRACTION, 0.01)
+
+
+def test_help_lists_the_required_shared_flags():
+  runs = {script: subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, 'scripts', script), '--help'], cwd=ROOT,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+          for script in ('finetune.py', 'transfer.py')}
+  for script, proc in runs.items():
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
+    shown = out[out.index(f'scripts/{script}:'):]
+    for flag in ('--config:', '--init:', '--task:', '--workdir:'):
+      assert flag in shown, (script, flag, out)
