@@ -34,6 +34,11 @@ def main(argv):
   del argv
   model = load_pretrained(_WORKDIR.value, _STEP.value)
   config = model.config
+  if 'task' in config:   # a fine-tuning workdir: its task's metrics are in metrics.jsonl
+    raise ValueError(f'{_WORKDIR.value} holds a model fine-tuned on task '
+                     f'{config.task.get("name")!r}; expected a pre-training workdir (a '
+                     'fine-tune is evaluated on its task by scripts/finetune.py: the workdir\'s '
+                     'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
   if _FILES.value:
     config.data.update(files=_FILES.value, tfds_name='')
   split = _SPLIT.value or config.data.eval_split

@@ -1,6 +1,7 @@
 """Fine-tuning: heads, linear probe vs full, tasks and their errors, T5 scoring, transfer."""
 import json
 import os
+import sys
 import signal
 
 import jax
@@ -384,3 +385,11 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(gpt_init, tmp_path, m
   assert resumed['start_step'] == 11 and resumed['step'] == 20
   for key in ('loss', 'class_accuracy', 'class_loss'):
     assert resumed['eval_metrics'][key] == whole['eval_metrics'][key], key
+  # The fine-tuned workdir is not a pre-training one: evaluate.py says so in one line.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, os.path.join(root, 'scripts', 'evaluate.py'),
+                         '--workdir', str(tmp_path / 'whole')], capture_output=True, text=True,
+                        timeout=300, cwd=root, check=False)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+  assert "holds a model fine-tuned on task 'word_order'" in done.stderr
