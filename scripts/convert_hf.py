@@ -9,9 +9,11 @@ state), config.json and the tokenizer. Evaluation scripts and pretrain_jax.load_
 it like any run; the printed `train_flags` turn the family's base config into the imported model
 for scripts/train.py. export: writes config.json + model.safetensors (+ tokenizer files) that
 transformers' from_pretrained loads. Neither ever writes into an existing non-empty directory,
-and a failure leaves nothing behind. One JSON line of results goes to stdout.
+and a failure leaves nothing behind. One JSON line of results goes to stdout; an import without
+tokenizer files also prints a `warning:` line on stderr (the workdir then refuses text use).
 """
 import json
+import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import app, flags
@@ -36,6 +38,8 @@ def main(argv):
     import configs
     result = workdir.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
                                base=_BASE.value, scan_layers=_SCAN.value)
+    if result.get('warning'):
+      print(f"warning: {result['warning']}", file=sys.stderr, flush=True)
   else:
     result = workdir.export_hf(_WORKDIR.value, _HF_DIR.value, step=_STEP.value)
   print(json.dumps(result), flush=True)

@@ -185,3 +185,10 @@ def test_training_time_eval_and_evaluate_script_print_the_same_numbers(cache, tm
     assert printed[name] == pytest.approx(logged[name], abs=1e-5), name
   assert printed['loss'] == pytest.approx(printed['lm_loss'] + printed['z_loss']
                                           + printed['nsp_loss'], abs=1e-5)
+
+
+def test_a_checkpoint_directory_and_another_step_is_refused(gpt_workdir):
+  checkpoint_dir = os.path.join(gpt_workdir, 'checkpoints', '6')
+  assert pretrain_jax.load_pretrained(checkpoint_dir).step == 6
+  with pytest.raises(ValueError, match='is checkpoint 6 but step=3 was asked for'):
+    pretrain_jax.load_pretrained(checkpoint_dir, step=3)

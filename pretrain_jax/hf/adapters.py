@@ -1,8 +1,9 @@
 """The tokenizer objects a Hugging Face directory loads into, behind one small interface.
 
 `encode(str) -> list[int]` (no special tokens added), `decode(ids) -> str`, `vocab_size`,
-`pad_id`, `eos_id`, and for BERT `cls_id`, `sep_id`, `mask_id`: the attribute names of
-pretrain_jax.data.tokenizer.Tokenizer. `files` lists the files it was read from.
+`pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT `cls_id`, `sep_id`, `mask_id`: the
+attribute names of pretrain_jax.data.tokenizer.Tokenizer. `files` lists the files it was read
+from; `num_ids` is the largest id it produces + 1 (the model's vocabulary must hold them).
 Which files make which tokenizer is the family record's business (hf/bert.py, gpt2.py, t5.py).
 """
 T5_EXTRA_IDS = 100
@@ -24,13 +25,22 @@ class SentencePieceTokenizer:
     self.path, self.files = path, [path]
     self.num_pieces = self.sp.get_piece_size()
     self.extra_ids = extra_ids
-    self.vocab_size = -(-(self.num_pieces + extra_ids) // 128) * 128
+    self.num_ids = self.num_pieces + extra_ids
+    self.vocab_size = -(-self.num_ids // 128) * 128
     self.pad_id, self.eos_id, self.unk_id = self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()
 
   def sentinel_id(self, i: int) -> int:
     if not 0 <= i < self.extra_ids:
       raise ValueError(f'sentinel {i}; expected 0 <= i < {self.extra_ids}')
     return self.num_pieces + self.extra_ids - 1 - i
+
+  def id_to_piece(self, i: int) -> str:
+    i = int(i)
+    if i < self.num_pieces:
+      return self.sp.id_to_piece(i)
+    if i < self.num_ids:
+      return f'<extra_id_{self.num_ids - 1 - i}>'
+    return f'<unused_id_{i}>'
 
   def encode(self, text: str) -> list:
     return self.sp.encode(text)
@@ -67,6 +77,7 @@ class HFTokenizer:
     tokenizer.add_special_tokens([specials[r] for r in self._ids])
     for role, stand_in in (fallbacks or {}).items():
       self._ids.setdefault(role, self._ids.get(stand_in))
+    self.num_ids = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
   def _id(self, role: str) -> int:
     if self._ids.get(role) is None:
@@ -82,6 +93,11 @@ class HFTokenizer:
 
   def encode(self, text: str) -> list:
     return self.tok.encode(text, add_special_tokens=False).ids
+
+  def id_to_piece(self, i: int) -> str:
+    """The token text of id `i`; `<unused_id_i>` for a model row past the vocabulary."""
+    piece = self.tok.id_to_token(int(i))
+    return f'<unused_id_{int(i)}>' if piece is None else piece
 
   def decode(self, ids) -> str:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)

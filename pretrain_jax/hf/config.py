@@ -29,7 +29,11 @@ def model_config_from_hf(hf: dict, state_dict: dict, **overrides) -> ModelConfig
 def export_problems(cfg: ModelConfig) -> list:
   """Why `cfg` cannot be written as a Hugging Face model (empty when it can). Training scripts
   print these as a warning at start, so nobody learns it only at export time."""
-  return families.of(cfg).export_problems(cfg)
+  problems = []
+  if cfg.num_classes:
+    problems.append(f'model.num_classes={cfg.num_classes}: a fine-tuned classifier; export '
+                    'supports pretrained LM checkpoints only (its head would be dropped)')
+  return problems + families.of(cfg).export_problems(cfg)
 
 
 def hf_config_from_model(cfg: ModelConfig, *, pad_id=None, eos_id=None) -> dict:

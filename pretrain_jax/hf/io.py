@@ -31,10 +31,29 @@ def read_config(hf_dir: str) -> dict:
   path = paths.join(hf_dir, 'config.json')
   if not paths.isfile(path):
     raise FileNotFoundError(f'{path} not found; expected a Hugging Face model directory')
-  return json.loads(paths.read_text(path))
+  hf = paths.read_json(path)
+  if not isinstance(hf, dict):
+    raise ValueError(f'{path} holds a JSON {type(hf).__name__}; expected an object '
+                     '(a Hugging Face config.json)')
+  return hf
+
+
+def _damaged(path: str, e: Exception) -> ValueError:
+  why = ' '.join(str(e).split())[:300] or type(e).__name__
+  return ValueError(f'{path} cannot be read ({type(e).__name__}: {why}); the file is damaged or '
+                    'truncated: download it again')
 
 
 def _read_safetensors(path: str) -> dict:
+  try:
+    return _read_safetensors_file(path)
+  except Exception as e:  # pylint: disable=broad-exception-caught  (SafetensorError, bad header)
+    if isinstance(e, (ImportError, MemoryError)):
+      raise
+    raise _damaged(path, e) from None
+
+
+def _read_safetensors_file(path: str) -> dict:
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   with open(path, 'rb') as f:  # the header says each tensor's dtype; numpy has no bfloat16
     header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
@@ -63,12 +82,16 @@ def _read_torch(path: str) -> dict:
   except ImportError:
     raise ImportError(f'{path} is a PyTorch pickle; reading it needs torch '
                       '(pip install torch==2.13.0), or convert it to model.safetensors') from None
-  state = torch.load(path, map_location='cpu', weights_only=True)
+  try:
+    state = torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:  # pylint: disable=broad-exception-caught  (pickle / zip errors)
+    raise _damaged(path, e) from None
   return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
 
 
 def read_state_dict(hf_dir: str) -> dict:
   """All tensors of the checkpoint in `hf_dir`, name -> numpy array."""
+  check_exists(hf_dir)
   hf_dir = paths.local_copy(hf_dir)  # below: local files only
   path = lambda name: os.path.join(hf_dir, name)
   found = [n for n in WEIGHT_FILES if os.path.isfile(path(n))]
@@ -80,7 +103,11 @@ def read_state_dict(hf_dir: str) -> dict:
   if not name.endswith('.index.json'):
     return read(path(name))
   with open(path(name)) as f:
-    shards = sorted(set(json.load(f)['weight_map'].values()))
+    try:
+      shards = sorted(set(json.load(f)['weight_map'].values()))
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+      raise ValueError(f'{path(name)} is not a shard index ({type(e).__name__}: {e}); expected '
+                       'JSON with a "weight_map" of tensor name -> file') from None
   out = {}
   for shard in shards:
     if not os.path.isfile(path(shard)):
@@ -95,13 +122,27 @@ def load_hf(hf_dir: str, **overrides):
   `overrides` are ModelConfig fields applied to the imported config (e.g. scan_layers=True,
   dtype=jnp.bfloat16); params are float32 numpy arrays in the layout the config asks for.
   """
-  hf_dir = paths.local_copy(hf_dir)  # below: local files only
+  check_exists(hf_dir)
+  name, hf_dir = hf_dir, paths.local_copy(hf_dir)  # below: local files only
   hf = read_config(hf_dir)
   family = config_lib.family_of(hf)
   state_dict = weights_lib.normalize_names(family, read_state_dict(hf_dir))
   cfg = config_lib.model_config_from_hf(hf, state_dict, **overrides)
-  params = weights_lib.hf_to_params(cfg, state_dict)
-  return cfg, params, tok_lib.load_tokenizer(hf_dir, family)
+  try:
+    params = weights_lib.hf_to_params(cfg, state_dict)
+  except ValueError as e:  # a tensor missing, misshapen or unexpected: name the directory
+    raise type(e)(f'{name}: {e}') from None
+  tokenizer = tok_lib.load_tokenizer(hf_dir, family)
+  if tokenizer is not None:
+    tok_lib.check_fits(tokenizer, cfg.vocab_size, name)
+  return cfg, params, tokenizer
+
+
+def check_exists(hf_dir: str) -> None:
+  """FileNotFoundError naming `hf_dir` unless it is a directory (local or gs://)."""
+  if not paths.isdir(hf_dir):
+    raise FileNotFoundError(f'{hf_dir} does not exist or is not a directory; expected a Hugging '
+                            'Face model directory (config.json + model.safetensors)')
 
 
 def check_free(target: str) -> str:

@@ -27,7 +27,10 @@ def _token_settings(hf_dir: str) -> dict:
     path = os.path.join(hf_dir, name)
     if os.path.isfile(path):
       with open(path) as f:
-        out.update(json.load(f))
+        try:
+          out.update(json.load(f))
+        except ValueError as e:
+          raise ValueError(f'{path} is not valid JSON ({e})') from None
   return {k: (v.get('content') if isinstance(v, dict) else v) for k, v in out.items()}
 
 
@@ -47,7 +50,10 @@ def infer_family(hf_dir: str):
       return record.name
   if 'tokenizer.json' in files:
     with open(files['tokenizer.json']) as f:
-      model_type = json.load(f).get('model', {}).get('type')
+      try:
+        model_type = json.load(f).get('model', {}).get('type')
+      except (ValueError, AttributeError) as e:
+        raise ValueError(f'{files["tokenizer.json"]} is not a tokenizer.json ({e})') from None
     return next((r.name for r in families.RECORDS if r.tokenizer_json_type == model_type), None)
   return next((r.name for name in files for r in families.RECORDS if r.vocab_file == name),
               None)
@@ -59,7 +65,33 @@ def load_tokenizer(hf_dir: str, family: str = None):
   family = family or infer_family(hf_dir)
   if family is None:
     return None
-  return families.of(family).tokenizer(_present(hf_dir), _token_settings(hf_dir))
+  files, settings = _present(hf_dir), _token_settings(hf_dir)
+  try:
+    return families.of(family).tokenizer(files, settings)
+  except (ValueError, ImportError, OSError):  # already say what is wrong
+    raise
+  except Exception as e:  # pylint: disable=broad-exception-caught  (tokenizers' own errors)
+    raise ValueError(f'the {family} tokenizer files {sorted(files)} in {hf_dir} could not be '
+                     f'read ({type(e).__name__}: {e})') from None
+
+
+def num_ids(tokenizer) -> int:
+  """The largest id `tokenizer` produces + 1 (adapters' `num_ids`; for the project's
+  sentencepiece Tokenizer its pieces and virtual sentinels, without the rounding up)."""
+  if hasattr(tokenizer, 'num_ids'):
+    return tokenizer.num_ids
+  return max(tokenizer.num_pieces, tokenizer.sentinel_id(0) + 1)
+
+
+def check_fits(tokenizer, vocab_size: int, where: str) -> None:
+  """ValueError naming both sizes when `tokenizer` has ids past the model's vocabulary (they
+  would index past its embedding: NaN or garbage, never an error of their own)."""
+  count = num_ids(tokenizer)
+  if count > vocab_size:
+    files = getattr(tokenizer, 'files', None) or [getattr(tokenizer, 'path', '?')]
+    raise ValueError(f'the tokenizer {files} has {count} ids but the model in {where} has '
+                     f'vocab_size={vocab_size}; expected a tokenizer with at most {vocab_size} '
+                     'ids (the one the model was trained with)')
 
 
 def tokenizer_files(hf_dir: str) -> list:
@@ -68,4 +100,4 @@ def tokenizer_files(hf_dir: str) -> list:
 
 
 __all__ = ['HFTokenizer', 'SentencePieceTokenizer', 'T5_EXTRA_IDS', 'TOKENIZER_FILES',
-           'infer_family', 'load_tokenizer', 'tokenizer_files']
+           'check_fits', 'infer_family', 'load_tokenizer', 'num_ids', 'tokenizer_files']

@@ -18,6 +18,14 @@ from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.describe import abstract_variables
 
 # Non-parameter buffers some checkpoints carry; they hold no weights.
+class MissingTensorError(KeyError, ValueError):
+  """A tensor the model config.json describes is not in the checkpoint: a user error
+  (ValueError, one `error:` line in the scripts) that is also a KeyError, as it always was."""
+
+  def __str__(self):
+    return str(self.args[0]) if self.args else ''
+
+
 IGNORED = (re.compile(r'.*embeddings\.position_ids$'), re.compile(r'.*\.attn\.(masked_)?bias$'),
            re.compile(r'.*EncDecAttention\.relative_attention_bias\.weight$'))
 
@@ -42,7 +50,8 @@ def _leaf_shapes(cfg: ModelConfig) -> dict:
 def hf_to_params(cfg: ModelConfig, state_dict: dict) -> dict:
   """HF tensors (name -> numpy array) -> our params (nested dicts of float32 numpy arrays).
 
-  Raises KeyError naming a missing tensor, ValueError naming a tensor with the wrong shape,
+  Raises MissingTensorError (a KeyError and a ValueError) naming a missing tensor, ValueError
+  naming a tensor with the wrong shape,
   an unexpected tensor, or a tied copy that differs from its original.
   """
   record = families.of(cfg)
@@ -53,8 +62,12 @@ def hf_to_params(cfg: ModelConfig, state_dict: dict) -> dict:
   flat = {}
   for rule in rules:
     if rule.hf not in sd:
-      raise KeyError(f'the checkpoint has no tensor {rule.hf!r}, which {cfg.family} '
-                     f'parameter(s) {list(rule.ours)} need')
+      layer = re.search(r'\.(?:layer|h|block)\.(\d+)\.', rule.hf)
+      count = (f'{cfg.num_layers} encoder and {cfg.decoder_layers} decoder' if cfg.family == 't5'
+               else str(cfg.num_layers))
+      hint = f' (config.json describes {count} layers; the weights hold fewer?)' if layer else ''
+      raise MissingTensorError(f'the checkpoint has no tensor {rule.hf!r}, which {cfg.family} '
+                               f'parameter(s) {list(rule.ours)} need{hint}')
     w = np.asarray(sd[rule.hf])
     want = _hf_shape(rule, expected)
     if tuple(w.shape) != want:

@@ -10,6 +10,9 @@ Import writes, into a temporary directory renamed into place at the end:
                           iterator state None ("start of the stream")
 
 so `restore_params(workdir)` / `pretrain_jax.load_pretrained(workdir)` read it like any run.
+A directory without tokenizer files imports with a warning in the summary, and data.tokenizer
+names the absent hf_tokenizer/: loading text models from it refuses (naming the files it needs)
+until they are copied there, instead of falling back to a tokenizer that does not fit.
 Export reads a workdir's checkpoint (latest or `step`) and writes a HF directory, with
 hf_tokenizer/'s files or those the family's record makes of the run's sentencepiece model
 (T5: spiece.model; BERT / GPT-2: tokenizer.json + tokenizer_config.json, hf/spm.py).
@@ -85,7 +88,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
     if isinstance(tokenizer, tok_lib.SentencePieceTokenizer):
       paths.copy(tokenizer.path, paths.join(tmp, ckpt_lib.TOKENIZER_FILE))
       config.data.tokenizer = paths.join(final, ckpt_lib.TOKENIZER_FILE)
-    elif tokenizer is not None:  # not sentencepiece: pretrain_jax.data cannot read it (yet)
+    else:  # not sentencepiece (pretrain_jax.data cannot read it yet), or absent (a marker)
       config.data.tokenizer = paths.join(final, HF_TOKENIZER_DIR)
     ckpt_lib.save_workdir_files(config, tmp)
     state_params = jax.tree.map(jnp.asarray, params)
@@ -95,10 +98,34 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
     checkpointer = ckpt_lib.Checkpointer(tmp, keep=0, async_save=False)
     checkpointer.save(0, state, None)
     checkpointer.close()
-  return {'workdir': final, 'family': cfg.family, 'base_config': f'configs/{base}.py',
-          'params': int(sum(np.size(x) for x in jax.tree.leaves(params))),
-          'tokenizer': type(tokenizer).__name__ if tokenizer is not None else None,
-          'train_flags': train_overrides(config, reference)}
+  summary = {'workdir': final, 'family': cfg.family, 'base_config': f'configs/{base}.py',
+             'params': int(sum(np.size(x) for x in jax.tree.leaves(params))),
+             'tokenizer': type(tokenizer).__name__ if tokenizer is not None else None,
+             'train_flags': train_overrides(config, reference)}
+  if tokenizer is None:
+    summary['warning'] = missing_tokenizer_message(hf_dir, cfg.family, final)
+  return summary
+
+
+def missing_tokenizer_message(hf_dir: str, family: str, workdir: str) -> str:
+  """What a workdir imported without tokenizer files lacks, and where to put them."""
+  expected = {'t5': 'spiece.model', 'gpt': 'tokenizer.json or vocab.json + merges.txt',
+              'bert': 'tokenizer.json or vocab.txt'}.get(family, 'tokenizer files')
+  return (f'{hf_dir} has no tokenizer files (expected {expected}); the model in {workdir} has no '
+          'tokenizer, so generate / fill_mask / evaluate refuse it until its tokenizer files are '
+          f'copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
+
+
+def classifier_problem(config, where: str):
+  """Why a fine-tuned classifier (model.num_classes > 0) is no LM checkpoint, or None."""
+  classes = (config.get('model') or {}).get('num_classes') or 0
+  if not classes:
+    return None
+  family = config.model.family
+  head = {'gpt': "'score'", 'bert': "'pooler' + 'classifier'"}.get(family, 'classification')
+  labels = list((config.get('task') or {}).get('labels') or [])
+  return (f'{where} holds a fine-tuned {family} classifier (model.num_classes={classes}, '
+          f'labels {labels}, the {head} head) with no language-model head')
 
 
 def workdir_tokenizer(workdir: str, config, local_dir: str):
@@ -129,6 +156,15 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
 
+  from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
+  if hf.is_hf_dir(workdir):
+    raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json has '
+                     'a model_type); export reads a training workdir: load the directory as it '
+                     'is, or import it first (convert_hf.py import)')
+  problem = classifier_problem(ckpt_lib.load_config(workdir), workdir)
+  if problem:
+    raise ValueError(f'{problem}; export supports pretrained LM checkpoints only (the head and '
+                     'labels would be dropped): export the checkpoint it was fine-tuned from')
   io_lib.check_free(hf_dir)
   config, params, step = ckpt_lib.restore_params(workdir, step)
   cfg = ModelConfig.from_config(config.model)

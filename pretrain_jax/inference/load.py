@@ -65,12 +65,14 @@ def hf_batch(family, **given) -> dict:
 
 @dataclasses.dataclass
 class Pretrained:
-  """A loaded model: `.config` (ml_collections), `.model_config`, `.params`, `.tokenizer`."""
+  """A loaded model: `.config` (ml_collections), `.model_config`, `.params`, `.tokenizer`,
+  `.path` (the directory it was loaded from, for messages)."""
   config: ml_collections.ConfigDict
   model_config: ModelConfig
   params: Any
   tokenizer: Any
   step: Optional[int] = None
+  path: Optional[str] = None
 
   @property
   def family(self) -> str:
@@ -178,22 +180,55 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
   """
   from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
   if not paths.isdir(path):
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
                             'checkpoint directory or a Hugging Face model directory')
+  _check_json(path)
   if hf.is_hf_dir(path):
     cfg, params, tokenizer = hf.load_hf(path, **model_overrides)
     config = ml_collections.ConfigDict({'model': cfg.to_dict()})
-    return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer)
-  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+    return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer,
+                      path=paths.absolute(path))
   from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
   workdir, path_step = _split_checkpoint_path(path)
+  if step is not None and path_step is not None and step != path_step:
+    raise ValueError(f'{path} is checkpoint {path_step} but step={step} was asked for; expected '
+                     'one of them (the workdir with step=, or the checkpoint directory alone)')
+  _check_json(workdir)
   config, params, step = checkpoint.restore_params(workdir, step if step is not None
                                                    else path_step)
   cfg = ModelConfig.from_config(config.model).replace(**model_overrides)
-  if paths.isdir(config.data.tokenizer or ''):  # an imported HF tokenizer (WordPiece / BPE)
-    tokenizer = hf.load_tokenizer(config.data.tokenizer, cfg.family)
-  else:
-    tokenizer = data.load_tokenizer(config.data)
-  return Pretrained(config, cfg, nn.unbox(params), tokenizer, step)
+  tokenizer = _workdir_tokenizer(workdir, config, cfg)
+  hf_tokenizers.check_fits(tokenizer, cfg.vocab_size, workdir)
+  return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=paths.absolute(path))
 
+
+def _check_json(folder: str) -> None:
+  """ValueError naming `folder`/config.json when it exists but is not valid JSON."""
+  path = paths.join(folder, 'config.json')
+  if paths.isfile(path):
+    paths.read_json(path)
+
+
+def _workdir_tokenizer(workdir: str, config, cfg: ModelConfig):
+  """The tokenizer config.data names: an imported HF tokenizer (hf_tokenizer/, looked for in
+  the workdir too, as it may have moved) or the project's sentencepiece model."""
+  from pretrain_jax import data, hf  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
+  name = config.data.get('tokenizer') or ''
+  if paths.basename(name) == hf_workdir.HF_TOKENIZER_DIR:
+    for folder in (name, paths.join(workdir, hf_workdir.HF_TOKENIZER_DIR)):
+      tokenizer = hf.load_tokenizer(folder, cfg.family) if paths.isdir(folder) else None
+      if tokenizer is not None:
+        return tokenizer
+    raise FileNotFoundError(hf_workdir.missing_tokenizer_message(
+        'the Hugging Face directory it was imported from', cfg.family, workdir))
+  if paths.isdir(name):
+    tokenizer = hf.load_tokenizer(name, cfg.family)
+    if tokenizer is None:
+      raise FileNotFoundError(f'{name} (config.data.tokenizer of {workdir}) holds no tokenizer '
+                              f'files; expected one of {list(hf_tokenizers.TOKENIZER_FILES)}')
+    return tokenizer
+  return data.load_tokenizer(config.data)

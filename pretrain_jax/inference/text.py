@@ -38,7 +38,10 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
 
   Returns one dict per prompt: prompt, ids (the new tokens, up to EOS) and text.
   """
-  tok, cfg = model.tokenizer, model.model_config
+  tok, cfg = _language_model(model, 'generation'), model.model_config
+  if not 0 <= top_k <= cfg.vocab_size:
+    raise ValueError(f'top_k={top_k!r} is out of range; expected 0 (no filter) to the '
+                     f'vocabulary size {cfg.vocab_size}')
   rows = [tok.encode(p) for p in prompts]
   if any(not r for r in rows):
     raise ValueError(f'a prompt tokenizes to nothing: {prompts!r}')
@@ -71,11 +74,32 @@ def _fill_spans(params, cfg, rows, tok, rng, **kw):
 GENERATORS = {'continue': _continue, 'fill_spans': _fill_spans}
 
 
+def _language_model(model, use: str):
+  """The model's tokenizer; ValueError for a fine-tuned classifier (its class logits are no
+  LM head) or a model loaded without a tokenizer."""
+  where = getattr(model, 'path', None) or 'this checkpoint'
+  cfg = model.model_config
+  if getattr(cfg, 'num_classes', 0):
+    labels = list((model.config.get('task') or {}).get('labels') or [])
+    raise ValueError(f'{where} holds a fine-tuned {cfg.family} classifier (model.num_classes='
+                     f'{cfg.num_classes}, labels {labels}); {use} needs a pretrained language '
+                     'model: use its predict() for labels, or the checkpoint it was tuned from')
+  if model.tokenizer is None:
+    raise ValueError(f'{where} has no tokenizer files; {use} needs them (expected those of its '
+                     'Hugging Face tokenizer: tokenizer.json, vocab.txt, vocab.json + merges.txt '
+                     'or spiece.model)')
+  return model.tokenizer
+
+
 def fill_mask(model, text: str, top_k: int = 5) -> list:
   """BERT: top-k (token, probability) for each [MASK] in `text`, left to right."""
   if not family_of(model.model_config).fills_masks:
     raise ValueError(f'fill_mask needs a BERT model; this one is {model.family!r}')
-  tok = model.tokenizer
+  tok = _language_model(model, 'fill_mask')
+  vocab = model.model_config.vocab_size
+  if not 1 <= top_k <= vocab:
+    raise ValueError(f'top_k={top_k!r} is out of range; expected 1 to the '
+                     f'vocabulary size {vocab}')
   pieces = text.split(MASK_TEXT)
   if len(pieces) < 2:
     raise ValueError(f'{text!r} has no {MASK_TEXT}')
