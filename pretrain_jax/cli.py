@@ -159,6 +159,17 @@ def unknown_override(argv, error) -> str:
           + '; expected a key that the config file defines')
 
 
+def define(define_flags):
+  """define_flags() for flags whose definition reads a default config file (ml_collections
+  applies the command line's overrides then, before run() parses anything): an override of a
+  missing field is one error line and exit 2, as in run()."""
+  try:
+    return define_flags()
+  except (AttributeError, KeyError) as e:
+    print(unknown_override(sys.argv, e), file=sys.stderr)
+    sys.exit(2)
+
+
 def _parse_flags(argv):
   """absl's flag parsing, with a parse error as one `error:` line and exit 2."""
   from absl import flags  # pylint: disable=g-import-not-at-top

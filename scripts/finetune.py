@@ -21,7 +21,7 @@ from absl import flags
 
 from pretrain_jax.finetune import flags as ft_flags
 
-_CONFIG, _INIT, _TASK = ft_flags.define_common()
+_CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
 _MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], 'what trains')

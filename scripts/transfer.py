@@ -18,7 +18,7 @@ from absl import flags
 
 from pretrain_jax.finetune import flags as ft_flags
 
-_CONFIG, _INIT, _TASK = ft_flags.define_common()
+_CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
 _WORKDIR = flags.DEFINE_string('workdir', None, 'one subdirectory per run, and transfer.png')
 _MODES = flags.DEFINE_list('modes', [], 'modes to run (default: scratch, linear_probe, full; '

@@ -14,11 +14,13 @@ def run_script(script, *args, cwd=ROOT):
 
 
 @pytest.mark.parametrize('script, args, flag, field, hint', [
-    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W'], '--config.train.stepz=4', 'stepz', 'steps'),
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W'], '--config.train.stepz=4',
+     'stepz', 'steps'),
     ('describe.py', ['--config', 'configs/tiny_t5.py'], '--config.model.num_layerz=3',
      'num_layerz', 'num_layers'),
-    ('finetune.py', ['--init', 'nowhere', '--task', 'word_order', '--workdir', 'W'], '--config.model.emb_dim=64',
-     'emb_dim', None),   # fine-tuning's config reads its overrides when the flag is defined
+    # fine-tuning's default config reads its overrides when the flag is defined
+    ('finetune.py', ['--init', 'nowhere', '--task', 'word_order', '--workdir', 'W'],
+     '--config.model.emb_dim=64', 'emb_dim', None),
 ])
 def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
