@@ -19,14 +19,15 @@ exited 0 on every worker. --dry_run prints the commands (one per line) and runs 
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
-import difflib
 import importlib.util
 import json
 import os
 import sys
 
 from absl import app, flags
+from ml_collections.config_flags import config_path
 
+from pretrain_jax import cli
 from pretrain_jax.cloud import gcloud, launcher
 
 COMMANDS = ('create', 'setup', 'run', 'status', 'logs', 'stop', 'delete')
@@ -139,17 +140,11 @@ def check_train_args(args) -> None:
   spec.loader.exec_module(module)
   config = module.get_config(variant) if variant else module.get_config()
   for arg in args:
-    if not arg.startswith('--config.'):
-      continue
-    node, keys = config, arg[len('--config.'):].split('=', 1)[0].split('.')
-    for key in keys:
-      if not hasattr(node, 'keys') or key not in node:
-        close = difflib.get_close_matches(key, list(node.keys()) if hasattr(node, 'keys') else [],
-                                          n=1)
-        raise ValueError(f'{arg}: the config has no field {key!r}'
-                         + (f' (did you mean {close[0]!r}?)' if close else '')
-                         + '; expected a key that the config file defines')
-      node = node[key]
+    if arg.startswith('--config.'):
+      try:
+        config_path.get_value(arg[len('--config.'):].split('=', 1)[0], config)
+      except (AttributeError, KeyError) as e:
+        raise ValueError(cli.unknown_override(['tpu.py', arg], e)[len('error: '):]) from None
 
 
 def split_train_args(args):

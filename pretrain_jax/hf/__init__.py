@@ -10,8 +10,6 @@ Mapping layers: pretrain_jax.hf.config (config.json <-> ModelConfig), pretrain_j
 What differs by family is one record per family (hf/bert.py, hf/gpt2.py, hf/t5.py, each ending
 with `HF = HfFamily(...)`), looked up in pretrain_jax.hf.families.
 """
-import json
-
 from pretrain_jax import paths
 from pretrain_jax.hf.io import load_hf, read_state_dict, save_hf
 from pretrain_jax.hf.tokenizers import load_tokenizer
@@ -19,14 +17,13 @@ from pretrain_jax.hf.tokenizers import load_tokenizer
 
 def is_hf_dir(path: str) -> bool:
   """True when `path` holds a Hugging Face config.json (one with a `model_type`; a training
-  workdir's config.json has a `model` section instead)."""
+  workdir's config.json has a `model` section instead). A config.json that is not JSON is a
+  ValueError naming it: it is neither."""
   config = paths.join(path, 'config.json')
   if not paths.isfile(config):
     return False
-  try:
-    return 'model_type' in json.loads(paths.read_text(config))
-  except ValueError:
-    return False
+  found = paths.read_json(config)
+  return isinstance(found, dict) and 'model_type' in found
 
 
 __all__ = ['is_hf_dir', 'load_hf', 'load_tokenizer', 'read_state_dict', 'save_hf']

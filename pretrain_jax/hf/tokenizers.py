@@ -8,7 +8,6 @@ Which files make a family's tokenizer is its record's `tokenizer` (hf/bert.py, g
 
 `files` of a tokenizer lists the files it was read from (copied along on import and export).
 """
-import json
 import os
 
 from pretrain_jax import paths
@@ -26,11 +25,7 @@ def _token_settings(hf_dir: str) -> dict:
   for name in ('special_tokens_map.json', 'tokenizer_config.json'):
     path = os.path.join(hf_dir, name)
     if os.path.isfile(path):
-      with open(path) as f:
-        try:
-          out.update(json.load(f))
-        except ValueError as e:
-          raise ValueError(f'{path} is not valid JSON ({e})') from None
+      out.update(paths.read_json(path))
   return {k: (v.get('content') if isinstance(v, dict) else v) for k, v in out.items()}
 
 
@@ -49,11 +44,9 @@ def infer_family(hf_dir: str):
     if record.sentencepiece_file in files:
       return record.name
   if 'tokenizer.json' in files:
-    with open(files['tokenizer.json']) as f:
-      try:
-        model_type = json.load(f).get('model', {}).get('type')
-      except (ValueError, AttributeError) as e:
-        raise ValueError(f'{files["tokenizer.json"]} is not a tokenizer.json ({e})') from None
+    model = (paths.read_json(files['tokenizer.json']) or {})
+    model = model.get('model') if isinstance(model, dict) else None
+    model_type = model.get('type') if isinstance(model, dict) else None
     return next((r.name for r in families.RECORDS if r.tokenizer_json_type == model_type), None)
   return next((r.name for name in files for r in families.RECORDS if r.vocab_file == name),
               None)

@@ -17,7 +17,6 @@ from pretrain_jax.hf.rules import Rule
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.describe import abstract_variables
 
-# Non-parameter buffers some checkpoints carry; they hold no weights.
 class MissingTensorError(KeyError, ValueError):
   """A tensor the model config.json describes is not in the checkpoint: a user error
   (ValueError, one `error:` line in the scripts) that is also a KeyError, as it always was."""
@@ -26,6 +25,7 @@ class MissingTensorError(KeyError, ValueError):
     return str(self.args[0]) if self.args else ''
 
 
+# Non-parameter buffers some checkpoints carry; they hold no weights.
 IGNORED = (re.compile(r'.*embeddings\.position_ids$'), re.compile(r'.*\.attn\.(masked_)?bias$'),
            re.compile(r'.*EncDecAttention\.relative_attention_bias\.weight$'))
 

@@ -184,7 +184,6 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   if not paths.isdir(path):
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
                             'checkpoint directory or a Hugging Face model directory')
-  _check_json(path)
   if hf.is_hf_dir(path):
     cfg, params, tokenizer = hf.load_hf(path, **model_overrides)
     config = ml_collections.ConfigDict({'model': cfg.to_dict()})
@@ -195,20 +194,12 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   if step is not None and path_step is not None and step != path_step:
     raise ValueError(f'{path} is checkpoint {path_step} but step={step} was asked for; expected '
                      'one of them (the workdir with step=, or the checkpoint directory alone)')
-  _check_json(workdir)
   config, params, step = checkpoint.restore_params(workdir, step if step is not None
                                                    else path_step)
   cfg = ModelConfig.from_config(config.model).replace(**model_overrides)
   tokenizer = _workdir_tokenizer(workdir, config, cfg)
   hf_tokenizers.check_fits(tokenizer, cfg.vocab_size, workdir)
   return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=paths.absolute(path))
-
-
-def _check_json(folder: str) -> None:
-  """ValueError naming `folder`/config.json when it exists but is not valid JSON."""
-  path = paths.join(folder, 'config.json')
-  if paths.isfile(path):
-    paths.read_json(path)
 
 
 def _workdir_tokenizer(workdir: str, config, cfg: ModelConfig):
