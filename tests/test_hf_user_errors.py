@@ -77,6 +77,20 @@ def test_fill_mask_on_hf_bert_dir_and_its_import(dirs, tmp_path):
     assert a['probability'] == pytest.approx(b['probability'], abs=1e-5)
 
 
+def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
+  """An imported BERT keeps its WordPiece files in hf_tokenizer/; the import's train flags name
+  that directory as data.tokenizer, which the sentencepiece pipeline cannot read: one error
+  saying so (it said the directory 'does not exist')."""
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  work = str(tmp_path / 'work')
+  summary = workdir_lib.import_hf(dirs['bert'], work, configs.base_config)
+  flag = f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}'
+  assert flag in summary['train_flags']
+  config = json.load(open(os.path.join(work, 'config.json')))
+  with pytest.raises(ValueError, match=r"hf_tokenizer' is a directory.*sentencepiece \.model"):
+    data.load_tokenizer(ml_collections.ConfigDict(config['data']))
+
+
 def test_fill_mask_top_k_past_the_vocabulary(dirs):
   model = pretrain_jax.load_pretrained(dirs['bert'])
   with pytest.raises(ValueError, match=r'top_k=5000 .*vocabulary size 40'):

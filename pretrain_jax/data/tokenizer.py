@@ -45,6 +45,13 @@ class Tokenizer:
   """
 
   def __init__(self, path: str):
+    if paths.isdir(path):
+      raise ValueError(f'tokenizer {path!r} is a directory; expected a sentencepiece .model '
+                       'file (a Hugging Face tokenizer directory, such as the hf_tokenizer/ '
+                       'that scripts/convert_hf.py import keeps for BERT and GPT-2, serves '
+                       'load_pretrained, evaluation, generation and fine-tuning; the '
+                       'pre-training pipeline reads sentencepiece models only: '
+                       'scripts/train_tokenizer.py makes one)')
     if not paths.isfile(path):
       raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
                               'sentencepiece .model file')
