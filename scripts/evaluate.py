@@ -22,7 +22,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (or checkpoint
                                required=True)
 _FILES = flags.DEFINE_string('files', '', 'evaluate on these C4-format files instead')
 _SPLIT = flags.DEFINE_string('split', '', 'split to read (default: config.data.eval_split)')
-_RANDOM = flags.DEFINE_bool('random_init', False, 'evaluate the untrained architecture')
+_RANDOM = flags.DEFINE_bool('random_init', False, 'evaluate the untrained architecture (the '
+                            "workdir's config and tokenizer, fresh parameters; step null)")
 _BATCHES = flags.DEFINE_integer('batches', 20, 'batches to evaluate (0 = the whole split)',
                                 lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: train batch)',
@@ -48,7 +49,8 @@ def main(argv):
   params = (eval_lib.random_init_params(model.model_config, config.train.seed)
             if _RANDOM.value else model.params)
   metrics = model.evaluate(batches, _BATCHES.value, params=params)
-  print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': model.step,
+  step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
+  print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,
                     'split': split, 'random_init': _RANDOM.value, **metrics}))
 
 

@@ -99,6 +99,7 @@ def test_every_use_command_runs_in_order(newcomer):
                                       'fill_mask', 'describe', 'train']
   results = [run(c, cwd) for c in commands]
   assert results[0]['random_init'] is False and results[1]['random_init'] is True
+  assert results[0]['step'] > 0 and results[1]['step'] is None  # the baseline is no checkpoint
   assert results[1]['lm_loss'] > results[0]['lm_loss']         # training did something
   assert all(r['text'] is not None for r in results[2]['results'])
   assert results[4]['masks'][0]['candidates']
