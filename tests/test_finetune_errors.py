@@ -130,6 +130,22 @@ def test_transfer_refuses_a_negative_size_before_the_first_run(tmp_path):
   assert not os.path.exists(tmp_path / 'out')
 
 
+def test_transfer_reports_the_examples_trained_on_not_the_size_asked(tmp_path, monkeypatch,
+                                                                    capsys):
+  """--sizes past the task's training set trains on all of it: the rows say how many, and a
+  warning names the size; sizes stay apart in the summary even when they train alike."""
+  def finetune(c, workdir):
+    return {'train_examples': min(c.task.max_train_examples or 300, 300), 'metric': 'acc',
+            'final': 0.5, 'best': 0.6, 'step': 3, 'step_time_sec': 0.1, 'family': 'gpt'}
+  monkeypatch.setattr(run_lib, 'finetune', finetune)
+  c = finetune_config.get_config()
+  rows = transfer.run_transfer(c, str(tmp_path), modes=('full',), sizes=(100, 1000, 0))
+  assert [(r['size'], r['requested_size']) for r in rows] == [(100, 100), (300, 1000), (300, 0)]
+  assert "warning: size 1000 is more than the task's 300 training examples" in (
+      capsys.readouterr().err)
+  assert [s['size'] for s in transfer.summarize(rows)] == [100, 300, 300]
+
+
 @pytest.mark.parametrize('family, pair, least', [('bert', True, 4), ('bert', False, 3),
                                                  ('gpt', True, 3), ('gpt', False, 2)])
 def test_a_seq_len_with_no_room_for_text_is_refused(family, pair, least):

@@ -46,7 +46,10 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
         workdir = paths.join(root, run_name(mode, size, seed))
         start = time.perf_counter()
         result = run_lib.finetune(c, workdir)
-        rows.append({'mode': mode, 'size': size or result['train_examples'],
+        if size > result['train_examples']:
+          print(f'warning: size {size} is more than the task\'s {result["train_examples"]} '
+                f'training examples; {workdir} trained on all of them', file=sys.stderr)
+        rows.append({'mode': mode, 'size': result['train_examples'], 'requested_size': size,
                      'seed': c.train.seed, 'metric': result['metric'], 'final': result['final'],
                      'best': result['best'], 'steps': result['step'],
                      'wall_sec': time.perf_counter() - start,
@@ -56,14 +59,15 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
 
 
 def summarize(rows: list) -> list:
-  """One row per (mode, size) over its seeds: the mean, min and max of `final` and `best`, and
-  the seeds' count, in the order the runs came."""
+  """One row per (mode, size asked for) over its seeds: the mean, min and max of `final` and
+  `best`, and the seeds' count, in the order the runs came. `size` is the examples trained on."""
   groups = {}
   for r in rows:
-    groups.setdefault((r['mode'], r['size']), []).append(r)
+    groups.setdefault((r['mode'], r.get('requested_size', r['size'])), []).append(r)
   out = []
-  for (mode, size), runs in groups.items():
-    row = {'mode': mode, 'size': size, 'metric': runs[0]['metric'], 'seeds': len(runs)}
+  for (mode, _), runs in groups.items():
+    row = {'mode': mode, 'size': runs[0]['size'], 'metric': runs[0]['metric'],
+           'seeds': len(runs)}
     for key in ('final', 'best'):
       values = [r[key] for r in runs if r[key] is not None]
       row[key] = statistics.fmean(values) if values else None
