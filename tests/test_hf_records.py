@@ -56,6 +56,38 @@ def test_sentencepiece_run_exports_a_tokenizer_json(tmp_path, family):
     assert json.load(f)['pad_token_id'] == ours.pad_id
 
 
+def test_t5_run_exports_spiece_with_its_sentinels_where_hf_puts_them(tmp_path):
+  """A tokenizer trained here ends with ▁<extra_id_99> ... ▁<extra_id_0> as pieces;
+  transformers' T5Tokenizer adds 100 <extra_id_N> after the pieces of spiece.model. The export
+  drops the pieces, so HF's sentinels get the ids the run trained with and len(tokenizer) is the
+  model's vocabulary (it was 100 more, the sentinels past the embedding), and the export loads
+  back here."""
+  tr = pytest.importorskip('transformers')
+  cfg = modeling.tiny('t5', vocab_size=256)
+  src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
+  work = tmp_path / 'work'
+  workdir_lib.import_hf(src, str(work), configs.base_config)
+  sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256)
+  with open(work / 'config.json') as f:  # as if the run had trained with this tokenizer
+    config = json.load(f)
+  config['data']['tokenizer'] = sp_path
+  (work / 'config.json').write_text(json.dumps(config))
+  assert not (work / 'hf_tokenizer').exists()    # (an imported one would be exported as is)
+
+  result = workdir_lib.export_hf(str(work), str(tmp_path / 'out'))
+  assert result['tokenizer_files'] == ['spiece.model']
+  ours = data_tok.Tokenizer(sp_path)
+  theirs = tr.T5Tokenizer.from_pretrained(str(tmp_path / 'out'))
+  assert len(theirs) == ours.vocab_size == 256
+  for i in (0, 1, 99):
+    assert theirs.convert_tokens_to_ids(f'<extra_id_{i}>') == ours.sentinel_id(i)
+  loaded = hf.load_hf(str(tmp_path / 'out'))[2]
+  assert [loaded.sentinel_id(i) for i in (0, 99)] == [ours.sentinel_id(i) for i in (0, 99)]
+  for text in SENTENCES:
+    assert theirs.encode(text, add_special_tokens=False) == ours.encode(text), text
+    assert loaded.encode(text) == ours.encode(text), text
+
+
 def test_bpe_sentencepiece_is_not_converted(tmp_path):
   sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256,
                                          model_type='bpe')

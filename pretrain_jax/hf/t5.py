@@ -129,6 +129,30 @@ def tokenizer(files: dict, settings: dict):
                                 int(settings.get('extra_ids') or T5_EXTRA_IDS))
 
 
+def from_sentencepiece(model_path: str) -> dict:
+  """A run's sentencepiece model as T5's spiece.model: its pieces without the sentinels.
+
+  A tokenizer trained here ends with the pieces ▁<extra_id_99> ... ▁<extra_id_0>; T5's own
+  vocabulary has no sentinel pieces, and transformers' T5Tokenizer (like hf/adapters) adds
+  extra_ids=100 `<extra_id_N>` tokens after the pieces, counting down from the last id. Kept,
+  the 100 pieces would be added again past the model's vocabulary; dropped, the added tokens get
+  the ids the run trained with. A model with sentinel pieces anywhere else is not converted.
+  """
+  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2 as sp_model
+  from pretrain_jax.data import tokenizer as data_tok
+  # pylint: enable=g-import-not-at-top
+  m = sp_model.ModelProto()
+  m.ParseFromString(paths.read_bytes(model_path))
+  pieces = [p.piece for p in m.pieces]
+  sentinels = [data_tok.sentinel_piece(i) for i in reversed(range(T5_EXTRA_IDS))]
+  if pieces[-len(sentinels):] == sentinels:
+    del m.pieces[-len(sentinels):]
+  elif set(sentinels) & set(pieces):
+    return {}
+  return {'spiece.model': m.SerializeToString()}
+
+
 HF = HfFamily(
     name='t5', model_type='t5', architectures=('T5ForConditionalGeneration', 'T5Model'),
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, complete=complete,
@@ -136,4 +160,4 @@ HF = HfFamily(
           ('decoder.embed_tokens.weight', 'shared.weight'), ('lm_head.weight', 'shared.weight')),
     stacks=(('encoder', 'layers'), ('decoder', 'layers')), tokenizer=tokenizer,
     sentencepiece_file='spiece.model',
-    from_sentencepiece=lambda model_path: {'spiece.model': paths.read_bytes(model_path)})
+    from_sentencepiece=from_sentencepiece)
