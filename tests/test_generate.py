@@ -40,6 +40,18 @@ def test_gpt_greedy_cache_equals_no_cache_and_top1_equals_greedy():
   assert not np.array_equal(a, c)
 
 
+@pytest.mark.parametrize('use_cache', [True, False])
+def test_gpt_one_new_token_is_the_first_of_more(use_cache):
+  cfg = tiny('gpt')
+  params = init(cfg)
+  prompts, seg = tokens((2, 4), 3), jnp.ones((2, 4), jnp.int32)
+  gen = lambda n: np.asarray(gpt_generate(params, cfg, prompts, seg, jax.random.key(0),
+                                          max_new_tokens=n, use_cache=use_cache))
+  one = gen(1)
+  assert one.shape == (2, 1)
+  np.testing.assert_array_equal(one, gen(4)[:, :1])
+
+
 def test_gpt_generation_stops_at_eos():
   cfg = tiny('gpt')
   params = init(cfg)

@@ -35,6 +35,8 @@ def _loop(step_fn, first_token, state, rng, max_new_tokens, eos_id, pad_id, samp
   """Shared sampling loop: step_fn(state, token (B,)) -> (logits (B, V), state)."""
   batch = first_token.shape[0]
   out = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
+  if not max_new_tokens:   # (the body would still be traced, indexing a width-0 array)
+    return out
 
   def cond(carry):
     i, _, _, done, _, _ = carry
