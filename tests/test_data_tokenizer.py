@@ -120,3 +120,16 @@ def test_t5_sized_vocabulary_without_extra_ids(tmp_path):
   assert (t.num_pieces, t.vocab_size) == (32000, 32128)
   assert t.sentinel_id(0) == 32099 and t.sentinel_id(99) == 32000
   assert t.special[32000:].all() and not t.special[32000 - 1]
+
+
+def test_text_continuing_a_word_gets_no_word_boundary(tmp_path):
+  """fill_mask encodes the text after a [MASK] on its own; glued to the mask ('[MASK]__',
+  '[MASK]-in') it continues a word, so sentencepiece's dummy-prefix ▁ must not start it."""
+  t = tok_lib.Tokenizer(tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 't.model'),
+                                                    vocab_size=1000))
+  plain, glued = t.encode('__ The list'), t.encode('__ The list', word_start=False)
+  assert t.id_to_piece(plain[0]).startswith('▁')           # the boundary a whole text gets
+  assert not t.id_to_piece(glued[0]).startswith('▁') and t.decode(glued) == '__ The list'
+  assert glued[-2:] == plain[-2:]                           # later words keep theirs
+  assert t.encode('x', word_start=True) == t.encode('x')
+

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -163,6 +164,33 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(cache, tmp_path):
     np.testing.assert_allclose(c['probability'], float(probs[c['id']]), rtol=1e-5, atol=1e-7)
   with pytest.raises(ValueError, match=r'has no \[MASK\]'):
     inference.fill_mask(model, 'no mask here')
+
+
+def test_fill_mask_keeps_text_glued_to_the_mask_in_its_word(tmp_path, monkeypatch):
+  """'[MASK]__ The' reaches the model as the text's own pieces after the mask, with no word
+  boundary the text does not have; ' [MASK] fox' keeps fox's."""
+  import modeling  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.inference import load  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  tok = data.Tokenizer(data.train_sentencepiece(corpus.embedded_documents()[:120],
+                                                str(tmp_path / 't.model'), vocab_size=512))
+  cfg = modeling.tiny('bert', vocab_size=tok.vocab_size)
+  model = load.Pretrained(ml_collections.ConfigDict({'model': cfg.to_dict()}), cfg,
+                          modeling.init(cfg), tok)
+  seen = []
+  real = load.Pretrained.__call__
+  monkeypatch.setattr(load.Pretrained, '__call__',
+                      lambda self, ids, **kw: seen.append(np.asarray(ids)[0]) or real(
+                          self, ids, **kw))
+  for text, after in (('instance.__[MASK]__ The', tok.encode('__ The', word_start=False)),
+                      ('a [MASK]-in function', tok.encode('-in function', word_start=False)),
+                      ('the [MASK] fox', tok.encode('fox'))):
+    inference.fill_mask(model, text)
+    row = list(seen[-1])
+    start = row.index(tok.mask_id) + 1
+    assert row[start:start + len(after)] == after, text
+    assert row[start + len(after)] == tok.sep_id, text
+  assert not tok.id_to_piece(tok.encode('__ The', word_start=False)[0]).startswith('▁')
 
 
 def test_training_time_eval_and_evaluate_script_print_the_same_numbers(cache, tmp_path):

@@ -12,6 +12,7 @@ existing .model loads unchanged: sentinels are its `<extra_id_N>` pieces if it h
 virtual ids after its pieces counting down from the end (T5's public 32000-piece vocabulary:
 <extra_id_0> = 32099 ... <extra_id_99> = 32000, vocab_size 32128), as seqio does.
 """
+import functools
 import os
 from typing import NamedTuple, Optional
 
@@ -113,8 +114,20 @@ class Tokenizer:
       raise ValueError(f'sentinel {i}; expected 0 <= i < {NUM_SENTINELS}')
     return self._sentinels[i]
 
-  def encode(self, text: str) -> list:
-    return self.sp.encode(text)
+  def encode(self, text: str, word_start: bool = True) -> list:
+    """Ids of `text`. word_start=False: the text continues a word (it follows a [MASK]
+    directly), so its first piece gets no word boundary: sentencepiece's dummy prefix, the ▁ it
+    puts before every text, is left out."""
+    return (self.sp if word_start else self._continuing).encode(text)
+
+  @functools.cached_property
+  def _continuing(self):
+    m = sp_model.ModelProto()
+    m.ParseFromString(self.sp.serialized_model_proto())
+    m.normalizer_spec.add_dummy_prefix = False
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(m.SerializeToString())
+    return sp
 
   def encode_batch(self, texts: list) -> list:
     return self.sp.encode(texts)

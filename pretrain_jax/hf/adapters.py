@@ -91,7 +91,10 @@ class HFTokenizer:
   sep_id = property(lambda self: self._id('sep'))
   mask_id = property(lambda self: self._id('mask'))
 
-  def encode(self, text: str) -> list:
+  def encode(self, text: str, word_start: bool = True) -> list:
+    """Ids of `text`. `word_start` is not applied: a text after a [MASK] starts a new word,
+    as in transformers' fill-mask pipeline (the tokenizer splits the text at special tokens)."""
+    del word_start
     return self.tok.encode(text, add_special_tokens=False).ids
 
   def id_to_piece(self, i: int) -> str:

@@ -105,8 +105,8 @@ def fill_mask(model, text: str, top_k: int = 5) -> list:
     raise ValueError(f'{text!r} has no {MASK_TEXT}')
   ids = [tok.cls_id]
   for i, piece in enumerate(pieces):
-    if piece.strip():
-      ids += tok.encode(piece.strip())
+    if piece.strip():   # text glued to the [MASK] before it ('[MASK]-in') continues its word
+      ids += tok.encode(piece.strip(), word_start=i == 0 or piece[0].isspace())
     if i < len(pieces) - 1:
       ids.append(tok.mask_id)
   ids.append(tok.sep_id)
