@@ -238,21 +238,27 @@ def test_any_tokenizer_with_the_id_attributes_works(tokenizer, objective):
 
 def test_a_position_in_changed_files_is_refused(tokenizer, tmp_path):
   """The same data.files glob over other files: the saved position would continue in other
-  documents (the count of the split's documents is part of the position)."""
-  def write(name, n):
+  documents (the split's count of documents and their bytes are part of the position)."""
+  def write(name, n, words='with a few words in it'):
     (tmp_path / name).write_text(''.join(
-        json.dumps({'text': f'{name} document {i} with a few words in it'}) + '\n'
-        for i in range(n)))
+        json.dumps({'text': f'{name} document {i} {words}'}) + '\n' for i in range(n)))
   write('a.jsonl', 40)
   dc = config('clm', files=str(tmp_path / '*.jsonl'), validation_fraction=0.0)
   it = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
   take(it, 2)
   state = it.get_state()
-  assert state['documents'] == 40
-  older = {k: v for k, v in state.items() if k != 'documents'}   # saved before the count
+  assert state['documents'] == 40 and state['bytes'] > 40 * 30
+  older = {k: v for k, v in state.items() if k not in ('documents', 'bytes')}  # saved before
   data.make_dataset(dc, tokenizer, split='train', batch_size=2).set_state(older)
   write('b.jsonl', 5)
   grown = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
-  with pytest.raises(ValueError, match="split 'train' had 40 documents when the data position "
-                                       'was saved and has 45 now'):
+  with pytest.raises(ValueError, match="split 'train' had 40 documents of [0-9,]+ bytes when "
+                                       'the data position was saved and has 45 documents'):
     grown.set_state(state)
+  (tmp_path / 'b.jsonl').unlink()
+  write('a.jsonl', 40, words='rewritten with other words, as a re-filtered shard would be')
+  rewritten = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
+  with pytest.raises(ValueError, match=r"had 40 documents of [0-9,]+ bytes when the data "
+                                       r'position was saved and has 40 documents of [0-9,]+ '
+                                       'bytes now'):
+    rewritten.set_state(state)

@@ -39,6 +39,7 @@ from pretrain_jax.objectives import clm, mlm, span_corruption
 log = logging.getLogger(__name__)
 OBJECTIVES = ('clm', 'mlm', 'span_corruption')
 STATE_VERSION = 2  # 1: one position per host (before streams), not resumable
+DATA_SIZE = ('documents', 'bytes')  # the split's size in the data position (see restore)
 _LIVE = weakref.WeakSet()  # iterators whose prefetch threads are stopped at exit
 
 
@@ -143,16 +144,18 @@ class DataIterator:
                        f'and this run has {mine}; the stream count is fixed for a run: resume '
                        f'with --config.data.num_streams={saved} on a host count dividing it '
                        f'({streams.divisors(saved) if isinstance(saved, int) else "?"})')
-    docs = self._identity.get('documents')
-    saved_docs = state.get('documents', docs)   # (states saved before the count: not checked)
-    if saved_docs != docs:
-      raise ValueError(f'split {self._identity["split"]!r} had {saved_docs} documents when the '
-                       f'data position was saved and has {docs} now: the data behind '
+    # The split's size: states saved before a key was recorded are not checked on it.
+    now = {k: self._identity[k] for k in DATA_SIZE}
+    then = {k: state.get(k, now[k]) for k in DATA_SIZE}
+    if then != now:
+      size = lambda d: f'{d["documents"]:,} documents of {d["bytes"]:,} bytes'
+      raise ValueError(f'split {self._identity["split"]!r} had {size(then)} when the data '
+                       f'position was saved and has {size(now)} now: the data behind '
                        'config.data.files (or the tfds dataset) changed, and the position would '
                        'continue in other documents; resume on the same data or use a new '
                        'workdir')
     for key, value in self._identity.items():
-      if key != 'documents' and state.get(key) != value:
+      if key not in DATA_SIZE and state.get(key) != value:
         raise ValueError(f'data iterator state has {key}={state.get(key)!r} but this iterator '
                          f'has {key}={value!r}; it was saved by a differently configured pipeline')
     missing = [s for s in self._owned if str(s) not in state.get('streams', {})]
@@ -286,7 +289,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   rows = global_batch // num_streams
   identity = dict(split=split, seed=int(seed), objective=data_config.objective,
                   seq_len=lengths['seq_len'], num_streams=num_streams, stream_rows=rows,
-                  documents=source.num_examples(split))
+                  documents=source.num_examples(split), bytes=source.num_bytes(split))
   objective, nsp = data_config.objective, bool(data_config.nsp)
   tables = tokenizer_lib.id_tables(tokenizer)
   if data_config.objective == 'mlm' and data_config.whole_word_mask and tables.word_start is None:

@@ -46,6 +46,11 @@ class Source:
     """Documents in `split`, which may be a tfds slice such as 'train[:90%]'."""
     return self.builder.info.splits[split].num_examples
 
+  def num_bytes(self, split: str) -> int:
+    """Size of the prepared examples of `split`'s base split (tfds records its bytes per split,
+    not per slice): with num_examples, what tells other data of the same count apart."""
+    return int(self.builder.info.splits[split.split('[')[0]].num_bytes)
+
   def check_split(self, split: str) -> None:
     splits = self.builder.info.splits
     if split.split('[')[0] not in splits:
