@@ -59,6 +59,14 @@ def test_file_errors_name_the_problem(tmp_path, cache):
   dc.tfds_name = 'c4/en'
   with pytest.raises(ValueError, match='both tfds_name'):
     sources.open_source(dc)
+  dc.tfds_name = ''
+  whole = gzip.compress(b'{"text": "a document"}\n' * 50)
+  (tmp_path / 'plain.json.gz').write_bytes(b'{"text": "not compressed"}\n')
+  (tmp_path / 'cut.json.gz').write_bytes(whole[:len(whole) // 2])
+  for name, why in (('plain.json.gz', 'BadGzipFile'), ('cut.json.gz', 'EOFError')):
+    dc.files = str(tmp_path / name)
+    with pytest.raises(ValueError, match=f'{name} is not a readable gzip file \\({why}'):
+      sources.open_source(dc)
 
 
 def test_validation_indices():
@@ -72,16 +80,21 @@ def texts(ds):
   return [t.decode() for t in ds.as_numpy_iterator()]
 
 
-def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys):
+def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys, caplog):
   good = write_files(tmp_path)
   dc = common.data_config('clm', 16)
   dc.files = str(tmp_path / '*')
   dc.validation_fraction = 0.1
-  source = sources.open_source(dc)
-  # The skipped records are said without --verbose (the per-record reasons are logged).
+  with caplog.at_level('INFO', logger=local_builder.log.name):
+    source = sources.open_source(dc)
+  # The skipped records are said without --verbose; each one is logged at INFO (--verbose)
+  # once, by the counting pass, not again by each split's.
   warning = [l for l in capsys.readouterr().err.splitlines() if 'records skipped' in l]
   assert len(warning) == 1 and warning[0].startswith('warning: local files: 40 documents kept')
   assert "'bad_json': 1" in warning[0], warning
+  logged = [r for r in caplog.records if r.name == local_builder.log.name]
+  assert logged and all(r.levelname == 'INFO' for r in logged)
+  assert len(logged) == len({r.getMessage() for r in logged}), [r.getMessage() for r in logged]
   train = texts(sources.text_dataset(source, 'train', shuffle_buffer=0))
   val = texts(sources.text_dataset(source, 'validation', shuffle_buffer=0))
   assert len(val) == 4 and sorted(train + val) == sorted(good)

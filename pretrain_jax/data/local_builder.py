@@ -6,7 +6,9 @@ also works), and `.txt` / `.txt.gz` with one document per blank-line-separated b
 
 Bad records (a line that is not JSON, lacks the text field or is not a string, invalid UTF-8,
 an empty or whitespace-only document, an empty file) are skipped, counted and logged once when
-the dataset is prepared. Missing files, or files with no usable document at all, are errors.
+the dataset is prepared (the counts as a warning; each record at INFO, shown by `--verbose`).
+Missing files, `.gz` files that do not decompress, or files with no usable document at all,
+are errors.
 
 Documents are numbered in file order (files sorted by path); an evenly spaced
 round(N * validation_fraction) of them (at least one when N >= 2 and the fraction is > 0) form
@@ -23,6 +25,7 @@ import hashlib
 import json
 import logging
 import sys
+import zlib
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -53,7 +56,13 @@ def expand_files(pattern: str) -> list:
 
 def _open_bytes(path: str) -> bytes:
   data = paths_lib.read_bytes(path)
-  return gzip.decompress(data) if path.endswith('.gz') else data
+  if not path.endswith('.gz'):
+    return data
+  try:
+    return gzip.decompress(data)
+  except (OSError, EOFError, zlib.error) as e:   # not gzip, truncated, corrupt
+    raise ValueError(f'{path} is not a readable gzip file ({type(e).__name__}: {e}); expected '
+                     'a .gz name to hold gzip-compressed text (or rename the file)') from None
 
 
 def _decode(raw: bytes, where: str, stats: collections.Counter):
@@ -62,7 +71,7 @@ def _decode(raw: bytes, where: str, stats: collections.Counter):
   except UnicodeDecodeError as e:
     stats['invalid_utf8'] += 1
     if stats['invalid_utf8'] <= 3:
-      log.warning('skipping a record with invalid UTF-8 at %s: %s', where, e)
+      log.info('skipping a record with invalid UTF-8 at %s: %s', where, e)
     return None
 
 
@@ -73,7 +82,7 @@ def _json_records(data: bytes, path: str, text_key: str, stats):
       items = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
       stats['bad_json'] += 1
-      log.warning('skipping %s: not a JSON list: %s', path, e)
+      log.info('skipping %s: not a JSON list: %s', path, e)
       return
     lines = [(f'{path}[{i}]', item) for i, item in enumerate(items)]
   else:
@@ -89,13 +98,13 @@ def _json_records(data: bytes, path: str, text_key: str, stats):
       except ValueError as e:
         stats['bad_json'] += 1
         if stats['bad_json'] <= 3:
-          log.warning('skipping %s:%d: not JSON: %s', path, n, e)
+          log.info('skipping %s:%d: not JSON: %s', path, n, e)
   for where, item in lines:
     value = item.get(text_key) if isinstance(item, dict) else None
     if not isinstance(value, str):
       stats['no_text_field'] += 1
       if stats['no_text_field'] <= 3:
-        log.warning('skipping %s: no string field %r', where, text_key)
+        log.info('skipping %s: no string field %r', where, text_key)
       continue
     yield where, value
 
@@ -115,7 +124,7 @@ def read_documents(paths: list, text_key: str = 'text', stats=None):
     data = _open_bytes(path)
     if not data.strip():
       stats['empty_file'] += 1
-      log.warning('file %s is empty', path)
+      log.info('file %s is empty', path)
       continue
     is_txt = path.endswith(('.txt', '.txt.gz'))
     records = _txt_records(data, path, stats) if is_txt else _json_records(
@@ -128,7 +137,7 @@ def read_documents(paths: list, text_key: str = 'text', stats=None):
         text.encode('utf-8')
       except UnicodeEncodeError:  # lone surrogates from JSON escapes
         stats['invalid_utf8'] += 1
-        log.warning('skipping %s: text is not valid Unicode', where)
+        log.info('skipping %s: text is not valid Unicode', where)
         continue
       stats['documents'] += 1
       yield text
@@ -190,9 +199,13 @@ class LocalTextFiles(tfds.core.GeneratorBasedBuilder):
     return splits
 
   def _generate_examples(self, val: set, validation: bool):
-    for i, text in enumerate(read_documents(self._paths, self._text_key)):
-      if (i in val) == validation:
-        yield i, {'text': text}
+    log.disabled = True   # the counting pass above logged each skipped record once
+    try:
+      for i, text in enumerate(read_documents(self._paths, self._text_key)):
+        if (i in val) == validation:
+          yield i, {'text': text}
+    finally:
+      log.disabled = False
 
 
 def fingerprint(paths: list, text_key: str, validation_fraction: float) -> str:
