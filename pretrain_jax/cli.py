@@ -107,6 +107,7 @@ def quiet(verbose: bool) -> None:
   from absl import logging  # pylint: disable=g-import-not-at-top
   if verbose:
     logging.set_verbosity(logging.INFO)
+    py_logging.getLogger('pretrain_jax').setLevel(py_logging.INFO)   # e.g. each skipped record
     return
   logging.set_verbosity(logging.ERROR)
   for name in ('absl', 'orbax', 'jax', 'tensorflow', 'tensorflow_datasets'):
