@@ -171,7 +171,7 @@ def define(define_flags):
     sys.exit(2)
 
 
-def _parse_flags(argv):
+def parse_flags(argv):
   """absl's flag parsing, with a parse error as one `error:` line and exit 2."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   try:
@@ -222,4 +222,4 @@ def run(main) -> None:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
   use_compilation_cache()
   app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose),
-          flags_parser=_parse_flags)
+          flags_parser=parse_flags)

@@ -19,13 +19,13 @@ exited 0 on every worker. --dry_run prints the commands (one per line) and runs 
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
-import importlib.util
 import json
 import os
+import re
+import subprocess
 import sys
 
 from absl import app, flags
-from ml_collections.config_flags import config_path
 
 from pretrain_jax import cli
 from pretrain_jax.cloud import gcloud, launcher
@@ -48,15 +48,19 @@ _BEST_EFFORT = flags.DEFINE_bool('best_effort', False,
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'print the commands, run none of them')
 _WATCH = flags.DEFINE_bool('watch', False, 'run: re-create and rerun after preemption, '
                            'return when train.py exits')
-_MAX_RETRIES = flags.DEFINE_integer('max_retries', 3, 'run --watch: re-creations before giving up')
+_MAX_RETRIES = flags.DEFINE_integer('max_retries', 3, 'run --watch: re-creations before giving up',
+                                    lower_bound=0)
 _BACKOFF_S = flags.DEFINE_float('backoff_s', 60, 'run --watch: wait before re-creation i is '
-                                'backoff_s * 2**(i-1)')
-_WATCH_INTERVAL_S = flags.DEFINE_float('watch_interval_s', 60, 'run --watch: seconds between checks')
-_POLL_INTERVAL_S = flags.DEFINE_float('poll_interval_s', 10, 'create: seconds between describes')
-_MAX_POLLS = flags.DEFINE_integer('max_polls', 360, 'create: describes before giving up waiting')
-_WORKER = flags.DEFINE_integer('worker', 0, 'logs: which worker')
+                                'backoff_s * 2**(i-1)', lower_bound=0)
+_WATCH_INTERVAL_S = flags.DEFINE_float('watch_interval_s', 60, 'run --watch: seconds between checks',
+                                       lower_bound=0)
+_POLL_INTERVAL_S = flags.DEFINE_float('poll_interval_s', 10, 'create: seconds between describes',
+                                      lower_bound=0)
+_MAX_POLLS = flags.DEFINE_integer('max_polls', 360, 'create: describes before giving up waiting',
+                                  lower_bound=1)
+_WORKER = flags.DEFINE_integer('worker', 0, 'logs: which worker', lower_bound=0)
 _FOLLOW = flags.DEFINE_bool('follow', False, 'logs: keep streaming (tail -F)')
-_LINES = flags.DEFINE_integer('lines', 100, 'logs: lines of history')
+_LINES = flags.DEFINE_integer('lines', 100, 'logs: lines of history', lower_bound=0)
 _PYTHON = flags.DEFINE_string('python', 'python3', 'setup: the workers\' python for the venv')
 
 TRAIN_ARGS = []  # what follows `--` on the command line
@@ -83,8 +87,10 @@ def run_command(command: str, argv) -> dict:
                      _QUEUED.value, _PROJECT.value)
   if command == 'create' or (command == 'run' and _WATCH.value):
     gcloud.check_slice(tpu)  # the whole recipe: --watch may have to create it again
-  elif not tpu.name or not tpu.zone:
-    raise ValueError(f'{command} needs --name and --zone; got {tpu.name!r} and {tpu.zone!r}')
+  else:
+    gcloud.check_target(tpu)
+  if command == 'run':   # before any gcloud command: run first stops what the slice runs
+    check_train_args(TRAIN_ARGS)
   runner = (launcher.dry_runner() if _DRY_RUN.value
             else launcher.subprocess_runner(launcher.find_gcloud()))
   job = launcher.Launcher(
@@ -92,7 +98,6 @@ def run_command(command: str, argv) -> dict:
       max_polls=_MAX_POLLS.value, watch_interval_s=_WATCH_INTERVAL_S.value,
       max_retries=_MAX_RETRIES.value, backoff_s=_BACKOFF_S.value, python=_PYTHON.value)
   if command == 'run':
-    check_train_args(TRAIN_ARGS)
     return job.run(TRAIN_ARGS, watch=_WATCH.value)
   if command == 'logs':
     return job.logs(_WORKER.value, _FOLLOW.value, _LINES.value)
@@ -119,32 +124,38 @@ def main(argv):
 
 
 def check_train_args(args) -> None:
-  """What would fail on every worker after the setup, refused here: no --config or a config
-  file the repository lacks, an override of a field the config does not have, and a workdir
-  outside Cloud Storage (the workers share nothing else, and a preempted worker loses its disk).
+  """What would fail on every worker after the setup, refused here: tpu.py's own flags after
+  `--`, no --config or a config file the repository lacks, a workdir outside Cloud Storage (the
+  workers share nothing else, and a preempted worker loses its disk), and whatever train.py's
+  own parsing refuses (unknown flags, overrides of missing fields, values that do not parse):
+  `train.py ARGS --multihost --check_args` runs here first.
   """
+  own = {v.name for v in globals().values() if isinstance(v, flags.FlagHolder)}
+  ours = sorted({a.split('=', 1)[0] for a in args if a.startswith('--') and (
+      a[2:].split('=', 1)[0] in own or a[2:].removeprefix('no') in own)})
+  if ours:
+    raise ValueError(f'{", ".join(ours)} after -- would go to train.py; expected tpu.py\'s own '
+                     'flags before -- (e.g. run --watch -- --config ...)')
   workdir, config_arg = gcloud.workdir_of(args), gcloud.flag_of(args, 'config')
   if not workdir or not config_arg:
     raise ValueError(f'train.py arguments {args} need --config and --workdir; e.g. -- '
                      '--config configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
-  if not workdir.startswith('gs://'):
-    raise ValueError(f'--workdir {workdir} is on a worker\'s disk; expected gs://BUCKET/... (the '
-                     'workers share only Cloud Storage, and a preempted worker loses its disk)')
-  path, _, variant = config_arg.partition(':')
+  if not re.fullmatch(r'gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/.*)?', workdir):
+    raise ValueError(f'--workdir {workdir} is not in a Cloud Storage bucket; expected '
+                     'gs://BUCKET/... (the workers share only Cloud Storage, and a preempted '
+                     'worker loses its disk)')
+  path = config_arg.partition(':')[0]
   full = path if os.path.isabs(path) else os.path.join(launcher.REPO_ROOT, path)
-  if not os.path.isfile(full):
+  if not os.path.isfile(full) or not os.path.abspath(full).startswith(launcher.REPO_ROOT):
     raise ValueError(f'--config {config_arg}: no such file in {launcher.REPO_ROOT}; expected a '
                      'config the repository ships, such as configs/gpt2_small.py')
-  spec = importlib.util.spec_from_file_location('_tpu_checked_config', full)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(variant) if variant else module.get_config()
-  for arg in args:
-    if arg.startswith('--config.'):
-      try:
-        config_path.get_value(arg[len('--config.'):].split('=', 1)[0], config)
-      except (AttributeError, KeyError) as e:
-        raise ValueError(cli.unknown_override(['tpu.py', arg], e)[len('error: '):]) from None
+  check = subprocess.run(
+      [sys.executable, os.path.join(launcher.REPO_ROOT, 'scripts', 'train.py'), *args,
+       '--multihost', '--check_args'], cwd=launcher.REPO_ROOT, capture_output=True, text=True,
+      check=False)
+  if check.returncode:
+    why = (check.stderr.strip().splitlines() or [f'exit {check.returncode}'])[-1]
+    raise ValueError(f'train.py refuses these arguments: {why.removeprefix("error: ")}')
 
 
 def split_train_args(args):
@@ -157,4 +168,4 @@ def split_train_args(args):
 
 if __name__ == '__main__':
   own, TRAIN_ARGS[:] = split_train_args(sys.argv)
-  app.run(main, argv=own)
+  app.run(main, argv=own, flags_parser=cli.parse_flags)

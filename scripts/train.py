@@ -30,10 +30,14 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'with --multihost: 
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'with --multihost: this process index')
 _SYNTHETIC = flags.DEFINE_bool('synthetic_data', False,
                                'random token batches instead of pretrain_jax.data')
+_CHECK_ARGS = flags.DEFINE_bool('check_args', False, 'parse the flags and load the config, '
+                                'then exit (tpu.py run does this before launching)')
 
 
 def main(argv):
   del argv
+  if _CHECK_ARGS.value:   # the flags and the config's overrides parsed: nothing else to do
+    return
   import jax
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only

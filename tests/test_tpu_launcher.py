@@ -185,12 +185,18 @@ def test_tpu_types_and_slice_checks():
   for bad in ('v5e-16', 'v4-12', 'v5litepod-2', 'v7-8', 'tpu', ''):
     with pytest.raises(ValueError, match=r'unknown --tpu_type .* expected one of v2-\{8,32'):
       gcloud.tpu_family(bad)
+  zone = 'us-west4-a'
   with pytest.raises(ValueError, match='needs --queued'):
-    gcloud.check_slice(gcloud.Slice('a', 'z', 'v4-8', provisioning='reserved'))
+    gcloud.check_slice(gcloud.Slice('a', zone, 'v4-8', provisioning='reserved'))
   with pytest.raises(ValueError, match='takes --spot'):
-    gcloud.check_slice(gcloud.Slice('a', 'z', 'v4-8', provisioning='preemptible', queued=True))
-  with pytest.raises(ValueError, match="bad --name 'My_TPU'"):
-    gcloud.check_slice(gcloud.Slice('My_TPU', 'z', 'v4-8'))
+    gcloud.check_slice(gcloud.Slice('a', zone, 'v4-8', provisioning='preemptible', queued=True))
+  for name in ('My_TPU', 'a b', 'x' * 64, 'ends-'):
+    with pytest.raises(ValueError, match=f"bad --name '{name}'"):
+      gcloud.check_slice(gcloud.Slice(name, zone, 'v4-8'))
+  gcloud.check_target(gcloud.Slice('x' * 63, 'northamerica-northeast1-a'))
+  for bad_zone in ('z', 'us west4-a', 'us-west4-a --project=evil', ''):
+    with pytest.raises(ValueError, match=f"bad --zone '{bad_zone}'; expected a Cloud TPU zone"):
+      gcloud.check_target(gcloud.Slice('a', bad_zone))
 
 
 def test_states_workers_and_pinned_jax():
@@ -439,14 +445,38 @@ def test_describe_output_that_is_not_json_is_one_clear_error():
     job.describe()
 
 
+@pytest.mark.parametrize('flag, message', [
+    ('--watch_interval_s=-1', 'error: flag --watch_interval_s=-1: '),
+    ('--backoff_s=-5', 'error: flag --backoff_s=-5: '),
+    ('--max_polls=0', 'error: flag --max_polls=0: '),
+    ('--max_polls=abc', 'error: flag --max_polls=abc: '),
+    ('--nosuchflag', "error: Unknown command line flag 'nosuchflag'"),
+])
+def test_bad_tpu_flags_are_one_line_before_any_gcloud_command(fake, flag, message):
+  done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v4-8', '--watch', flag,
+                 '--'] + TRAIN_ARGS, fake.env)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+  assert done.stderr.startswith(message), done.stderr
+  assert fake.calls() == []
+
+
 @pytest.mark.parametrize('train_args, message', [
     (['--config', 'configs/gpt2_smal.py', '--workdir', 'gs://bkt/r'],
      'error: --config configs/gpt2_smal.py: no such file in '),
     (['--config', 'configs/gpt2_small.py', '--workdir', 'runs/local'],
-     "error: --workdir runs/local is on a worker's disk; expected gs://BUCKET/..."),
+     'error: --workdir runs/local is not in a Cloud Storage bucket; expected gs://BUCKET/...'),
+    (['--config', 'configs/gpt2_small.py', '--workdir', 'gs://'],
+     'error: --workdir gs:// is not in a Cloud Storage bucket'),
     (TRAIN_ARGS + ['--config.model.vocab_sise=50304'],
-     "error: --config.model.vocab_sise=50304: the config has no field 'vocab_sise' (did you "
-     "mean 'vocab_size'?)"),
+     "error: train.py refuses these arguments: --config.model.vocab_sise=50304: the config has "
+     "no field 'vocab_sise' (did you mean 'vocab_size'?)"),
+    (TRAIN_ARGS + ['--config.train.steps=abc'],
+     'error: train.py refuses these arguments: flag --config.train.steps=abc:'),
+    (TRAIN_ARGS + ['--nosuchflag=1'],
+     "error: train.py refuses these arguments: Unknown command line flag 'nosuchflag'"),
+    (TRAIN_ARGS + ['--watch', '--max_retries=2', '--nospot'],
+     "error: --max_retries, --nospot, --watch after -- would go to train.py; expected tpu.py's "
+     'own flags before --'),
     (['--workdir', 'gs://bkt/r'], 'need --config and --workdir'),
 ])
 def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train_args, message):

@@ -73,13 +73,18 @@ def tpu_family(tpu_type: str) -> str:
   return match.group(1)
 
 
+def check_target(s: Slice) -> None:
+  """ValueError for a name or zone no Cloud TPU can have (every command names both)."""
+  if not re.fullmatch(r'[a-z]([-a-z0-9]{0,61}[a-z0-9])?', s.name or ''):
+    raise ValueError(f'bad --name {s.name!r}; expected up to 63 lowercase letters, digits and '
+                     'dashes, starting with a letter and not ending with a dash')
+  if not re.fullmatch(r'[a-z]+-[a-z]+[0-9]+-[a-z]', s.zone or ''):
+    raise ValueError(f'bad --zone {s.zone!r}; expected a Cloud TPU zone such as us-west4-a')
+
+
 def check_slice(s: Slice) -> None:
-  """ValueError for a name, type or provisioning model that create would reject."""
-  if not re.fullmatch(r'[a-z]([-a-z0-9]*[a-z0-9])?', s.name or ''):
-    raise ValueError(f'bad --name {s.name!r}; expected lowercase letters, digits and dashes, '
-                     'starting with a letter')
-  if not s.zone:
-    raise ValueError('missing --zone; expected a Cloud TPU zone such as us-west4-a')
+  """ValueError for a name, zone, type or provisioning model that create would reject."""
+  check_target(s)
   tpu_family(s.tpu_type)
   if s.provisioning not in PROVISIONING:
     raise ValueError(f'unknown provisioning {s.provisioning!r}; expected one of {PROVISIONING}')
