@@ -97,6 +97,14 @@ def test_t5_sentencepiece_matches_transformers(tmp_path):
   assert ours.vocab_size % 128 == 0 and ours.vocab_size >= len(ref)
   ids = ours.encode('the dog') + [ours.sentinel_id(3)] + ours.encode('hello')
   assert ours.decode(ids) == 'the dog<extra_id_3>hello'
+  # spiece.model has no sentinel pieces: <extra_id_N> in text is split out as transformers does
+  for text in ('the dog <extra_id_0> over the lazy dog', 'the dog<extra_id_0>over',
+               'the <extra_id_0><extra_id_1> dog', '<extra_id_0> the', 'a  <extra_id_5>  b',
+               'x <extra_id_100> y'):
+    assert ours.encode(text) == ref.encode(text, add_special_tokens=False), text
+  assert ours.sentinel_id(7) in ours.encode('the<extra_id_7>.')
+  (path / 'tokenizer_config.json').write_text('{"extra_ids": 0}')   # 0 is not the default 100
+  assert tok_lib.load_tokenizer(str(path), 't5').num_ids == ours.num_ids - 100
 
 
 def test_directory_without_tokenizer_gives_none(tmp_path):

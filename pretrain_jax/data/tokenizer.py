@@ -14,6 +14,7 @@ virtual ids after its pieces counting down from the end (T5's public 32000-piece
 """
 import functools
 import os
+import re
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -29,6 +30,23 @@ BERT_SPECIALS = ('[CLS]', '[SEP]', '[MASK]')
 
 def round_up(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
   return -(-n // multiple) * multiple
+
+
+_SENTINEL_TEXT = re.compile(r'\s*<extra_id_(\d+)>\s*')
+
+
+def encode_with_sentinels(encode, text: str, sentinel_id, count: int) -> list:
+  """encode(text) with every `<extra_id_N>` (N < count) as sentinel_id(N), wherever it stands
+  ('dog<extra_id_0>.' too), as transformers' T5 tokenizer does: the text between sentinels is
+  encoded on its own and the whitespace around a sentinel dropped."""
+  if '<extra_id_' not in text:
+    return encode(text)
+  ids, start = [], 0
+  for m in _SENTINEL_TEXT.finditer(text):
+    if int(m.group(1)) < count:
+      ids += encode(text[start:m.start()]) + [sentinel_id(int(m.group(1)))]
+      start = m.end()
+  return ids + encode(text[start:])
 
 
 def sentinel_piece(i: int) -> str:
@@ -115,10 +133,11 @@ class Tokenizer:
     return self._sentinels[i]
 
   def encode(self, text: str, word_start: bool = True) -> list:
-    """Ids of `text`. word_start=False: the text continues a word (it follows a [MASK]
-    directly), so its first piece gets no word boundary: sentencepiece's dummy prefix, the ▁ it
-    puts before every text, is left out."""
-    return (self.sp if word_start else self._continuing).encode(text)
+    """Ids of `text`, `<extra_id_N>` as sentinel N wherever it stands. word_start=False: the
+    text continues a word (it follows a [MASK] directly), so its first piece gets no word
+    boundary: sentencepiece's dummy prefix, the ▁ it puts before every text, is left out."""
+    encode = (self.sp if word_start else self._continuing).encode
+    return encode_with_sentinels(encode, text, self.sentinel_id, NUM_SENTINELS)
 
   @functools.cached_property
   def _continuing(self):

@@ -43,7 +43,11 @@ class SentencePieceTokenizer:
     return f'<unused_id_{i}>'
 
   def encode(self, text: str) -> list:
-    return self.sp.encode(text)
+    """Ids of `text`; `<extra_id_N>` is sentinel N wherever it stands (T5's spiece.model has
+    no sentinel pieces: as plain text it would be spelled out)."""
+    from pretrain_jax.data import tokenizer as data_tok  # pylint: disable=g-import-not-at-top
+    return data_tok.encode_with_sentinels(self.sp.encode, text, self.sentinel_id,
+                                          self.extra_ids)
 
   def decode(self, ids) -> str:
     text, run = [], []

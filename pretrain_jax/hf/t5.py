@@ -125,8 +125,9 @@ def tokenizer(files: dict, settings: dict):
   """spiece.model (+ `<extra_id_N>` sentinels past it)."""
   if 'spiece.model' not in files:
     return None
+  extra_ids = settings.get('extra_ids')   # 0 is a value: a spiece.model with its own sentinels
   return SentencePieceTokenizer(files['spiece.model'],
-                                int(settings.get('extra_ids') or T5_EXTRA_IDS))
+                                T5_EXTRA_IDS if extra_ids is None else int(extra_ids))
 
 
 def from_sentencepiece(model_path: str) -> dict:
