@@ -52,6 +52,17 @@ def test_sentencepiece_run_exports_a_tokenizer_json(tmp_path, family):
     assert loaded.encode(text) == ours.encode(text), text
   roles = ('pad_id', 'cls_id', 'sep_id', 'mask_id') if family == 'bert' else ('pad_id', 'eos_id')
   assert [getattr(loaded, r) for r in roles] == [getattr(ours, r) for r in roles]
+  # With special tokens (what HF users and pipelines call): the inputs our BERT trained on
+  a, b = SENTENCES[0], SENTENCES[1]
+  fast = tr.AutoTokenizer.from_pretrained(str(tmp_path / 'out'))
+  pair = fast(a, b)
+  if family == 'bert':
+    first = [ours.cls_id] + ours.encode(a) + [ours.sep_id]
+    assert pair['input_ids'] == first + ours.encode(b) + [ours.sep_id]
+    assert pair['token_type_ids'] == [0] * len(first) + [1] * (len(ours.encode(b)) + 1)
+    assert fast(a)['input_ids'] == first
+  else:
+    assert fast(a)['input_ids'] == ours.encode(a)    # GPT-2 adds nothing
   with open(tmp_path / 'out' / 'config.json') as f:
     assert json.load(f)['pad_token_id'] == ours.pad_id
 

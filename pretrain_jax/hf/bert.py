@@ -83,7 +83,7 @@ def from_sentencepiece(model_path: str) -> dict:
   """The project's tokenizer (<pad> <unk> [CLS] [SEP] [MASK]) as tokenizer.json."""
   return spm.tokenizer_files(model_path, {'pad_token': '<pad>', 'unk_token': '<unk>',
                                           'cls_token': '[CLS]', 'sep_token': '[SEP]',
-                                          'mask_token': '[MASK]'})
+                                          'mask_token': '[MASK]'}, bert_template=True)
 
 
 HF = HfFamily(

@@ -16,14 +16,16 @@ UNIGRAM, CHAR = 1, 4  # sentencepiece TrainerSpec.ModelType
 NEVER = -1e9  # score of control and unused pieces: sentencepiece never produces them from text
 
 
-def tokenizer_files(model_path: str, roles: dict) -> dict:
+def tokenizer_files(model_path: str, roles: dict, bert_template: bool = False) -> dict:
   """{file name: bytes} of the HF tokenizer equal to the sentencepiece model at `model_path`;
   empty when it cannot be converted. `roles` maps tokenizer_config keys ('pad_token', ...) to
-  the piece that plays them; a role whose piece the model lacks is left out."""
+  the piece that plays them; a role whose piece the model lacks is left out. `bert_template`:
+  encoding with special tokens gives BERT's [CLS] A [SEP] (B [SEP]) and token types 0 / 1, as
+  the project's BERT inputs are laid out."""
   # pylint: disable=g-import-not-at-top
   from sentencepiece import sentencepiece_model_pb2 as sp_model
   import tokenizers
-  from tokenizers import decoders, normalizers, pre_tokenizers
+  from tokenizers import decoders, normalizers, pre_tokenizers, processors
   # pylint: enable=g-import-not-at-top
   m = sp_model.ModelProto()
   m.ParseFromString(paths.read_bytes(model_path))
@@ -45,7 +47,14 @@ def tokenizer_files(model_path: str, roles: dict) -> dict:
   roles = {k: v for k, v in roles.items() if v in index}
   tok.add_special_tokens([tokenizers.AddedToken(v, special=True, normalized=False)
                           for v in dict.fromkeys(roles.values())])
+  if bert_template:
+    cls, sep = roles['cls_token'], roles['sep_token']
+    tok.post_processor = processors.TemplateProcessing(
+        single=f'{cls}:0 $A:0 {sep}:0', pair=f'{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1',
+        special_tokens=[(cls, index[cls]), (sep, index[sep])])
   config = dict(roles, tokenizer_class='PreTrainedTokenizerFast',
                 model_max_length=int(1e30))
+  if bert_template:
+    config['model_input_names'] = ['input_ids', 'token_type_ids', 'attention_mask']
   return {'tokenizer.json': tok.to_str().encode(),
           'tokenizer_config.json': json.dumps(config, indent=2, sort_keys=True).encode()}
