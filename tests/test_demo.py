@@ -8,7 +8,8 @@ class Tokenizer:
   """Words of the vocabulary are one piece; any other word is '▁' + one piece per letter."""
   VOCAB = ['▁', 'the', 'list', 'sorted', 'place', 'returns', 'new', 'copy']
 
-  def encode(self, text):
+  def encode(self, text, word_start=True):
+    del word_start
     ids = []
     for word in text.split():
       if word in self.VOCAB:
@@ -52,3 +53,21 @@ def test_a_model_that_ignores_context_scores_the_same_shuffled():
   sentences = ['the list sorted in place', 'returns the new copy of it']
   out = demo.masked_word_probe(Frequency(sentences), sentences)
   assert out['top5_hit_rate'] == out['top5_hit_rate_context_shuffled']
+
+
+def test_a_word_glued_to_the_text_before_it_is_scored_by_its_piece_there():
+  """'instance.__class__': the masked word's piece in the sentence is 'class', not '▁class'."""
+  class Glued(Tokenizer):
+    def encode(self, text, word_start=True):
+      return [i + (0 if word_start else 50) for i in super().encode(text)]
+
+  class Answers(Model):
+    tokenizer = Glued()
+
+    def fill_mask(self, text, top_k=5):
+      return [{'candidates': [{'id': 2 + 50, 'token': 'list'}]}]  # glued 'list'
+
+  out = demo.masked_word_probe(Answers([]), ['x.__list__'])
+  assert out['sentences'] == 1 and out['examples'][0]['target_id'] == 52
+  assert out['top5_hit_rate'] == 1.0
+

@@ -30,10 +30,10 @@ def sentences(texts, *, count: int, min_words: int = 6, max_words: int = 24) -> 
   return out
 
 
-def _pick_word(sentence: str, rng, keep=lambda word: True):
-  """(start, end) of one 3+-letter word of the sentence for which keep(word), chosen by `rng`;
-  None if there is none."""
-  spans = [m.span() for m in WORD.finditer(sentence) if keep(m.group())]
+def _pick_word(sentence: str, rng, keep=lambda start, end: True):
+  """(start, end) of one 3+-letter word of the sentence for which keep(start, end), chosen by
+  `rng`; None if there is none."""
+  spans = [m.span() for m in WORD.finditer(sentence) if keep(*m.span())]
   return spans[rng.integers(len(spans))] if spans else None
 
 
@@ -42,13 +42,17 @@ def masked_word_probe(model, texts: list, *, seed: int = 0, top_k: int = 5) -> d
   rng = np.random.default_rng(seed)
   tok, hits, examples = model.tokenizer, 0, []
   for sentence in texts:
-    # A mid-sentence word's pieces are '▁word...' as on its own.
-    span = _pick_word(sentence, rng, keep=lambda word: len(tok.encode(word)) == 1)
+    # The word's pieces as in the sentence: '▁word' after a space, 'word' glued to the text
+    # before it ('instance.__class__'), as fill_mask encodes the text around the [MASK].
+    def pieces(start, end, sentence=sentence):
+      glued = start > 0 and not sentence[start - 1].isspace()
+      return tok.encode(sentence[start:end], word_start=not glued)
+    span = _pick_word(sentence, rng, keep=lambda start, end: len(pieces(start, end)) == 1)
     if span is None:
       continue
     start, end = span
     word = sentence[start:end]
-    target = tok.encode(word)[0]
+    target = pieces(start, end)[0]
     masked = f'{sentence[:start]}{text_lib.MASK_TEXT}{sentence[end:]}'
     candidates = model.fill_mask(masked, top_k=top_k)[0]['candidates']
     hit = target in [c['id'] for c in candidates]
