@@ -11,7 +11,7 @@ import json
 import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
-from absl import app, flags
+from absl import flags
 
 from pretrain_jax import inference
 from pretrain_jax.inference import load_pretrained
@@ -28,14 +28,7 @@ _SEED = flags.DEFINE_integer('seed', 0, 'sampling seed')
 
 def main(argv):
   del argv
-  for name, value, ok, expected in (
-      ('max_new_tokens', _MAX.value, _MAX.value > 0, 'an integer >= 1'),
-      ('temperature', _TEMPERATURE.value, _TEMPERATURE.value >= 0, '>= 0 (0 = greedy)'),
-      ('top_k', _TOP_K.value, _TOP_K.value >= 0, 'an integer >= 0 (0 = no top-k filter)'),
-      ('top_p', _TOP_P.value, 0 < _TOP_P.value <= 1, 'in (0, 1] (1 = no nucleus filter)')):
-    if not ok:
-      raise app.UsageError(f'--{name}={value} is out of range; expected {expected}')
-  model = load_pretrained(_WORKDIR.value)
+  model = load_pretrained(_WORKDIR.value)   # generate_text checks the sampling values
   results = inference.generate_text(model, _PROMPT.value, max_new_tokens=_MAX.value,
                                     temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                     top_p=_TOP_P.value, seed=_SEED.value)

@@ -102,6 +102,21 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
   assert all(len(r['ids']) <= 5 for r in out)
   again = inference.generate_text(model, ['The list', 'A module is'], max_new_tokens=5)
   assert out == again
+  # The library checks what the CLI checked (a negative temperature sampled the inverted
+  # distribution; max_new_tokens=0 was a TypeError from inside jit)
+  for bad, expected in ((dict(max_new_tokens=0), 'max_new_tokens=0 is out of range'),
+                        (dict(temperature=-1.0), 'temperature=-1.0 is out of range'),
+                        (dict(top_p=0.0), 'top_p=0.0 is out of range'),
+                        (dict(top_k=-1), 'top_k=-1 is out of range')):
+    with pytest.raises(ValueError, match=expected):
+      inference.generate_text(model, ['The list'], **bad)
+  with pytest.raises(ValueError, match='a list of prompts'):
+    inference.generate_text(model, 'The list')
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'generate.py'),
+                         '--workdir', gpt_workdir, '--prompt', 'The', '--temperature=-1'],
+                        capture_output=True, text=True, check=False)
+  assert done.returncode == 2 and done.stderr.strip() == (
+      'error: temperature=-1.0 is out of range; expected >= 0 (0 = greedy)'), done.stderr
   t5_dir = str(tmp_path / 't5')
   loop.train_and_evaluate(_small(tiny_t5.get_config(), steps=2), t5_dir)
   t5 = pretrain_jax.load_pretrained(t5_dir)

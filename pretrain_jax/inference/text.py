@@ -39,9 +39,17 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
   Returns one dict per prompt: prompt, ids (the new tokens, up to EOS) and text.
   """
   tok, cfg = _language_model(model, 'generation'), model.model_config
-  if not 0 <= top_k <= cfg.vocab_size:
-    raise ValueError(f'top_k={top_k!r} is out of range; expected 0 (no filter) to the '
-                     f'vocabulary size {cfg.vocab_size}')
+  for name, value, ok, expected in (
+      ('max_new_tokens', max_new_tokens, isinstance(max_new_tokens, (int, np.integer)) and
+       max_new_tokens >= 1, 'an integer >= 1'),
+      ('temperature', temperature, temperature >= 0, '>= 0 (0 = greedy)'),
+      ('top_k', top_k, 0 <= top_k <= cfg.vocab_size,
+       f'0 (no filter) to the vocabulary size {cfg.vocab_size}'),
+      ('top_p', top_p, 0 < top_p <= 1, 'in (0, 1] (1 = no nucleus filter)')):
+    if not ok:
+      raise ValueError(f'{name}={value!r} is out of range; expected {expected}')
+  if isinstance(prompts, str):
+    raise ValueError('generate takes a list of prompts; expected [text, ...], got one string')
   rows = [tok.encode(p) for p in prompts]
   if any(not r for r in rows):
     raise ValueError(f'a prompt tokenizes to nothing: {prompts!r}')
