@@ -11,7 +11,7 @@ def data_config(objective: str, seq_len: int) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.objective = objective           # 'clm' (GPT), 'mlm' (BERT) or 'span_corruption' (T5)
   # Source: a named tfds dataset, or local files, or (both empty) the embedded default corpus.
-  d.tfds_name = ''                  # e.g. 'c4/en:3.0.1'; any tfds dataset with a text feature
+  d.tfds_name = ''                  # e.g. 'c4/en:3.1.0'; any tfds dataset with a text feature
   d.tfds_data_dir = ''              # tfds data_dir; may be a gs:// path on a Cloud TPU VM
   d.files = ''                      # glob of C4-format .json/.jsonl/.json.gz ("text") or .txt files
   d.text_key = 'text'               # name of the text feature

@@ -1,7 +1,7 @@
 """Throughput of the input pipeline alone (no model), one JSON line per objective.
 
   python scripts/benchmark_data.py [--seq_len 128 --batch_size 16 --batches 1000]
-      [--files 'data/*.jsonl' | --tfds_name c4/en:3.0.1 --tfds_data_dir gs://...]
+      [--files 'data/*.jsonl' | --tfds_name c4/en:3.1.0 --tfds_data_dir gs://...]
       [--tokenizer path.model] [--objectives clm,mlm,nsp,span_corruption]
 
 Each line: objective, tokens_per_s (positions of the encoder/input rows per second, this host),

@@ -2,7 +2,7 @@
 
   python scripts/train_tokenizer.py --output /tmp/pydoc.model               # embedded corpus
   python scripts/train_tokenizer.py --output c4.model --vocab_size 32000 \
-      --tfds_name c4/en:3.0.1 --tfds_data_dir gs://BUCKET/tensorflow_datasets
+      --tfds_name c4/en:3.1.0 --tfds_data_dir gs://BUCKET/tensorflow_datasets
   python scripts/train_tokenizer.py --output mine.model --files 'data/*.jsonl.gz' --type bpe
 
 Layout: 0 <pad>, 1 </s>, 2 <unk>, 3 [CLS], 4 [SEP], 5 [MASK], learned pieces, filler, then
@@ -24,7 +24,7 @@ def main(argv=None):
   p.add_argument('--vocab_size', type=int, default=2048,
                  help='total size incl. specials and 100 sentinels; rounded up to 128s')
   p.add_argument('--files', default='', help='glob of C4-format .json/.jsonl/.json.gz/.txt')
-  p.add_argument('--tfds_name', default='', help='named tfds dataset, e.g. c4/en:3.0.1')
+  p.add_argument('--tfds_name', default='', help='named tfds dataset, e.g. c4/en:3.1.0')
   p.add_argument('--tfds_data_dir', default='', help='its data_dir (may be gs://...)')
   p.add_argument('--text_key', default='text', help='name of the text feature / JSON field')
   p.add_argument('--split', default='train')

@@ -215,7 +215,11 @@ def test_named_tfds_dataset(tmp_path, cache):
   with pytest.raises(ValueError, match='not prepared'):
     sources.open_source(dc)
   dc.tfds_name = 'no_such_dataset_xyz'
-  with pytest.raises(ValueError, match='cannot open tfds dataset'):
+  with pytest.raises(ValueError, match='cannot open tfds dataset.*expected a copy prepared in '
+                                       'data_dir, or a name and version tensorflow-datasets'):
+    sources.open_source(dc)
+  dc.tfds_name = 'c4/en:3.0.1'   # no copy there, and a version the pinned tfds cannot build
+  with pytest.raises(ValueError, match=r"'c4/en:3.0.1'.*expected a copy prepared in data_dir"):
     sources.open_source(dc)
 
 

@@ -1,6 +1,6 @@
 """Where documents come from: one code path for every source in `config.data`.
 
-- `tfds_name` set: any tfds dataset with a text feature (`c4/en:3.0.1` with `tfds_data_dir`
+- `tfds_name` set: any tfds dataset with a text feature (`c4/en:3.1.0` with `tfds_data_dir`
   pointing at a prepared copy, possibly `gs://...`). It is never downloaded from here.
 - `files` set: local C4-format files (or gs://), prepared once as a tfds dataset
   (local_builder.py) in `prepared_dir`.
@@ -148,7 +148,8 @@ def _named_source(data_config) -> Source:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # tfds raises several types (DatasetNotFoundError, ValueError, ...)
     raise ValueError(f'cannot open tfds dataset {name!r} (data_dir={data_dir!r}): '
-                     f'{type(e).__name__}: {e}') from None
+                     f'{type(e).__name__}: {e}; expected a copy prepared in data_dir, or a '
+                     f'name and version tensorflow-datasets {tfds.__version__} knows') from None
   description = f'tfds dataset {name!r} in {data_dir or "the default data_dir"}'
   if not builder.info.splits:
     raise ValueError(f'{description} is not prepared; prepare it (e.g. `tfds build {name}`) '
