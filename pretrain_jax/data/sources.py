@@ -147,8 +147,9 @@ def _named_source(data_config) -> Source:
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # tfds raises several types (DatasetNotFoundError, ValueError, ...)
+    why = (str(e).strip().splitlines() or [''])[0]   # (then tfds lists every dataset it has)
     raise ValueError(f'cannot open tfds dataset {name!r} (data_dir={data_dir!r}): '
-                     f'{type(e).__name__}: {e}; expected a copy prepared in data_dir, or a '
+                     f'{type(e).__name__}: {why}; expected a copy prepared in data_dir, or a '
                      f'name and version tensorflow-datasets {tfds.__version__} knows') from None
   description = f'tfds dataset {name!r} in {data_dir or "the default data_dir"}'
   if not builder.info.splits:
