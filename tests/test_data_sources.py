@@ -39,6 +39,10 @@ def test_read_documents_counts_bad_records(tmp_path):
   paths = local_builder.expand_files(str(tmp_path / '*'))
   assert [os.path.basename(p) for p in paths] == ['a.jsonl', 'b.json.gz', 'c.txt', 'd.json',
                                                   'e.jsonl']
+  # Globs that overlap name each file once, in the globs' order
+  both = local_builder.expand_files(f'{tmp_path}/e.jsonl, {tmp_path}/*, {tmp_path}/a.jsonl')
+  assert [os.path.basename(p) for p in both] == ['e.jsonl', 'a.jsonl', 'b.json.gz', 'c.txt',
+                                                 'd.json']
   docs = list(local_builder.read_documents(paths, 'text', stats))
   assert docs == good
   assert stats == {'documents': 40, 'invalid_utf8': 2, 'bad_json': 1, 'no_text_field': 1,

@@ -10,7 +10,7 @@ the dataset is prepared (the counts as a warning; each record at INFO, shown by 
 Missing files, `.gz` files that do not decompress, or files with no usable document at all,
 are errors.
 
-Documents are numbered in file order (files sorted by path); an evenly spaced
+Documents are numbered in file order (each glob's files sorted by path); an evenly spaced
 round(N * validation_fraction) of them (at least one when N >= 2 and the fraction is > 0) form
 the `validation` split, the rest `train`. The prepared dataset is written under
 `<data_dir>/local_text_files/<fingerprint>`, the fingerprint covering paths, sizes, mtimes
@@ -38,13 +38,15 @@ FORMAT_VERSION = 1  # bump when the parsing below changes, so cached datasets ar
 
 
 def expand_files(pattern: str) -> list:
-  """Sorted paths matching a glob (or comma-separated globs); errors name what is wrong."""
+  """Paths matching a glob, sorted, or comma-separated globs' in their order; a file two globs
+  match is read once (twice, its documents would be trained on twice, and could be in both
+  splits). Errors name what is wrong."""
   paths = []
   for part in [p.strip() for p in pattern.split(',') if p.strip()]:
     matched = paths_lib.glob(part)
     if not matched:
       raise FileNotFoundError(f'config.data.files: {part!r} matches no file')
-    paths += matched
+    paths += [p for p in matched if p not in paths]
   if not paths:
     raise FileNotFoundError(f'config.data.files={pattern!r} names no file')
   for p in paths:
