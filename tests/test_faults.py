@@ -481,6 +481,34 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
     assert json.loads(f.read().splitlines()[-1])['loss'] == 40.0
 
 
+def test_a_rerun_after_a_crash_before_the_first_checkpoint_logs_each_step_once(tmp_path):
+  config = gpt(steps=4, checkpoint_every=1000, log_every=1, eval_every=0)
+
+  def crashing(**kw):   # the train stream dies at its third batch: no checkpoint was saved
+    it = synthetic.synthetic_datasets(config)(**kw)
+    if not kw.get('repeat'):
+      return it
+    class Dying:
+      def __init__(self):
+        self.n = 0
+      def __iter__(self):
+        return self
+      def __next__(self):
+        self.n += 1
+        if self.n == 3:
+          raise RuntimeError('the data source went away')
+        return next(it)
+      def __getattr__(self, name):
+        return getattr(it, name)
+    return Dying()
+  with pytest.raises(RuntimeError, match='went away'):
+    train(config, tmp_path, datasets=crashing)
+  assert checkpoint.Checkpointer(str(tmp_path)).latest_step() is None
+  assert train_steps(tmp_path) == [1, 2]
+  assert train(config, tmp_path)['step'] == 4
+  assert train_steps(tmp_path) == [1, 2, 3, 4]
+
+
 def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   """The first run trains the workdir's tokenizer, then is refused (seq_len too long); the
   corrected command asks for another vocabulary and gets it, not the leftover copy."""

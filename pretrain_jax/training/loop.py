@@ -163,7 +163,9 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
                                                   steps.state_shardings.params))
   config = workdir_lib.write_config(config, workdir, tokenizer_path, newest,
                                     is_writer=jax.process_index() == 0)
-  writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step) if restored else None)
+  # From the restored step, or 0: a run that died before its first checkpoint logged steps this
+  # one logs again.
+  writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
   if restored:
     writer.line(restored)
   start = int(state.step)
