@@ -77,6 +77,8 @@ def bucket_of(path) -> tuple:
   if not is_remote(path):
     return None, None
   scheme, rest = path.split('://', 1)
+  if not rest.split('/', 1)[0]:
+    raise PathError(f'{path!r} names no bucket; expected {scheme}://BUCKET/...')
   return scheme, rest.split('/', 1)[0]
 
 

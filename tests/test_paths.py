@@ -110,6 +110,10 @@ def test_remote_string_helpers():
   assert paths.dirname('gs://b/run/x') == 'gs://b/run' and paths.basename('gs://b/run/') == 'run'
   assert paths.absolute('gs://b/run/') == 'gs://b/run' and paths.bucket_of('gs://b/x') == ('gs', 'b')
   assert paths.absolute('~/x') == os.path.join(os.path.expanduser('~'), 'x')
+  for bucketless in ('gs://', 'gs:///runs/x'):   # was an IndexError inside the workdir lock
+    with pytest.raises(paths.PathError, match=f"'{bucketless}' names no bucket; expected "
+                                              'gs://BUCKET/'):
+      paths.bucket_of(bucketless)
 
 
 def test_unreachable_bucket_is_one_clear_error_within_seconds(monkeypatch):
