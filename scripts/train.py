@@ -14,6 +14,7 @@ Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets on
 results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
 """
 import json
+import re
 import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
@@ -36,11 +37,22 @@ _CHECK_ARGS = flags.DEFINE_bool('check_args', False, 'parse the flags and load t
 
 def main(argv):
   del argv
+  given = [f'--{f.name}' for f in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)
+           if f.value is not None]
+  if given and not _MULTIHOST.value:
+    raise ValueError(f'{", ".join(given)} without --multihost: each process would train alone; '
+                     'expected --multihost with them')
+  address = _COORDINATOR.value
+  if address is not None and not re.fullmatch(r'.+:[0-9]{1,5}', address):
+    raise ValueError(f'--coordinator_address={address}; expected HOST:PORT')
   if _CHECK_ARGS.value:   # the flags and the config's overrides parsed: nothing else to do
     return
   import jax
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
+    if address:   # (JAX waits for every process in silence, then aborts)
+      print(f'joining {_NUM_PROCESSES.value} processes at {address} (jax.distributed); start '
+            'the same command on every host', file=sys.stderr, flush=True)
     try:
       jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     except (RuntimeError, ValueError) as e:  # auto-detection found no Cloud TPU / SLURM cluster

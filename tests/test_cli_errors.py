@@ -41,6 +41,14 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
     ('evaluate.py', ['--workdir', 'W', '--batches', '-1'], 'error: flag --batches=-1: '),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'README.md'],
      'README.md (or a folder above it) is a file; expected a directory'),
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', '--num_processes=2',
+                  '--process_id=0'],
+     '--num_processes, --process_id without --multihost: each process would train alone'),
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', '--multihost',
+                  '--coordinator_address=nohost', '--num_processes=2', '--process_id=1'],
+     'error: --coordinator_address=nohost; expected HOST:PORT'),
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'gs://'],
+     "error: 'gs://' names no bucket; expected gs://BUCKET/..."),
 ])
 def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
