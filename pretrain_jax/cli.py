@@ -87,7 +87,7 @@ keep_freed_memory(_forced_cpu_devices())
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, PermissionError, FloatingPointError)
 USER_ERROR_NAMES = ('LockHeld', 'CheckpointError', 'CheckpointSaveError', 'UsageError',
-                    'PathError')
+                    'PathError', 'PeerError')
 
 
 def is_user_error(error: BaseException) -> bool:

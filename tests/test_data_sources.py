@@ -140,8 +140,10 @@ def test_only_process_0_prepares_the_others_open_its_copy(tmp_path, cache, monke
   with pytest.raises(FileNotFoundError, match=f"not prepared in '{shared}'"):
     sources.open_source(dc, data_dir=shared, process_index=1, sync=lambda _: 'f' + '0' * 16)
   assert not os.path.exists(os.path.join(shared, 'local_text_files', 'f' + '0' * 16))
-  with pytest.raises(RuntimeError, match='process 0 could not prepare'):
+  with pytest.raises(sources.PeerError, match='process 0 could not prepare') as failed:
     sources.open_source(dc, data_dir=shared, process_index=1, sync=lambda _: '')
+  from pretrain_jax import cli  # pylint: disable=g-import-not-at-top
+  assert cli.is_user_error(failed.value)   # one error line on every other host, no traceback
   with pytest.raises(ValueError, match='pass the sync'):
     sources.open_source(dc, data_dir=shared, process_index=1)
   # Process 0 prepares, then hands its copy's name to the barrier.

@@ -35,6 +35,10 @@ tf.config.set_visible_devices([], 'GPU')
 cache_dir = paths_lib.cache_dir
 
 
+class PeerError(RuntimeError):
+  """Another process of the run failed (its own error says why); this one stops too."""
+
+
 class Source:
   """A prepared tfds builder, the name of its text feature, and a fingerprint of the data."""
 
@@ -112,8 +116,8 @@ def open_source(data_config, *, data_dir: str | None = None, process_index: int 
   if process_index == 0:
     return source
   if not name:
-    raise RuntimeError(f'process 0 could not prepare {description} in {data_dir!r}; its error '
-                       'is in its log')
+    raise PeerError(f'process 0 could not prepare {description} in {data_dir!r}; its error '
+                    'is in its log')
   if (data_dir, name) not in _OPENED:
     _OPENED[data_dir, name] = Source(local_builder.open_prepared(data_dir, name, description),
                                      'text', name, description)
