@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -226,7 +227,47 @@ def test_worker_commands():
   # pkill -f / pgrep -f must not match the ssh shell that runs them (it would kill itself).
   for own in (gcloud.stop_command(), gcloud.probe_command()):
     assert not re.search(r'scripts/train\.py', own)
-    assert re.search(gcloud.TRAIN_PATTERN, 'python scripts/train.py --multihost')
+    assert re.search(gcloud.TRAIN_PATTERN, '.venv/bin/python scripts/train.py --multihost')
+    assert not re.search(gcloud.TRAIN_PATTERN, 'bash -c W=1; .venv/bin/python scripts/train.py')
+
+
+def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):
+  """On a worker (here: this machine, in a scratch HOME): stop_command's pkill reaches the
+  trainer, not the nohup wrapper that train_command starts, which then writes EXIT (the log
+  shipping runs there too). The wrapper's own command line holds 'scripts/train.py'."""
+  home, code = tmp_path / 'home', tmp_path / 'home' / gcloud.CODE_DIR
+  (code / 'scripts').mkdir(parents=True)
+  (code / '.venv' / 'bin').mkdir(parents=True)
+  os.symlink(sys.executable, code / '.venv' / 'bin' / 'python')
+  (code / 'scripts' / 'train.py').write_text(
+      'import signal, sys, time\n'
+      'signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))\n'
+      'print("training", flush=True)\ntime.sleep(60)\n')
+  stubs = tmp_path / 'stubs'   # this machine's TPU devices are none of stop_command's business
+  stubs.mkdir()
+  for name in ('sudo', 'curl'):
+    (stubs / name).write_text('#!/bin/sh\nexit 1\n')
+    (stubs / name).chmod(0o755)
+  env = dict(os.environ, HOME=str(home), PATH=f'{stubs}:{os.environ["PATH"]}')
+  subprocess.run(['bash', '-c', gcloud.train_command(['--config', 'c.py', '--workdir', '/w'])],
+                 env=env, check=True, timeout=30)
+  logs = home / gcloud.LOG_DIR
+  for _ in range(100):
+    if 'training' in (logs / 'worker.log').read_text() if (logs / 'worker.log').exists() else '':
+      break
+    time.sleep(0.1)
+  probe = lambda: subprocess.run(['bash', '-c', gcloud.probe_command()], env=env, check=True,
+                                 capture_output=True, text=True).stdout
+  assert gcloud.parse_probe(probe()) == ['RUNNING']
+  subprocess.run(['bash', '-c', gcloud.stop_command(grace_s=10)], env=env, timeout=60,
+                 check=False, capture_output=True)
+  for _ in range(50):
+    if (logs / 'EXIT').exists():
+      break
+    time.sleep(0.1)
+  assert (logs / 'EXIT').read_text().strip() == '0'
+  assert gcloud.parse_probe(probe()) == [0]
+  assert 'saved' in (logs / 'worker.log').read_text()
   assert "'jax[tpu]==0.10.2' -f https://storage.googleapis.com/jax-releases/libtpu_releases" \
          in gcloud.setup_command('0.10.2')
   assert 'apt-get install -y -q python3.11-venv' in gcloud.setup_command('0.10.2', 'python3.11')

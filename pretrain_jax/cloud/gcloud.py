@@ -41,8 +41,10 @@ CODE_DIR = 'pretrain_jax'  # on every worker, relative to the ssh user's home
 LOG_DIR = 'pretrain_jax_logs'
 TARBALL = 'pretrain_jax.tar.gz'
 LIBTPU_RELEASES = 'https://storage.googleapis.com/jax-releases/libtpu_releases.html'
-# The regex matches the trainer's command line but not a shell whose own command line holds it.
-TRAIN_PATTERN = '[s]cripts/train.py'
+# The regex matches the trainer's command line (.venv/bin/python scripts/train.py ...) but not
+# a shell whose command line holds it: train_command's wrapper, which must live on to record the
+# exit code and ship the log, nor the ssh shell running pkill.
+TRAIN_PATTERN = '^[^ ]*python[^ ]* scripts/train[.]py'
 WORKER_NUMBER_URL = ('http://metadata.google.internal/computeMetadata/v1/instance/attributes/'
                      'agent-worker-number')
 
