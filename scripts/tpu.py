@@ -149,6 +149,12 @@ def check_train_args(args) -> None:
   if not os.path.isfile(full) or not os.path.abspath(full).startswith(launcher.REPO_ROOT):
     raise ValueError(f'--config {config_arg}: no such file in {launcher.REPO_ROOT}; expected a '
                      'config the repository ships, such as configs/gpt2_small.py')
+  tracked = subprocess.run(['git', '-C', launcher.REPO_ROOT, 'ls-files', '--error-unmatch',
+                            os.path.relpath(full, launcher.REPO_ROOT)], capture_output=True,
+                           text=True, check=False)
+  if tracked.returncode and 'did not match' in tracked.stderr:
+    raise ValueError(f'--config {config_arg} is not committed; setup ships the committed HEAD, '
+                     'so the workers would not have it: commit it (then run setup again)')
   check = subprocess.run(
       [sys.executable, os.path.join(launcher.REPO_ROOT, 'scripts', 'train.py'), *args,
        '--multihost', '--check_args'], cwd=launcher.REPO_ROOT, capture_output=True, text=True,

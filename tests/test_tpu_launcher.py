@@ -486,6 +486,25 @@ def test_describe_output_that_is_not_json_is_one_clear_error():
     job.describe()
 
 
+def test_run_refuses_a_config_setup_would_not_ship(fake, tmp_path):
+  """setup ships the committed HEAD: an untracked config (or one outside the repository) would
+  be missing on every worker."""
+  os.makedirs(os.path.join(ROOT, 'runs'), exist_ok=True)
+  untracked = os.path.join(ROOT, 'runs', f'untracked_{os.getpid()}.py')   # runs/ is ignored
+  with open(os.path.join(ROOT, 'configs', 'tiny_gpt.py')) as f, open(untracked, 'w') as g:
+    g.write(f.read())
+  (tmp_path / 'mine.py').write_text(open(untracked).read())   # exists, outside the repository
+  try:
+    for config, message in ((os.path.relpath(untracked, ROOT), 'is not committed; setup ships'),
+                            (str(tmp_path / 'mine.py'), 'no such file in')):
+      done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--', '--config', config,
+                     '--workdir', 'gs://bkt/r'], fake.env)
+      assert done.returncode == 2 and message in done.stderr, done.stderr
+  finally:
+    os.remove(untracked)
+  assert fake.calls() == []
+
+
 @pytest.mark.parametrize('flag, message', [
     ('--watch_interval_s=-1', 'error: flag --watch_interval_s=-1: '),
     ('--backoff_s=-5', 'error: flag --backoff_s=-5: '),
