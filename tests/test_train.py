@@ -145,6 +145,17 @@ def test_bad_mesh_config(mesh, message):
     mesh_lib.make_mesh(ml_collections.ConfigDict(mesh), jax.devices()[:1])
 
 
+def test_batch_shards_must_split_over_the_processes():
+  """Tensor parallelism across hosts (data*fsdp=1 on 2 processes) gave each process its own
+  rows for a batch shard both hold: the global batch differed by device."""
+  config = tiny_config('gpt')
+  config.mesh.update(data=1, fsdp=1, tensor=1)
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  mesh_lib.check_config(config, mesh, process_count=1)
+  with pytest.raises(ValueError, match=r'data\*fsdp=1 .* not a multiple of the 2 processes'):
+    mesh_lib.check_config(config, mesh, process_count=2)
+
+
 def test_batch_not_divisible_by_microbatches():
   config = tiny_config('gpt', microbatches=3)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])

@@ -109,6 +109,12 @@ def check_config(config, mesh: Mesh, process_count: int = 1) -> None:
   if t.batch_size % process_count:
     raise ValueError(f'train.batch_size={t.batch_size} is not divisible by the '
                      f'{process_count} processes (hosts)')
+  if shards % process_count:
+    raise ValueError(f'the data-parallel mesh axes data*fsdp={shards} (mesh {dict(mesh.shape)}) '
+                     f'are not a multiple of the {process_count} processes (hosts): each '
+                     'process feeds its own rows of the batch, so each needs batch shards of '
+                     'its own; expected data*fsdp a multiple of the process count (tensor '
+                     'parallelism within a host)')
   tensor = mesh.shape['tensor']
   for key in ('num_heads', 'mlp_dim', 'vocab_size'):
     if m[key] % tensor:
