@@ -481,6 +481,36 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
     assert json.loads(f.read().splitlines()[-1])['loss'] == 40.0
 
 
+def test_a_trainer_whose_lock_was_taken_over_stops_before_its_next_save(tmp_path):
+  """A newer trainer took the workdir over (it judged this one's heartbeat stale: a stalled
+  host): this one must not go on saving checkpoints into the run the other now owns."""
+  config = gpt(steps=6, checkpoint_every=2, log_every=1, eval_every=0, async_checkpoints=False)
+  lock_path = tmp_path / workdir_lib.LOCK_FILE
+  other = {'host': 'elsewhere', 'pid': 1, 'start': 1.0, 'heartbeat': time.time()}
+
+  def taken_over_at_batch_3(**kw):
+    it = synthetic.synthetic_datasets(config)(**kw)
+    if not kw.get('repeat'):
+      return it
+    class Watched:
+      n = 0
+      def __iter__(self):
+        return self
+      def __next__(self):
+        self.n += 1
+        if self.n == 3:
+          lock_path.write_text(json.dumps(other))
+        return next(it)
+      def __getattr__(self, name):
+        return getattr(it, name)
+    return Watched()
+  with pytest.raises(workdir_lib.LockHeld, match='another trainer took over .* stops without '
+                                                 'saving step 4'):
+    train(config, tmp_path, datasets=taken_over_at_batch_3)
+  assert checkpoint.complete_steps(str(tmp_path)) == [2]
+  assert json.loads(lock_path.read_text()) == other     # its lock is left alone
+
+
 def test_a_rerun_after_a_crash_before_the_first_checkpoint_logs_each_step_once(tmp_path):
   config = gpt(steps=4, checkpoint_every=1000, log_every=1, eval_every=0)
 

@@ -80,7 +80,7 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   second = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
   assert 'took over the stale lock gs://bucket/locked/LOCK' in second.acquire()
   first.refresh()
-  assert first.record is None                       # 412: it knows it lost the lock
+  assert first.record is None and first.lost        # 412: it knows it lost the lock
   first.release()                                   # and deletes nothing
   assert json.loads(paths.read_text(f'{workdir}/LOCK'))['pid'] == os.getpid()
   second.release()

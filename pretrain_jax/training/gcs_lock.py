@@ -7,7 +7,8 @@ generation (a number that changes on every write):
              on this host): upload with if_generation_match=<the stale generation we read>;
              of two trainers racing, one wins, the other gets 412 and refuses
   heartbeat  upload with if_generation_match=<our generation>; a 412 means we were taken over:
-             the heartbeat stops and says so (training goes on; the newer trainer owns the run)
+             the heartbeat stops and says so, and the trainer stops before its next save (the
+             newer trainer owns the run)
   release    delete with if_generation_match=<our generation>
 """
 import json
@@ -98,8 +99,8 @@ class GcsLock(workdir_lib.WorkdirLock):
       record = dict(self.record, heartbeat=time.time())
       if not self._write(record, self.generation):
         print(f'workdir lock {self.path} was taken over by another trainer; this one no longer '
-              'holds the run', file=sys.stderr, flush=True)
-        self.record = None
+              'holds the run and stops at its next save', file=sys.stderr, flush=True)
+        self.lost, self.record = True, None
 
   def release(self) -> None:
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top

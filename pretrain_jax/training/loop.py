@@ -124,13 +124,13 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
   used when resuming) and `evaluators`: callables params -> dict of metrics added to each
   evaluation (T5's exact match by decoding)."""
   workdir_lib.check_cadence(config.train)
-  with workdir_lib.hold(workdir, config.train.steps):
+  with workdir_lib.hold(workdir, config.train.steps) as check_held:
     return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
-                               evaluators=evaluators)
+                               evaluators=evaluators, check_held=check_held)
 
 
 def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
-                        evaluators=()) -> dict:
+                        evaluators=(), check_held=lambda step: None) -> dict:
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
@@ -219,6 +219,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
         writer.line(f'step {step}/{t.steps} | eval loss {eval_metrics["loss"]:.4f} | '
                     f'accuracy {_accuracy(eval_metrics):.3f}')
       if save_now:
+        check_held(step)
         checkpointer.save(step, state, train_iter.get_state())
       if eval_now or save_now:
         clock.pause()                            # not training throughput

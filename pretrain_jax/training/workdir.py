@@ -61,6 +61,8 @@ class WorkdirLock:
   so a taken-over lock is never clobbered). Both take over a stale lock by `stale_reason`.
   """
 
+  lost = False   # set by refresh() when the lock on storage is another trainer's now
+
   def acquire(self) -> str:
     raise NotImplementedError
 
@@ -174,8 +176,11 @@ class LocalLock(WorkdirLock):
     """Rewrites the heartbeat (atomically), if the lock on disk is still ours."""
     with self._mutex:
       holder, _ = self._holder()
-      if self.record is None or not holder or holder.get('pid') != self.record['pid'] or \
+      if self.record is None:
+        return
+      if not holder or holder.get('pid') != self.record['pid'] or \
           holder.get('start') != self.record['start']:
+        self.lost, self.record = True, None
         return
       self.record['heartbeat'] = time.time()
       paths.write_text(self.path, json.dumps(self.record))
@@ -376,7 +381,7 @@ def shared_tokenizer(data_config, workdir: str, source=None):
 def hold(workdir: str, steps: int):
   """Holds the workdir for a run: process 0 takes the lock (every process raises LockHeld when
   it cannot), then removes the folders of interrupted saves. Refuses `steps` below the newest
-  checkpoint before anything is written."""
+  checkpoint before anything is written. Yields `check_held(step)`, to call before each save."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
@@ -405,7 +410,19 @@ def hold(workdir: str, steps: int):
             flush=True)
     if jax.process_index() == 0:
       ckpt_lib.remove_temporary(workdir)
-    yield
+
+    def check_held(step) -> None:
+      """Before a save: raises LockHeld on every process when another trainer has taken the
+      workdir over (its lock is checked now, not at the last heartbeat)."""
+      if lock is not None:
+        lock.refresh()
+      lost = lock is not None and lock.lost
+      if jax.process_count() > 1:
+        lost = bool(np.any(multihost_utils.process_allgather(np.asarray(lost))))
+      if lost:
+        raise LockHeld(f'another trainer took over {workdir} (its LOCK is no longer this '
+                       f'run\'s); this one stops without saving step {step} over its checkpoints')
+    yield check_held
   finally:
     if lock is not None:
       lock.release()
