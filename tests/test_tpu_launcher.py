@@ -35,6 +35,9 @@ path = os.environ['FAKE_GCLOUD_STATE']
 with open(path) as f:
   st = json.load(f)
 words = [a for a in argv if not a.startswith('--') and a != 'alpha']
+if words[0] == 'storage':   # `storage rm gs://.../LOCK`: the lock object is never there here
+  sys.stderr.write('ERROR: (gcloud.storage.rm) The following URLs matched no objects or files\n')
+  sys.exit(1)
 kind, verb = words[2], words[3]
 command = next((a.split('=', 1)[1] for a in argv if a.startswith('--command=')), '')
 queued = st['queued']
@@ -117,6 +120,8 @@ def fake(tmp_path, monkeypatch):
 def short(argv):
   """['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', ..., '--command=pkill ...'] -> 'tpu-vm ssh stop'."""
   words = [a for a in argv if not a.startswith('--') and a != 'alpha']
+  if words[0] == 'storage':
+    return f'storage {words[1]} {words[2].rsplit("/", 1)[-1]}'
   name = f'{words[2]} {words[3]}'
   command = next((a.split('=', 1)[1] for a in argv if a.startswith('--command=')), '')
   for tag, marker in (('stop', 'pkill'), ('train', 'nohup'), ('probe', 'if pgrep'),
@@ -317,11 +322,15 @@ def test_create_setup_run_watch_survives_a_preemption(fake):
       'tpu-vm scp', 'tpu-vm ssh setup',
       'tpu-vm describe', 'tpu-vm ssh stop', 'tpu-vm ssh train',  # run: READY, 4 workers
       'tpu-vm describe',  # PREEMPTED
-      'tpu-vm delete', 'tpu-vm create', 'tpu-vm describe', 'tpu-vm describe',
+      'tpu-vm delete', 'storage rm LOCK',  # the lost trainer's workdir lock
+      'tpu-vm create', 'tpu-vm describe', 'tpu-vm describe',
       'tpu-vm scp', 'tpu-vm ssh setup', 'tpu-vm ssh stop', 'tpu-vm ssh train',
       'tpu-vm describe', 'tpu-vm ssh probe']  # READY, TRAIN=EXIT:0 on 4 workers
-  assert calls[0] == gcloud.create_argv(VM)[1:] and calls[10] == calls[0]
+  assert calls[0] == gcloud.create_argv(VM)[1:] and calls[11] == calls[0]
   assert calls[9] == gcloud.delete_argv(VM)[1:]
+  assert calls[10] == ['storage', 'rm', 'gs://bkt/runs/gpt2/LOCK', '--quiet']
+  from pretrain_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  assert gcloud.LOCK_FILE == workdir_lib.LOCK_FILE
   assert calls[3] == ['compute', 'tpus', 'tpu-vm', 'scp',
                       os.path.join(str(fake.log.parent), 'pretrain_jax-ptj.tar.gz'),
                       'ptj:pretrain_jax.tar.gz', '--zone=us-west4-a', '--worker=all', '--quiet']

@@ -127,6 +127,14 @@ def node_describe_argv(s: Slice) -> list:
       '--format=json']
 
 
+LOCK_FILE = 'LOCK'   # the workdir lock's object (pretrain_jax.training.workdir.LOCK_FILE)
+
+
+def unlock_argv(workdir: str) -> list:
+  """Removes a gs:// workdir's LOCK (a deleted slice's trainer can no longer release it)."""
+  return ['gcloud', 'storage', 'rm', f'{workdir.rstrip("/")}/{LOCK_FILE}', '--quiet']
+
+
 def delete_argv(s: Slice) -> list:
   if s.queued:  # --force deletes the node along with the request
     return ['gcloud', 'compute', 'tpus', 'queued-resources', 'delete', s.name] + _tail(s) + [

@@ -202,6 +202,7 @@ class Launcher:
       self.sleep(wait)
       try:
         self._call(gcloud.delete_argv(self.tpu), ok_not_found=True)
+        self._release_lock(train_args)
         self._call(gcloud.create_argv(self.tpu))
         result['workers'] = self.wait_ready()
         self.setup()
@@ -210,6 +211,19 @@ class Launcher:
       except LaunchError as e:
         self.log(f'warning: re-creation {attempt} failed: {e}')
         state = f'not back (last error: {e})'
+
+  def _release_lock(self, train_args) -> None:
+    """The deleted slice took its trainers with it, and one held the workdir's LOCK: removed
+    here, or the new slice's trainer would be refused until that heartbeat is stale (10 min)."""
+    workdir = gcloud.workdir_of(train_args)
+    if not workdir.startswith('gs://'):
+      return
+    rc, _, err = self.runner(gcloud.unlock_argv(workdir), True)
+    if rc == 0:
+      self.log(f'removed the lost slice\'s lock {workdir.rstrip("/")}/{gcloud.LOCK_FILE}')
+    elif 'matched no objects' not in err:
+      self.log(f'warning: could not remove {workdir.rstrip("/")}/{gcloud.LOCK_FILE}: '
+               f'{" ".join(err.strip().splitlines()[-1:])[-200:]}')
 
   def watch(self, train_args, result) -> dict:
     """Polls until train.py exits on every worker; re-creates the slice when it is lost.
