@@ -142,6 +142,11 @@ def test_config_differences_name_each_key():
   moved = gpt()
   moved.data.prepared_dir = 'gs://bucket/prepared'
   assert workdir_lib.config_differences(older, moved.to_dict()) == []
+  # The default stream count (0: resolved from the batch) written out, as the data position's
+  # own refusal suggests: the data position compares the resolved counts
+  spelled = gpt()
+  spelled.data.num_streams = 8
+  assert workdir_lib.config_differences(saved, spelled.to_dict()) == []
 
 
 def test_refused_resume_leaves_config_json_unchanged(tmp_path):
