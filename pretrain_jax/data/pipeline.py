@@ -145,10 +145,10 @@ class DataIterator:
                        f'with --config.data.num_streams={saved} on a host count dividing it '
                        f'({streams.divisors(saved) if isinstance(saved, int) else "?"})')
     # The split's size: states saved before a key was recorded are not checked on it.
-    now = {k: self._identity[k] for k in DATA_SIZE}
-    then = {k: state.get(k, now[k]) for k in DATA_SIZE}
+    now = {k: self._identity[k] for k in DATA_SIZE if k in self._identity}
+    then = {k: state.get(k, value) for k, value in now.items()}
     if then != now:
-      size = lambda d: f'{d["documents"]:,} documents of {d["bytes"]:,} bytes'
+      size = lambda d: ' of '.join(f'{value:,} {k}' for k, value in d.items())
       raise ValueError(f'split {self._identity["split"]!r} had {size(then)} when the data '
                        f'position was saved and has {size(now)} now: the data behind '
                        'config.data.files (or the tfds dataset) changed, and the position would '
