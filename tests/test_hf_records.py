@@ -29,18 +29,25 @@ def test_one_record_per_model_family():
     assert families.of_config_json(hf_config.hf_config_from_model(cfg)).name == name
 
 
-@pytest.mark.parametrize('family', ['bert', 'gpt'])
-def test_sentencepiece_run_exports_a_tokenizer_json(tmp_path, family):
-  tr = pytest.importorskip('transformers')
+def run_with_own_tokenizer(tmp_path, family):
+  """(workdir, tokenizer path) of a tiny `family` run as if trained with a sentencepiece
+  tokenizer of this project (an import whose config.json names it)."""
   cfg = modeling.tiny(family, vocab_size=256)
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
   work = tmp_path / 'work'
   workdir_lib.import_hf(src, str(work), configs.base_config)
   sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256)
-  with open(work / 'config.json') as f:  # as if the run had trained with this tokenizer
+  with open(work / 'config.json') as f:
     config = json.load(f)
   config['data']['tokenizer'] = sp_path
   (work / 'config.json').write_text(json.dumps(config))
+  return work, sp_path
+
+
+@pytest.mark.parametrize('family', ['bert', 'gpt'])
+def test_sentencepiece_run_exports_a_tokenizer_json(tmp_path, family):
+  tr = pytest.importorskip('transformers')
+  work, sp_path = run_with_own_tokenizer(tmp_path, family)
 
   result = workdir_lib.export_hf(str(work), str(tmp_path / 'out'))
   assert result['tokenizer_files'] == ['tokenizer.json', 'tokenizer_config.json']
@@ -74,15 +81,7 @@ def test_t5_run_exports_spiece_with_its_sentinels_where_hf_puts_them(tmp_path):
   model's vocabulary (it was 100 more, the sentinels past the embedding), and the export loads
   back here."""
   tr = pytest.importorskip('transformers')
-  cfg = modeling.tiny('t5', vocab_size=256)
-  src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
-  work = tmp_path / 'work'
-  workdir_lib.import_hf(src, str(work), configs.base_config)
-  sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256)
-  with open(work / 'config.json') as f:  # as if the run had trained with this tokenizer
-    config = json.load(f)
-  config['data']['tokenizer'] = sp_path
-  (work / 'config.json').write_text(json.dumps(config))
+  work, sp_path = run_with_own_tokenizer(tmp_path, 't5')
   assert not (work / 'hf_tokenizer').exists()    # (an imported one would be exported as is)
 
   result = workdir_lib.export_hf(str(work), str(tmp_path / 'out'))
