@@ -136,13 +136,18 @@ def test_text_continuing_a_word_gets_no_word_boundary(tmp_path):
 
 def test_sentinel_text_is_the_sentinel_wherever_it_stands(tmp_path):
   """The pieces are '▁<extra_id_N>' (a word start): glued to a word or to another sentinel the
-  text was spelled out; now it is the sentinel, as transformers' T5 tokenizer reads it."""
+  text was spelled out; now it is the sentinel. What follows a sentinel keeps the pieces span
+  corruption leaves there: ',' (not '▁,') after '<extra_id_0>,', a word start after a space."""
   t = tok_lib.Tokenizer(tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 't.model'),
                                                     vocab_size=1000))
   s0, s1 = t.sentinel_id(0), t.sentinel_id(1)
+  glued = lambda text: t.encode(text, word_start=False)
   assert t.encode('The <extra_id_0> list') == t.encode('The') + [s0] + t.encode('list')
-  assert t.encode('The<extra_id_0>list') == t.encode('The') + [s0] + t.encode('list')
-  assert t.encode('(<extra_id_0><extra_id_1>)') == t.encode('(') + [s0, s1] + t.encode(')')
+  assert t.encode('The<extra_id_0>list') == t.encode('The') + [s0] + glued('list')
+  assert t.encode('(<extra_id_0><extra_id_1>)') == t.encode('(') + [s0, s1] + glued(')')
+  after = t.encode('It is <extra_id_0>, in place.')
+  assert after == t.sp.encode('It is <extra_id_0>, in place.')   # the piece after a sentinel
+  assert not t.id_to_piece(after[after.index(s0) + 1]).startswith('▁')
   assert s0 not in t.encode('<extra_id_100>') and t.encode('plain text') == t.sp.encode(
       'plain text')
 

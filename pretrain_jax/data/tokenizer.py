@@ -32,21 +32,30 @@ def round_up(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
   return -(-n // multiple) * multiple
 
 
-_SENTINEL_TEXT = re.compile(r'\s*<extra_id_(\d+)>\s*')
+_SENTINEL_TEXT = re.compile(r'<extra_id_(\d+)>')
 
 
-def encode_with_sentinels(encode, text: str, sentinel_id, count: int) -> list:
+def encode_with_sentinels(encode, text: str, sentinel_id, count: int, continuing=None) -> list:
   """encode(text) with every `<extra_id_N>` (N < count) as sentinel_id(N), wherever it stands
-  ('dog<extra_id_0>.' too), as transformers' T5 tokenizer does: the text between sentinels is
-  encoded on its own and the whitespace around a sentinel dropped."""
+  ('dog<extra_id_0>.' too); the text between sentinels is encoded on its own, whitespace around
+  a sentinel dropped. Text glued to the sentinel before it: `continuing(text)` (a tokenizer
+  trained here: the pieces span corruption leaves after a sentinel, ',' not '▁,'); without it,
+  every text after a sentinel starts a word, as in transformers' T5 tokenizer."""
   if '<extra_id_' not in text:
     return encode(text)
+
+  def chunk(part: str, after_sentinel: bool) -> list:
+    if not part.strip():
+      return []
+    if after_sentinel and continuing is not None and not part[0].isspace():
+      return continuing(part.rstrip())
+    return encode(part.strip())
   ids, start = [], 0
   for m in _SENTINEL_TEXT.finditer(text):
     if int(m.group(1)) < count:
-      ids += encode(text[start:m.start()]) + [sentinel_id(int(m.group(1)))]
+      ids += chunk(text[start:m.start()], start > 0) + [sentinel_id(int(m.group(1)))]
       start = m.end()
-  return ids + encode(text[start:])
+  return ids + chunk(text[start:], start > 0)
 
 
 def sentinel_piece(i: int) -> str:
@@ -137,7 +146,8 @@ class Tokenizer:
     text continues a word (it follows a [MASK] directly), so its first piece gets no word
     boundary: sentencepiece's dummy prefix, the ▁ it puts before every text, is left out."""
     encode = (self.sp if word_start else self._continuing).encode
-    return encode_with_sentinels(encode, text, self.sentinel_id, NUM_SENTINELS)
+    return encode_with_sentinels(encode, text, self.sentinel_id, NUM_SENTINELS,
+                                 continuing=self._continuing.encode)
 
   @functools.cached_property
   def _continuing(self):
