@@ -516,6 +516,17 @@ def test_a_trainer_whose_lock_was_taken_over_stops_before_its_next_save(tmp_path
   assert json.loads(lock_path.read_text()) == other     # its lock is left alone
 
 
+def test_a_lock_that_cannot_be_checked_before_a_save_does_not_stop_training(tmp_path,
+                                                                           monkeypatch, capsys):
+  def unreachable(self):
+    raise OSError('storage timed out')
+  monkeypatch.setattr(workdir_lib.LocalLock, 'refresh', unreachable)
+  assert train(gpt(steps=4, checkpoint_every=2, eval_every=0), tmp_path)['step'] == 4
+  assert checkpoint.complete_steps(str(tmp_path))[-1] == 4
+  assert 'could not check it before saving step 2 (OSError: storage timed out)' in (
+      capsys.readouterr().err)
+
+
 def test_a_rerun_after_a_crash_before_the_first_checkpoint_logs_each_step_once(tmp_path):
   config = gpt(steps=4, checkpoint_every=1000, log_every=1, eval_every=0)
 

@@ -74,6 +74,12 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   generation = first.generation
   first.refresh()                                   # heartbeat: a new generation, still ours
   assert first.generation != generation and first.record is not None
+  # An upload that landed but whose answer was lost (the client retries and gets a 412 on our
+  # own new generation) is still ours, not a takeover
+  assert first._write(dict(first.record), first.generation)
+  first.generation = generation
+  first.refresh()
+  assert not first.lost and first.record is not None
   # A stale holder (heartbeat 20 min old) is taken over; the old one then stops claiming it.
   stale = dict(first.record, heartbeat=time.time() - 1200, host='elsewhere')
   assert first._write(stale, first.generation)

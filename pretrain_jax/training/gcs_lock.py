@@ -98,6 +98,11 @@ class GcsLock(workdir_lib.WorkdirLock):
         return
       record = dict(self.record, heartbeat=time.time())
       if not self._write(record, self.generation):
+        holder, _, generation = self._holder()
+        if holder and (holder.get('pid'), holder.get('start')) == (record['pid'],
+                                                                   record['start']):
+          self.record, self.generation = holder, generation   # our own write, retried: a 412
+          return
         print(f'workdir lock {self.path} was taken over by another trainer; this one no longer '
               'holds the run and stops at its next save', file=sys.stderr, flush=True)
         self.lost, self.record = True, None

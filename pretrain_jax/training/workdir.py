@@ -416,7 +416,11 @@ def hold(workdir: str, steps: int):
       """Before a save: raises LockHeld on every process when another trainer has taken the
       workdir over (its lock is checked now, not at the last heartbeat)."""
       if lock is not None:
-        lock.refresh()
+        try:
+          lock.refresh()
+        except Exception as e:  # pylint: disable=broad-exception-caught  (a network blip)
+          print(f'workdir lock {lock.path}: could not check it before saving step {step} '
+                f'({type(e).__name__}: {e}); saving', file=sys.stderr, flush=True)
       lost = lock is not None and lock.lost
       if jax.process_count() > 1:
         lost = bool(np.any(multihost_utils.process_allgather(np.asarray(lost))))
