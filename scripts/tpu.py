@@ -146,15 +146,20 @@ def check_train_args(args) -> None:
                      'worker loses its disk)')
   path = config_arg.partition(':')[0]
   full = path if os.path.isabs(path) else os.path.join(launcher.REPO_ROOT, path)
-  if not os.path.isfile(full) or not os.path.abspath(full).startswith(launcher.REPO_ROOT):
+  root = os.path.abspath(launcher.REPO_ROOT)
+  if not os.path.isfile(full) or os.path.commonpath([root, os.path.abspath(full)]) != root:
     raise ValueError(f'--config {config_arg}: no such file in {launcher.REPO_ROOT}; expected a '
                      'config the repository ships, such as configs/gpt2_small.py')
-  tracked = subprocess.run(['git', '-C', launcher.REPO_ROOT, 'ls-files', '--error-unmatch',
-                            os.path.relpath(full, launcher.REPO_ROOT)], capture_output=True,
-                           text=True, check=False)
-  if tracked.returncode and 'did not match' in tracked.stderr:
+  relative = os.path.relpath(full, root)
+  git = lambda *a: subprocess.run(['git', '-C', root, *a], capture_output=True, text=True,
+                                  check=False)
+  if 'did not match' in git('ls-files', '--error-unmatch', relative).stderr:
     raise ValueError(f'--config {config_arg} is not committed; setup ships the committed HEAD, '
                      'so the workers would not have it: commit it (then run setup again)')
+  if git('diff', '--quiet', 'HEAD', '--', relative).returncode == 1:
+    raise ValueError(f'--config {config_arg} has uncommitted changes; setup ships the committed '
+                     'HEAD, so the workers would run its committed version: commit them (then '
+                     'run setup again)')
   check = subprocess.run(
       [sys.executable, os.path.join(launcher.REPO_ROOT, 'scripts', 'train.py'), *args,
        '--multihost', '--check_args'], cwd=launcher.REPO_ROOT, capture_output=True, text=True,
