@@ -41,12 +41,13 @@ def expand_files(pattern: str) -> list:
   """Paths matching a glob, sorted, or comma-separated globs' in their order; a file two globs
   match is read once (twice, its documents would be trained on twice, and could be in both
   splits). Errors name what is wrong."""
-  paths = []
+  paths = {}   # (a dict: insertion order, and one entry per file)
   for part in [p.strip() for p in pattern.split(',') if p.strip()]:
     matched = paths_lib.glob(part)
     if not matched:
       raise FileNotFoundError(f'config.data.files: {part!r} matches no file')
-    paths += [p for p in matched if p not in paths]
+    paths.update(dict.fromkeys(matched))
+  paths = list(paths)
   if not paths:
     raise FileNotFoundError(f'config.data.files={pattern!r} names no file')
   for p in paths:
@@ -67,24 +68,24 @@ def _open_bytes(path: str) -> bytes:
                      'a .gz name to hold gzip-compressed text (or rename the file)') from None
 
 
-def _decode(raw: bytes, where: str, stats: collections.Counter):
+def _decode(raw: bytes, where: str, stats: collections.Counter, say):
   try:
     return raw.decode('utf-8')
   except UnicodeDecodeError as e:
     stats['invalid_utf8'] += 1
     if stats['invalid_utf8'] <= 3:
-      log.info('skipping a record with invalid UTF-8 at %s: %s', where, e)
+      say('skipping a record with invalid UTF-8 at %s: %s', where, e)
     return None
 
 
-def _json_records(data: bytes, path: str, text_key: str, stats):
+def _json_records(data: bytes, path: str, text_key: str, stats, say):
   stripped = data.lstrip()
   if stripped.startswith(b'['):  # one JSON list of objects
     try:
       items = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
       stats['bad_json'] += 1
-      log.info('skipping %s: not a JSON list: %s', path, e)
+      say('skipping %s: not a JSON list: %s', path, e)
       return
     lines = [(f'{path}[{i}]', item) for i, item in enumerate(items)]
   else:
@@ -92,7 +93,7 @@ def _json_records(data: bytes, path: str, text_key: str, stats):
     for n, line in enumerate(data.split(b'\n'), 1):
       if not line.strip():
         continue
-      text = _decode(line, f'{path}:{n}', stats)
+      text = _decode(line, f'{path}:{n}', stats, say)
       if text is None:
         continue
       try:
@@ -100,37 +101,39 @@ def _json_records(data: bytes, path: str, text_key: str, stats):
       except ValueError as e:
         stats['bad_json'] += 1
         if stats['bad_json'] <= 3:
-          log.info('skipping %s:%d: not JSON: %s', path, n, e)
+          say('skipping %s:%d: not JSON: %s', path, n, e)
   for where, item in lines:
     value = item.get(text_key) if isinstance(item, dict) else None
     if not isinstance(value, str):
       stats['no_text_field'] += 1
       if stats['no_text_field'] <= 3:
-        log.info('skipping %s: no string field %r', where, text_key)
+        say('skipping %s: no string field %r', where, text_key)
       continue
     yield where, value
 
 
-def _txt_records(data: bytes, path: str, stats):
+def _txt_records(data: bytes, path: str, stats, say):
   for n, block in enumerate(data.replace(b'\r\n', b'\n').split(b'\n\n')):
     if block.strip():
-      text = _decode(block, f'{path} block {n}', stats)
+      text = _decode(block, f'{path} block {n}', stats, say)
       if text is not None:
         yield f'{path} block {n}', text
 
 
-def read_documents(paths: list, text_key: str = 'text', stats=None):
-  """Yield the text of every good document in `paths`; bad records are counted in `stats`."""
+def read_documents(paths: list, text_key: str = 'text', stats=None, log_skips: bool = True):
+  """Yield the text of every good document in `paths`; bad records are counted in `stats` and,
+  with `log_skips`, logged at INFO."""
   stats = collections.Counter() if stats is None else stats
+  say = log.info if log_skips else lambda *args: None
   for path in paths:
     data = _open_bytes(path)
     if not data.strip():
       stats['empty_file'] += 1
-      log.info('file %s is empty', path)
+      say('file %s is empty', path)
       continue
     is_txt = path.endswith(('.txt', '.txt.gz'))
-    records = _txt_records(data, path, stats) if is_txt else _json_records(
-        data, path, text_key, stats)
+    records = _txt_records(data, path, stats, say) if is_txt else _json_records(
+        data, path, text_key, stats, say)
     for where, text in records:
       if not text.strip():
         stats['empty_document'] += 1
@@ -139,7 +142,7 @@ def read_documents(paths: list, text_key: str = 'text', stats=None):
         text.encode('utf-8')
       except UnicodeEncodeError:  # lone surrogates from JSON escapes
         stats['invalid_utf8'] += 1
-        log.info('skipping %s: text is not valid Unicode', where)
+        say('skipping %s: text is not valid Unicode', where)
         continue
       stats['documents'] += 1
       yield text
@@ -201,13 +204,10 @@ class LocalTextFiles(tfds.core.GeneratorBasedBuilder):
     return splits
 
   def _generate_examples(self, val: set, validation: bool):
-    log.disabled = True   # the counting pass above logged each skipped record once
-    try:
-      for i, text in enumerate(read_documents(self._paths, self._text_key)):
-        if (i in val) == validation:
-          yield i, {'text': text}
-    finally:
-      log.disabled = False
+    # (the counting pass above logged each skipped record once)
+    for i, text in enumerate(read_documents(self._paths, self._text_key, log_skips=False)):
+      if (i in val) == validation:
+        yield i, {'text': text}
 
 
 def fingerprint(paths: list, text_key: str, validation_fraction: float) -> str:
