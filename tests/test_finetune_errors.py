@@ -144,6 +144,10 @@ def test_transfer_reports_the_examples_trained_on_not_the_size_asked(tmp_path, m
   assert "warning: size 1000 is more than the task's 300 training examples" in (
       capsys.readouterr().err)
   assert [s['size'] for s in transfer.summarize(rows)] == [100, 300, 300]
+  for row in rows:
+    row.update(seed=0, wall_sec=1.0, steps=3, step_time_sec=0.1)
+  assert [line.split()[1:4] for line in transfer.table(rows).splitlines()[2:]] == [
+      ['100', '0', 'acc'], ['300', '(asked', '1000)'], ['300', '0', 'acc']]
 
 
 @pytest.mark.parametrize('family, pair, least', [('bert', True, 4), ('bert', False, 3),

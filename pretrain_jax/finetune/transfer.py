@@ -65,15 +65,21 @@ def summarize(rows: list) -> list:
   for r in rows:
     groups.setdefault((r['mode'], r.get('requested_size', r['size'])), []).append(r)
   out = []
-  for (mode, _), runs in groups.items():
-    row = {'mode': mode, 'size': runs[0]['size'], 'metric': runs[0]['metric'],
-           'seeds': len(runs)}
+  for (mode, requested), runs in groups.items():
+    row = {'mode': mode, 'size': runs[0]['size'], 'requested_size': requested,
+           'metric': runs[0]['metric'], 'seeds': len(runs)}
     for key in ('final', 'best'):
       values = [r[key] for r in runs if r[key] is not None]
       row[key] = statistics.fmean(values) if values else None
       row[key + '_range'] = (min(values), max(values)) if values else None
     out.append(row)
   return out
+
+
+def _examples(row: dict) -> str:
+  """The examples trained on, and the size asked for when it was more ('300 (asked 1000)')."""
+  asked = row.get('requested_size') or 0
+  return f'{row["size"]}' + (f' (asked {asked})' if asked > row['size'] else '')
 
 
 def table(rows: list) -> str:
@@ -83,7 +89,7 @@ def table(rows: list) -> str:
   lines = [header, '-' * len(header)]
   fmt = lambda v, spec: '-' if v is None else format(v, spec)
   for r in rows:
-    lines.append(f'{r["mode"]:<13} {r["size"]:>8} {r["seed"]:>4} {r["metric"]:<15} '
+    lines.append(f'{r["mode"]:<13} {_examples(r):>8} {r["seed"]:>4} {r["metric"]:<15} '
                  f'{fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} {r["steps"]:>6} '
                  f'{r["wall_sec"]:>7.1f} '
                  f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8}')
@@ -94,7 +100,7 @@ def table(rows: list) -> str:
     lines += ['', f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean [min, max]":<24} '
               'best: mean [min, max]']
     for s in summary:
-      lines.append(f'{s["mode"]:<13} {s["size"]:>8} {s["seeds"]:>5}  {span(s, "final"):<24} '
+      lines.append(f'{s["mode"]:<13} {_examples(s):>8} {s["seeds"]:>5}  {span(s, "final"):<24} '
                    f'{span(s, "best")}')
   return '\n'.join(lines)
 
