@@ -14,7 +14,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 from absl import flags
 
 from pretrain_jax import inference
-from pretrain_jax.inference import load_pretrained
+from pretrain_jax.inference import load_pretrained, text
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir, checkpoint or HF directory',
                                required=True)
@@ -28,7 +28,8 @@ _SEED = flags.DEFINE_integer('seed', 0, 'sampling seed')
 
 def main(argv):
   del argv
-  model = load_pretrained(_WORKDIR.value)   # generate_text checks the sampling values
+  text.check_sampling(_MAX.value, _TEMPERATURE.value, _TOP_K.value, _TOP_P.value)  # before load
+  model = load_pretrained(_WORKDIR.value)
   results = inference.generate_text(model, _PROMPT.value, max_new_tokens=_MAX.value,
                                     temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                     top_p=_TOP_P.value, seed=_SEED.value)

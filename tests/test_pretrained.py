@@ -113,7 +113,8 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
   with pytest.raises(ValueError, match='a list of prompts'):
     inference.generate_text(model, 'The list')
   done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'generate.py'),
-                         '--workdir', gpt_workdir, '--prompt', 'The', '--temperature=-1'],
+                         '--workdir', str(tmp_path / 'not_loaded'), '--prompt', 'The',
+                         '--temperature=-1'],   # checked before the checkpoint is looked for
                         capture_output=True, text=True, check=False)
   assert done.returncode == 2 and done.stderr.strip() == (
       'error: temperature=-1.0 is out of range; expected >= 0 (0 = greedy)'), done.stderr

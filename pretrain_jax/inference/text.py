@@ -32,6 +32,21 @@ def _right_pad(rows, pad_id, width=None):
   return ids, seg
 
 
+def check_sampling(max_new_tokens, temperature, top_k, top_p, vocab_size=None) -> None:
+  """ValueError naming the first sampling value out of range (top_k against `vocab_size` when
+  given; a script checks before loading the model, generate_text again with it)."""
+  top_k_max = vocab_size if vocab_size is not None else float('inf')
+  for name, value, ok, expected in (
+      ('max_new_tokens', max_new_tokens, isinstance(max_new_tokens, (int, np.integer)) and
+       max_new_tokens >= 1, 'an integer >= 1'),
+      ('temperature', temperature, temperature >= 0, '>= 0 (0 = greedy)'),
+      ('top_k', top_k, 0 <= top_k <= top_k_max,
+       '0 (no filter) to the vocabulary size' + (f' {vocab_size}' if vocab_size else '')),
+      ('top_p', top_p, 0 < top_p <= 1, 'in (0, 1] (1 = no nucleus filter)')):
+    if not ok:
+      raise ValueError(f'{name}={value!r} is out of range; expected {expected}')
+
+
 def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
                   seed=0) -> list:
   """GPT: continue each prompt. T5: fill the <extra_id_N> spans of each input.
@@ -39,15 +54,7 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
   Returns one dict per prompt: prompt, ids (the new tokens, up to EOS) and text.
   """
   tok, cfg = _language_model(model, 'generation'), model.model_config
-  for name, value, ok, expected in (
-      ('max_new_tokens', max_new_tokens, isinstance(max_new_tokens, (int, np.integer)) and
-       max_new_tokens >= 1, 'an integer >= 1'),
-      ('temperature', temperature, temperature >= 0, '>= 0 (0 = greedy)'),
-      ('top_k', top_k, 0 <= top_k <= cfg.vocab_size,
-       f'0 (no filter) to the vocabulary size {cfg.vocab_size}'),
-      ('top_p', top_p, 0 < top_p <= 1, 'in (0, 1] (1 = no nucleus filter)')):
-    if not ok:
-      raise ValueError(f'{name}={value!r} is out of range; expected {expected}')
+  check_sampling(max_new_tokens, temperature, top_k, top_p, cfg.vocab_size)
   if isinstance(prompts, str):
     raise ValueError('generate takes a list of prompts; expected [text, ...], got one string')
   rows = [tok.encode(p) for p in prompts]
