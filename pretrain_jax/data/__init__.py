@@ -6,9 +6,18 @@ Public API (see DESIGN.md for the batch keys of each objective):
                seed=None, repeat=True, model_max_len=None, source=None) -> DataIterator
   host_batch_size(global_batch_size, process_count), assemble_global_batch(host_batches)
 """
-from pretrain_jax.data.pipeline import (DataIterator, assemble_global_batch, check_lengths,
-                                        host_batch_size, make_dataset)
-from pretrain_jax.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+import importlib
 
-__all__ = ['DataIterator', 'Tokenizer', 'assemble_global_batch', 'check_lengths',
-           'host_batch_size', 'load_tokenizer', 'make_dataset', 'train_sentencepiece']
+# Imported on first use (PEP 562), so that `pretrain_jax.data.tokenizer` alone (a Hugging Face
+# T5's sentinels, say) does not start TensorFlow, which the pipeline needs.
+_WHERE = {'DataIterator': 'pipeline', 'assemble_global_batch': 'pipeline',
+          'check_lengths': 'pipeline', 'host_batch_size': 'pipeline', 'make_dataset': 'pipeline',
+          'Tokenizer': 'tokenizer', 'load_tokenizer': 'tokenizer',
+          'train_sentencepiece': 'tokenizer'}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+  if name not in _WHERE:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  return getattr(importlib.import_module(f'{__name__}.{_WHERE[name]}'), name)
