@@ -150,13 +150,13 @@ def check_train_args(args) -> None:
   if not os.path.isfile(full) or os.path.commonpath([root, os.path.abspath(full)]) != root:
     raise ValueError(f'--config {config_arg}: no such file in {launcher.REPO_ROOT}; expected a '
                      'config the repository ships, such as configs/gpt2_small.py')
-  relative = os.path.relpath(full, root)
-  git = lambda *a: subprocess.run(['git', '-C', root, *a], capture_output=True, text=True,
-                                  check=False)
-  if 'did not match' in git('ls-files', '--error-unmatch', relative).stderr:
+  status = subprocess.run(['git', '-C', root, 'status', '--porcelain', '--ignored', '--',
+                           os.path.relpath(full, root)], capture_output=True, text=True,
+                          check=False).stdout[:2]   # '' when committed as it is
+  if status in ('??', '!!'):
     raise ValueError(f'--config {config_arg} is not committed; setup ships the committed HEAD, '
                      'so the workers would not have it: commit it (then run setup again)')
-  if git('diff', '--quiet', 'HEAD', '--', relative).returncode == 1:
+  if status.strip():
     raise ValueError(f'--config {config_arg} has uncommitted changes; setup ships the committed '
                      'HEAD, so the workers would run its committed version: commit them (then '
                      'run setup again)')

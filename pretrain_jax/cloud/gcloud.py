@@ -130,9 +130,13 @@ def node_describe_argv(s: Slice) -> list:
 LOCK_FILE = 'LOCK'   # the workdir lock's object (pretrain_jax.training.workdir.LOCK_FILE)
 
 
+def lock_path(workdir: str) -> str:
+  return f'{workdir.rstrip("/")}/{LOCK_FILE}'
+
+
 def unlock_argv(workdir: str) -> list:
   """Removes a gs:// workdir's LOCK (a deleted slice's trainer can no longer release it)."""
-  return ['gcloud', 'storage', 'rm', f'{workdir.rstrip("/")}/{LOCK_FILE}', '--quiet']
+  return ['gcloud', 'storage', 'rm', lock_path(workdir), '--quiet']
 
 
 def delete_argv(s: Slice) -> list:

@@ -220,9 +220,9 @@ class Launcher:
       return
     rc, _, err = self.runner(gcloud.unlock_argv(workdir), True)
     if rc == 0:
-      self.log(f'removed the lost slice\'s lock {workdir.rstrip("/")}/{gcloud.LOCK_FILE}')
+      self.log(f'removed the lost slice\'s lock {gcloud.lock_path(workdir)}')
     elif 'matched no objects' not in err:
-      self.log(f'warning: could not remove {workdir.rstrip("/")}/{gcloud.LOCK_FILE}: '
+      self.log(f'warning: could not remove {gcloud.lock_path(workdir)}: '
                f'{" ".join(err.strip().splitlines()[-1:])[-200:]}')
 
   def watch(self, train_args, result) -> dict:
