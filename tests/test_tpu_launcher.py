@@ -556,3 +556,32 @@ def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train
   ok = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--dry_run', '--'] + TRAIN_ARGS
               + ['--config.model.vocab_size=50304'], fake.env)
   assert ok.returncode == 0, ok.stderr
+
+
+def test_run_refuses_a_committed_config_with_uncommitted_edits(tmp_path, monkeypatch):
+  """The workers would run the committed version of an edited config: refused, naming it. A
+  scratch repository stands in for the project's, so no tracked file of this one is touched."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('tpu_script', TPU_PY)
+  tpu = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tpu)
+  repo = tmp_path / 'repo'
+  (repo / 'configs').mkdir(parents=True)
+  config = repo / 'configs' / 'mine.py'
+  config.write_text(open(os.path.join(ROOT, 'configs', 'tiny_gpt.py')).read())
+  git = ['git', '-C', str(repo), '-c', 'user.name=t', '-c', 'user.email=t@t']
+  for argv in (['init', '-q'], ['add', 'configs/mine.py'], ['commit', '-q', '-m', 'config']):
+    subprocess.run(git + argv, check=True)
+  monkeypatch.setattr(launcher, 'REPO_ROOT', str(repo))
+  args = ['--config', 'configs/mine.py', '--workdir', 'gs://bkt/r']
+  config.write_text(config.read_text() + '\n# edited\n')
+  with pytest.raises(ValueError, match=r'^--config configs/mine.py has uncommitted changes; '
+                                       r'setup ships the committed HEAD'):
+    tpu.check_train_args(args)
+  subprocess.run(git + ['commit', '-q', '-am', 'edit'], check=True)
+  ran, real_run = [], subprocess.run   # committed as it is: on to train.py's own parsing
+  monkeypatch.setattr(tpu.subprocess, 'run', lambda argv, **kw: (
+      ran.append(argv), subprocess.CompletedProcess(argv, 0, '', ''))[1]
+      if argv[0] == sys.executable else real_run(argv, **kw))
+  tpu.check_train_args(args)
+  assert ran and ran[0][-2:] == ['--multihost', '--check_args']
