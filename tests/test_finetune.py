@@ -168,10 +168,37 @@ def test_t5_exact_match_scoring_against_a_literal():
   scores = run_lib.exact_match_scores(
       decoded=['positive', 'negative ', 'posi', 'negative'],
       targets=['positive', 'negative', 'positive', 'positive'],
-      truth=np.array([1, 0, 1, 1]), labels=('negative', 'positive'))
+      truth=np.array([1, 0, 1, 1]), label_forms=('negative', 'positive'))
   assert scores['exact_match'] == 0.5 and scores['class_accuracy'] == 0.5
   # 'posi' is no label: counted as the wrong class (negative) -> TP 1, FN 2, TN 1, FP 0
   np.testing.assert_allclose(scores['class_f1'], 2 / (2 + 2), rtol=1e-6)
+
+
+def test_t5_labels_are_read_back_as_the_tokenizer_decodes_them(tmp_path, monkeypatch):
+  """A `text, label` CSV gives ' neg'; a vocabulary without 'é' reads 'café' back as 'caf ⁇'.
+  The class of a decoded prediction is the label whose decoded form it is (class metrics used
+  to compare it with the raw label: exact_match 1.0 beside class_accuracy 0.0)."""
+  from pretrain_jax.data import corpus, tokenizer as tok_lib
+  path = tok_lib.train_sentencepiece(corpus.embedded_documents()[:120],
+                                     str(tmp_path / 't.model'), vocab_size=1000)
+  tok = tok_lib.Tokenizer(path)
+  labels = (' neg', ' pos', 'caf\u00e9')
+  forms = classification.label_forms(tok, labels)
+  assert forms[:2] == ('neg', 'pos') and forms[2] != labels[2] and forms[2].startswith('caf')
+  task = tasks.Task('t', {'validation': [{'text': f'x{i}', 'label': label}
+                                         for i, label in enumerate(labels * 2)]}, labels)
+  encoded = classification.encode(task, 'validation', tok, 't5', 16, 8)
+  # a model that always says the target: the evaluator's greedy decoding, stubbed
+  monkeypatch.setattr(run_lib.sampling, 't5_generate', lambda params, cfg, inputs, *a, **k: (
+      jnp.asarray(encoded.rows['decoder_target_tokens'][:inputs.shape[0]])))
+  evaluate = run_lib.exact_match_evaluator(None, encoded, tok, labels, 8, 8)
+  scores = evaluate(None)
+  assert scores['exact_match'] == scores['class_accuracy'] == scores['class_f1'] == 1.0
+  with pytest.raises(ValueError, match=r"labels 'neg' and ' neg' both read back as 'neg'"):
+    classification.label_forms(tok, ('neg', ' neg'))
+  task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'neg'}]}, ('neg', ' neg'))
+  with pytest.raises(ValueError, match='could not tell them apart'):
+    classification.encode(task, 'train', tok, 't5', 16, 8)
 
 
 def _write(path, rows):

@@ -236,3 +236,28 @@ def test_a_checkpoint_directory_and_another_step_is_refused(gpt_workdir):
   assert pretrain_jax.load_pretrained(checkpoint_dir).step == 6
   with pytest.raises(ValueError, match='is checkpoint 6 but step=3 was asked for'):
     pretrain_jax.load_pretrained(checkpoint_dir, step=3)
+
+
+def test_t5_predict_gives_labels_back_and_text_for_text_to_text(tmp_path, monkeypatch):
+  """predict maps T5's decoded text to the label it reads back as (' neg' decodes to 'neg',
+  'café' to 'caf ⁇' without 'é' in the vocabulary); a T5 fine-tuned on inputs -> targets
+  (no labels) gets its decoded text instead of a refusal."""
+  import modeling  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.inference import load, sampling  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  tok = data.Tokenizer(data.train_sentencepiece(corpus.embedded_documents()[:120],
+                                                str(tmp_path / 't.model'), vocab_size=512))
+  cfg = modeling.tiny('t5', vocab_size=tok.vocab_size)
+  said = [' neg', 'caf\u00e9', 'no label']      # what the stubbed decoder says, row by row
+  monkeypatch.setattr(sampling, 't5_generate', lambda params, cfg, inputs, *a, **k: np.asarray(
+      [tok.encode(t) + [tok.eos_id] * (8 - len(tok.encode(t))) for t in said][:inputs.shape[0]]))
+
+  def model(labels):
+    config = ml_collections.ConfigDict({'model': cfg.to_dict(), 'data': {
+        'seq_len': 16, 'target_len': 8}, 'task': {'labels': labels, 'prefix': ''}})
+    return load.Pretrained(config, cfg, modeling.init(cfg), tok)
+  assert model([' neg', 'caf\u00e9']).predict(['a', 'b', 'c']) == [
+      ' neg', 'caf\u00e9', 'no label']
+  assert model([]).predict(['a', 'b']) == ['neg', tok.decode(tok.encode('caf\u00e9')).strip()]
+  with pytest.raises(ValueError, match='expected the inputs alone'):
+    model([]).predict(['a'], ['b'])

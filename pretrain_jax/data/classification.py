@@ -32,6 +32,22 @@ def _truncate(a: list, b: list, budget: int):
   return a, b
 
 
+def label_forms(tokenizer, labels) -> tuple:
+  """Each label as T5 reads it back: decode(encode(label)), whitespace-stripped. A decoded
+  prediction is the class whose form it equals; the label itself may not survive the round
+  trip (' neg' from a `text, label` CSV row decodes to 'neg'; 'café' to 'caf ⁇' where the
+  vocabulary lacks 'é'). Labels whose forms coincide could not be told apart: refused."""
+  forms = tuple(tokenizer.decode(tokenizer.encode(label)).strip() for label in labels)
+  seen = {}
+  for label, form in zip(labels, forms):
+    if form in seen:
+      raise ValueError(f'labels {seen[form]!r} and {label!r} both read back as {form!r} '
+                       'through the tokenizer, so T5 could not tell them apart; expected labels '
+                       'the tokenizer keeps distinct (rename them, e.g. in the task files)')
+    seen[form] = label
+  return forms
+
+
 def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: int = 0,
            max_examples: int = 0) -> Encoded:
   """Every example of `split` (the first `max_examples`; 0 = all) as arrays in `family`'s
@@ -69,6 +85,7 @@ def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: i
       rows['decoder_positions'][i, :len(target)] = np.arange(len(target))
     rows['decoder_loss_weights'] = (rows['decoder_segment_ids'] > 0).astype(np.float32)
     if task.labels:
+      label_forms(tokenizer, task.labels)                  # refuses labels T5 cannot tell apart
       index = {label: c for c, label in enumerate(task.labels)}
       rows['class_ids'] = np.array([index[e['label']] for e in examples], np.int32)
     return Encoded(rows, truncated)

@@ -149,18 +149,19 @@ def starting_params(pretrained, mode: str, head_names: tuple):
   return merge
 
 
-def exact_match_scores(decoded: list, targets: list, truth, labels: tuple) -> dict:
+def exact_match_scores(decoded: list, targets: list, truth, label_forms: tuple) -> dict:
   """Decoded strings against target strings (whitespace-stripped): exact_match, and for a
-  labelled task class_accuracy / class_mcc / class_f1 with `truth` the (N,) class ids; a
-  decoded string that is no label counts as a wrong class ((truth + 1) mod C)."""
+  labelled task class_accuracy / class_mcc / class_f1 with `truth` the (N,) class ids and
+  `label_forms` the labels as decoding gives them back (classification.label_forms); a decoded
+  string that is no label counts as a wrong class ((truth + 1) mod C)."""
   hits = [d.strip() == t.strip() for d, t in zip(decoded, targets)]
   out = {'exact_match': float(np.mean(hits))}
-  if labels:
-    index = {label: c for c, label in enumerate(labels)}
+  if label_forms:
+    index = {form: c for c, form in enumerate(label_forms)}
     truth = np.asarray(truth)
     predicted = np.array([index.get(d.strip(), -1) for d in decoded])
-    predicted = np.where(predicted < 0, (truth + 1) % len(labels), predicted)
-    confusion = np.zeros((len(labels), len(labels)), np.float32)
+    predicted = np.where(predicted < 0, (truth + 1) % len(label_forms), predicted)
+    confusion = np.zeros((len(label_forms), len(label_forms)), np.float32)
     np.add.at(confusion, (truth, predicted), 1.0)
     out.update(class_accuracy=float(np.mean(truth == predicted)),
                **{f'class_{k}': float(v) for k, v in
@@ -172,6 +173,7 @@ def exact_match_evaluator(cfg: ModelConfig, encoded, tokenizer, labels: tuple,
                           batch_size: int, target_len: int):
   """params -> {class_accuracy, class_mcc, class_f1, exact_match} by greedy T5 decoding."""
   rows = encoded.rows
+  forms = classification.label_forms(tokenizer, labels) if labels else ()
   targets = [tokenizer.decode([int(t) for t in row if t not in (0, tokenizer.eos_id)])
              for row in rows['decoder_target_tokens']]
 
@@ -190,7 +192,7 @@ def exact_match_evaluator(cfg: ModelConfig, encoded, tokenizer, labels: tuple,
         ids = [int(t) for t in row]
         ids = ids[:ids.index(tokenizer.eos_id)] if tokenizer.eos_id in ids else ids
         decoded.append(tokenizer.decode([t for t in ids if t != tokenizer.pad_id]))
-    return exact_match_scores(decoded, targets, rows.get('class_ids'), labels)
+    return exact_match_scores(decoded, targets, rows.get('class_ids'), forms)
   return evaluate
 
 

@@ -114,11 +114,13 @@ class Pretrained:
 
   def predict(self, texts, text_pairs=None, *, batch_size: int = 32) -> list:
     """A fine-tuned checkpoint's label (a string of config.task.labels) for each text (and
-    pair): BERT/GPT by the argmax of the class logits, T5 by greedy decoding (the decoded text,
-    which may be no label at all)."""
+    pair): BERT/GPT by the argmax of the class logits, T5 by greedy decoding (the label whose
+    decoded form the text is, classification.label_forms; else the decoded text, which is
+    then no label at all). A T5 fine-tuned on inputs -> targets gives the decoded targets."""
     from pretrain_jax.data import classification, tasks  # pylint: disable=g-import-not-at-top
     labels = tuple((self.config.get('task') or {}).get('labels') or ())
-    if not labels:
+    text_to_text = self.family == 't5' and not labels and 'task' in self.config
+    if not labels and not text_to_text:
       raise ValueError('predict needs a fine-tuned checkpoint (config.task.labels); this one '
                        'has none (train one with scripts/finetune.py)')
     if isinstance(texts, str):
@@ -126,8 +128,12 @@ class Pretrained:
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
     if len(pairs) != len(texts):
       raise ValueError(f'{len(texts)} texts but {len(pairs)} text_pairs; expected one each')
-    examples = [dict({'text': t, 'label': labels[0]}, **({'text_pair': p} if p is not None
-                                                          else {}))
+    if text_to_text and text_pairs is not None:
+      raise ValueError('text_pairs given to a T5 fine-tuned on inputs -> targets; expected '
+                       'the inputs alone')
+    examples = [{'inputs': t, 'targets': ''} if text_to_text else
+                dict({'text': t, 'label': labels[0]}, **({'text_pair': p} if p is not None
+                                                         else {}))
                 for t, p in zip(texts, pairs)]
     task = tasks.Task('predict', {'train': examples}, labels,
                       prefix=self.config.task.get('prefix', ''))
@@ -135,6 +141,8 @@ class Pretrained:
     rows = classification.encode(task, 'train', self.tokenizer, self.family, d.seq_len,
                                  d.get('target_len', 0)).rows
     out = []
+    label_of = (dict(zip(classification.label_forms(self.tokenizer, labels), labels))
+                if self.family == 't5' else {})
     for start in range(0, len(texts), batch_size):
       batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()
                if k in family_of(self.model_config).batch_keys}
@@ -146,7 +154,8 @@ class Pretrained:
                                    pad_id=self.tokenizer.pad_id)
         for row in jax.device_get(ids).tolist():
           row = row[:row.index(self.tokenizer.eos_id)] if self.tokenizer.eos_id in row else row
-          out.append(self.tokenizer.decode([i for i in row if i != self.tokenizer.pad_id]).strip())
+          text = self.tokenizer.decode([i for i in row if i != self.tokenizer.pad_id]).strip()
+          out.append(label_of.get(text, text))
       else:
         logits = self._apply(self.params, batch)                        # (B, C)
         out.extend(labels[int(i)] for i in jax.device_get(jnp.argmax(logits, -1)))
