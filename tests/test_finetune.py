@@ -150,6 +150,41 @@ def test_transfer_summary_over_seeds_against_literals():
   assert transfer.run_name('full', 200, 3) == 'full_n200_s3'
 
 
+def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_first(monkeypatch):
+  """SIGTERM ends the whole comparison (the preempted run's row is marked and left out of the
+  summary; rerunning resumes); a mode the checkpoint cannot do fails before any run."""
+  import types
+  import modeling  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+  runs = []
+
+  def fake_finetune(c, workdir, init, task):
+    runs.append(workdir)
+    return {'train_examples': 10, 'metric': 'class_accuracy', 'final': 0.5, 'best': 0.5,
+            'step': 7, 'step_time_sec': 0.01, 'family': init.family,
+            'preempted': len(runs) == 2}
+  task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y'))
+  monkeypatch.setattr(run_lib, 'finetune', fake_finetune)
+  monkeypatch.setattr(run_lib, 'load_task', lambda config: task)
+  for family in ('gpt', 't5'):
+    cfg = modeling.tiny(family)
+    monkeypatch.setattr(run_lib, 'load_init', lambda path, cfg=cfg: types.SimpleNamespace(
+        model_config=cfg, family=cfg.family, config=ml_collections.ConfigDict()))
+    c = finetune_config.get_config()
+    c.init, c.data.seq_len = 'somewhere', 16
+    if family == 'gpt':
+      rows = transfer.run_transfer(c, '/tmp/x', seeds=(0, 1))
+      assert [r['preempted'] for r in rows] == [False, True] and len(runs) == 2
+      assert [s['seeds'] for s in transfer.summarize(rows)] == [1]
+      assert '7*' in transfer.table(rows) and 'stopped by SIGTERM' in transfer.table(rows)
+    else:
+      with pytest.raises(ValueError, match='mode=linear_probe on t5'):
+        transfer.run_transfer(c, '/tmp/x', modes=('scratch', 'linear_probe'))
+      assert len(runs) == 2   # no run started
+      runs.clear()
+      assert [r['mode'] for r in transfer.run_transfer(c, '/tmp/x')] == ['scratch', 'full']
+
+
 @pytest.mark.parametrize('flag, value', [('seeds', '0,0'), ('sizes', 'all')])
 def test_transfer_script_refuses_bad_seeds_and_sizes(flag, value, tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top

@@ -196,14 +196,19 @@ def exact_match_evaluator(cfg: ModelConfig, encoded, tokenizer, labels: tuple,
   return evaluate
 
 
-def finetune(config, workdir: str) -> dict:
+def load_task(config):
+  return tasks.load_task(config.task.name, tfds_data_dir=config.task.tfds_data_dir,
+                         seed=config.data.seed)
+
+
+def finetune(config, workdir: str, init=None, task=None) -> dict:
   """Fine-tunes config.init on config.task in `workdir` (resuming there); returns the loop's
   summary plus `metric` (the task's headline, e.g. class_mcc for CoLA) and its final / best
-  validation values."""
+  validation values. `init` / `task`: load_init(config.init) / load_task(config), already
+  loaded (transfer's runs share them)."""
   check_config(config)
-  init = load_init(config.init)
-  task = tasks.load_task(config.task.name, tfds_data_dir=config.task.tfds_data_dir,
-                         seed=config.data.seed)
+  init = init or load_init(config.init)
+  task = task or load_task(config)
   config = build_config(config, init, task)
   check_resume(config, workdir)
   cfg = ModelConfig.from_config(config.model)

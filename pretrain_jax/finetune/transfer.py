@@ -24,7 +24,9 @@ def run_name(mode: str, size: int, seed=None) -> str:
 def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
   """One fine-tuning run per (size, mode, seed); returns a row per run (see `table`). No
   `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
-  full). No `seeds`: the config's train.seed, in a workdir without the seed suffix."""
+  full). No `seeds`: the config's train.seed, in a workdir without the seed suffix.
+  A run stopped by SIGTERM (preemption) is the last: its row has `preempted` True, and
+  rerunning the same command resumes it and runs the rest."""
   for size in sizes:   # before the first run: a bad size or config fails at once
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
       raise ValueError(f'sizes {list(sizes)}: {size!r}; expected 0 (all examples) or a '
@@ -33,11 +35,16 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
     c = ml_collections.ConfigDict(config.to_dict())
     c.mode = mode
     run_lib.check_config(c)
-  rows, auto = [], not modes
+  init, task = run_lib.load_init(config.init), run_lib.load_task(config)
+  if not modes:
+    modes = ('scratch', 'full') if init.family == 't5' else ('scratch', 'linear_probe', 'full')
+  for mode in modes:   # what the checkpoint and the task refuse, also before the first run
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.mode = mode
+    run_lib.build_config(c, init, task)
+  rows = []
   for size in sizes:
-    for mode in (modes or ('scratch', 'linear_probe', 'full')):
-      if auto and mode == 'linear_probe' and rows and rows[-1]['family'] == 't5':
-        continue
+    for mode in modes:
       for seed in (seeds or (None,)):
         c = ml_collections.ConfigDict(config.to_dict())
         c.mode, c.task.max_train_examples = mode, int(size)
@@ -45,7 +52,7 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
           c.train.seed = int(seed)
         workdir = paths.join(root, run_name(mode, size, seed))
         start = time.perf_counter()
-        result = run_lib.finetune(c, workdir)
+        result = run_lib.finetune(c, workdir, init, task)
         if size > result['train_examples']:
           print(f'warning: size {size} is more than the task\'s {result["train_examples"]} '
                 f'training examples; {workdir} trained on all of them', file=sys.stderr)
@@ -54,15 +61,22 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
                      'best': result['best'], 'steps': result['step'],
                      'wall_sec': time.perf_counter() - start,
                      'step_time_sec': result['step_time_sec'], 'workdir': workdir,
-                     'family': result['family']})
+                     'family': result['family'], 'preempted': bool(result.get('preempted'))})
+        if rows[-1]['preempted']:
+          print(f'SIGTERM: stopped after {workdir} saved step {result["step"]}; the same '
+                'command resumes it and runs the rest', file=sys.stderr, flush=True)
+          return rows
   return rows
 
 
 def summarize(rows: list) -> list:
   """One row per (mode, size asked for) over its seeds: the mean, min and max of `final` and
-  `best`, and the seeds' count, in the order the runs came. `size` is the examples trained on."""
+  `best`, and the seeds' count, in the order the runs came. `size` is the examples trained on.
+  A preempted run (cut short by SIGTERM) counts in none."""
   groups = {}
   for r in rows:
+    if r.get('preempted'):   # cut short: its numbers are no result
+      continue
     groups.setdefault((r['mode'], r.get('requested_size', r['size'])), []).append(r)
   out = []
   for (mode, requested), runs in groups.items():
@@ -90,9 +104,12 @@ def table(rows: list) -> str:
   fmt = lambda v, spec: '-' if v is None else format(v, spec)
   for r in rows:
     lines.append(f'{r["mode"]:<13} {_examples(r):>8} {r["seed"]:>4} {r["metric"]:<15} '
-                 f'{fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} {r["steps"]:>6} '
+                 f'{fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} '
+                 f'{str(r["steps"]) + ("*" if r.get("preempted") else ""):>6} '
                  f'{r["wall_sec"]:>7.1f} '
                  f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8}')
+  if any(r.get('preempted') for r in rows):
+    lines.append('* stopped by SIGTERM before its last step: no result yet (rerun the command)')
   summary = summarize(rows)
   if any(s['seeds'] > 1 for s in summary):
     span = lambda s, k: ('-' if s[k] is None else
