@@ -134,10 +134,13 @@ def test_transfer_reports_the_examples_trained_on_not_the_size_asked(tmp_path, m
                                                                     capsys):
   """--sizes past the task's training set trains on all of it: the rows say how many, and a
   warning names the size; sizes stay apart in the summary even when they train alike."""
-  def finetune(c, workdir):
+  def finetune(c, workdir, init, task):
     return {'train_examples': min(c.task.max_train_examples or 300, 300), 'metric': 'acc',
             'final': 0.5, 'best': 0.6, 'step': 3, 'step_time_sec': 0.1, 'family': 'gpt'}
   monkeypatch.setattr(run_lib, 'finetune', finetune)
+  monkeypatch.setattr(run_lib, 'load_init', lambda path: type('Init', (), {'family': 'gpt'}))
+  monkeypatch.setattr(run_lib, 'load_task', lambda config: None)
+  monkeypatch.setattr(run_lib, 'build_config', lambda config, init, task: config)
   c = finetune_config.get_config()
   rows = transfer.run_transfer(c, str(tmp_path), modes=('full',), sizes=(100, 1000, 0))
   assert [(r['size'], r['requested_size']) for r in rows] == [(100, 100), (300, 1000), (300, 0)]

@@ -234,9 +234,15 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
     evaluators = (exact_match_evaluator(cfg, encoded[d.eval_split], init.tokenizer,
                                         task.labels, config.train.batch_size, target_len),)
   paths.makedirs(workdir)
+  # The workdir keeps its own tokenizer, so it loads after the init moves: a sentencepiece
+  # model is copied by the loop (as in pre-training), a Hugging Face one here.
+  tokenizer_path = config.data.tokenizer
+  if paths.isdir(tokenizer_path):
+    config.data.tokenizer = load.copy_hf_tokenizer(tokenizer_path, workdir)
   result = loop.train_and_evaluate(
       config, workdir, datasets=datasets,
-      init_params=starting_params(init.params, config.mode, head_names), evaluators=evaluators)
+      init_params=starting_params(init.params, config.mode, head_names), evaluators=evaluators,
+      tokenizer_path=tokenizer_path if paths.isfile(tokenizer_path) else '')
   history = read_curves(workdir)['eval']
   metric = 'class_' + task.metric if task.labels else 'exact_match'
   values = [r[metric] for r in history if metric in r]

@@ -211,6 +211,20 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=paths.absolute(path))
 
 
+def copy_hf_tokenizer(folder: str, workdir: str) -> str:
+  """<workdir>/hf_tokenizer holding the tokenizer files of the Hugging Face directory `folder`
+  (copied once; an imported workdir keeps them there too); returns that directory."""
+  from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
+  target = paths.join(paths.absolute(workdir), hf_workdir.HF_TOKENIZER_DIR)
+  if paths.absolute(folder) != target:
+    for path in hf_tokenizers.tokenizer_files(folder):
+      copy = paths.join(target, paths.basename(path))
+      if not paths.isfile(copy):
+        paths.copy(path, copy)
+  return target
+
+
 def _workdir_tokenizer(workdir: str, config, cfg: ModelConfig):
   """The tokenizer config.data names: an imported HF tokenizer (hf_tokenizer/, looked for in
   the workdir too, as it may have moved) or the project's sentencepiece model."""

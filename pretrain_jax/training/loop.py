@@ -115,22 +115,25 @@ def check_objective(model_cfg, objective: str) -> None:
 
 
 def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
-                       evaluators=()) -> dict:
+                       evaluators=(), tokenizer_path: str = '') -> dict:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
 
   One trainer per workdir (workdir_lib.hold); an incompatible config is refused before
   anything in the workdir changes. Fine-tuning (pretrain_jax/finetune) passes
   `init_params(fresh_params) -> params` (the checkpoint's weights put into a fresh state; not
   used when resuming) and `evaluators`: callables params -> dict of metrics added to each
-  evaluation (T5's exact match by decoding)."""
+  evaluation (T5's exact match by decoding), and with its `datasets` the `tokenizer_path` of
+  their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's)."""
   workdir_lib.check_cadence(config.train)
   with workdir_lib.hold(workdir, config.train.steps) as check_held:
     return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
-                               evaluators=evaluators, check_held=check_held)
+                               evaluators=evaluators, check_held=check_held,
+                               tokenizer_path=tokenizer_path)
 
 
 def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
-                        evaluators=(), check_held=lambda step: None) -> dict:
+                        evaluators=(), check_held=lambda step: None,
+                        tokenizer_path: str = '') -> dict:
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
@@ -140,7 +143,8 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
 
   if datasets is None:
     check_objective(model_cfg, config.data.objective)
-  train_iter, eval_iter, tokenizer_path = open_datasets(config, datasets, workdir)
+  train_iter, eval_iter, opened = open_datasets(config, datasets, workdir)
+  tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state()
   newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
   # Checked now, recorded once the state and data position restore: a refused resume leaves
