@@ -54,6 +54,7 @@ def test_import_then_export_through_a_workdir(tmp_path, family):
   config, restored, step = checkpoint.restore_params(work)
   assert step == 0
   assert ModelConfig.from_config(config.model) == cfg
+  assert config.data.seq_len == cfg.max_len == 32   # the base config's 512 / 128 would not fit
   assert same_params(params, restored)
   assert os.path.isdir(os.path.join(work, 'hf_tokenizer'))
   if family == 't5':  # the project's sentencepiece Tokenizer reads the copied model

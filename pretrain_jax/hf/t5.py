@@ -7,7 +7,7 @@ import numpy as np
 
 from pretrain_jax import paths
 from pretrain_jax.hf.adapters import T5_EXTRA_IDS, SentencePieceTokenizer
-from pretrain_jax.hf.family import HfFamily, activation, get
+from pretrain_jax.hf.family import HfFamily, activation, clamp_seq_len, get
 from pretrain_jax.hf.rules import copy, heads_in, heads_out, linear, norm
 
 ACTIVATIONS = {'relu': 'relu', 'gelu': 'gelu', 'gelu_new': 'gelu_tanh',
@@ -161,4 +161,4 @@ HF = HfFamily(
           ('decoder.embed_tokens.weight', 'shared.weight'), ('lm_head.weight', 'shared.weight')),
     stacks=(('encoder', 'layers'), ('decoder', 'layers')), tokenizer=tokenizer,
     sentencepiece_file='spiece.model',
-    from_sentencepiece=from_sentencepiece)
+    from_sentencepiece=from_sentencepiece, data_settings=clamp_seq_len)
