@@ -40,6 +40,11 @@ def main(argv):
                      f'{config.task.get("name")!r}; expected a pre-training workdir (a '
                      'fine-tune is evaluated on its task by scripts/finetune.py: the workdir\'s '
                      'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
+  if 'data' not in config:   # a Hugging Face directory: no data or training settings
+    raise ValueError(f'{_WORKDIR.value} is a Hugging Face model directory, which names no '
+                     'data to evaluate on; expected a training workdir (import it first: '
+                     f'scripts/convert_hf.py import --hf_dir {_WORKDIR.value} --workdir DIR, '
+                     'then evaluate.py --workdir DIR [--files ...])')
   if _FILES.value:
     config.data.update(files=_FILES.value, tfds_name='')
   split = _SPLIT.value or config.data.eval_split

@@ -192,3 +192,13 @@ def test_missing_hf_dir_local_and_gcs(tmp_path):
   assert done.stderr.strip().splitlines()[-1].startswith(
       'error: gs://bucket/hf/none does not exist'), done.stderr[-2000:]
   assert not os.path.exists(tmp_path / 'x')
+
+
+def test_evaluate_script_on_an_hf_dir_is_one_clear_error(dirs):
+  """It named no data to read: an AttributeError "'data'" from inside the script."""
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'),
+                         '--workdir', dirs['bert']], capture_output=True, text=True,
+                        check=False, timeout=300)
+  assert done.returncode != 0 and 'Traceback' not in done.stderr, done.stderr
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      f'error: {dirs["bert"]} is a Hugging Face model directory'), done.stderr
