@@ -200,3 +200,18 @@ def test_help_lists_the_required_shared_flags():
     shown = out[out.index(f'scripts/{script}:'):]
     for flag in ('--config:', '--init:', '--task:', '--workdir:'):
       assert flag in shown, (script, flag, out)
+
+
+def test_the_first_examples_missing_a_label_are_warned_about(capsys):
+  """max_train_examples / --sizes take the first N rows: on a file sorted by label they held one
+  class, and the run scored the majority share without a word."""
+  rows = [{'text': f't{i}', 'label': 'neg'} for i in range(6)] + [
+      {'text': f'u{i}', 'label': 'pos'} for i in range(6)]
+  task = tasks.Task('sorted', {'train': rows}, ('neg', 'pos'))
+  tok = type('Tok', (), {'encode': lambda self, t: [7, 8], 'eos_id': 1})()
+  classification.encode(task, 'train', tok, 'gpt', 8, max_examples=4)
+  assert ("warning: the first 4 train examples of task 'sorted' hold 1 of its 2 labels "
+          "(missing: ['pos'])") in capsys.readouterr().err
+  classification.encode(task, 'train', tok, 'gpt', 8, max_examples=8)
+  classification.encode(task, 'train', tok, 'gpt', 8)
+  assert capsys.readouterr().err == ''

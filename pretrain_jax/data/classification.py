@@ -12,6 +12,7 @@ Inputs longer than `seq_len` are truncated (longest part first) and counted in
 different label).
 """
 import dataclasses
+import sys
 import zlib
 
 import numpy as np
@@ -53,6 +54,13 @@ def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: i
   """Every example of `split` (the first `max_examples`; 0 = all) as arrays in `family`'s
   layout; class labels are indices into task.labels."""
   examples = task.splits[split][:max_examples or None]
+  if max_examples and task.labels:
+    kept, whole = ({e.get('label') for e in rows} for rows in (examples, task.splits[split]))
+    if kept != whole:   # e.g. a file sorted by label
+      print(f'warning: the first {len(examples)} {split} examples of task {task.name!r} hold '
+            f'{len(kept & whole)} of its {len(whole)} labels (missing: '
+            f'{sorted(whole - kept)[:5]}); the file may be sorted by label: shuffle it to '
+            'train on a sample of every class', file=sys.stderr, flush=True)
   n, truncated = len(examples), 0
   zeros = lambda *shape: np.zeros((n,) + shape, np.int32)
   if family == 't5':
