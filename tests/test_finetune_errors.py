@@ -215,3 +215,24 @@ def test_the_first_examples_missing_a_label_are_warned_about(capsys):
   classification.encode(task, 'train', tok, 'gpt', 8, max_examples=8)
   classification.encode(task, 'train', tok, 'gpt', 8)
   assert capsys.readouterr().err == ''
+
+
+def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, monkeypatch):
+  """`--init runs/x` then `--init /abs/runs/x` (from another directory) was refused as a config
+  change, and init cannot be allowed to change; an older workdir's relative spelling is kept
+  when it names the same directory."""
+  import types
+  import ml_collections
+  import modeling  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  init = types.SimpleNamespace(model_config=modeling.tiny('gpt'), config=ml_collections.ConfigDict())
+  task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y'))
+  c = finetune_config.get_config()
+  c.init, c.data.seq_len = 'runs/x', 16
+  built = run_lib.build_config(c, init, task)
+  assert built.init == str(tmp_path / 'runs' / 'x')
+  (tmp_path / 'old').mkdir()
+  (tmp_path / 'old' / 'config.json').write_text(json.dumps(
+      {'init': 'runs/x', 'model': {'num_classes': 2}, 'task': {'labels': ['x', 'y']}}))
+  run_lib.check_resume(built, str(tmp_path / 'old'))
+  assert built.init == 'runs/x'

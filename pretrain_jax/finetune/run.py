@@ -99,6 +99,7 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.train.freeze_backbone = config.mode == 'linear_probe'
   if config.mode == 'linear_probe' and config.get('probe_learning_rate', 0):
     config.train.learning_rate = config.probe_learning_rate
+  config.init = paths.absolute(config.init)   # a resume from another directory names it alike
   config.task.name = task.name
   config.task.labels = list(task.labels)
   config.task.metric = task.metric
@@ -112,11 +113,15 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
 
 
 def check_resume(config, workdir: str) -> None:
-  """A resumed run must have the same head size and labels (a one-line error otherwise)."""
+  """A resumed run must have the same head size and labels (a one-line error otherwise). A
+  workdir that recorded its init relative to the directory it ran in (before init was made
+  absolute) keeps that spelling when it names the same directory."""
   saved = paths.join(workdir, ckpt_lib.CONFIG_FILE)
   if not paths.isfile(saved):
     return
   old = json.loads(paths.read_text(saved))
+  if old.get('init') and paths.absolute(old['init']) == config.init:
+    config.init = old['init']
   old_classes = old.get('model', {}).get('num_classes', 0)
   if old_classes != config.model.get('num_classes', 0):
     raise ValueError(f'{workdir} was trained with model.num_classes={old_classes} but this task '
