@@ -116,11 +116,22 @@ def test_nsp_batches_one_pair_per_row_and_resume():
                                          cls_id=CLS, sep_id=SEP, first_document=first)
   out = check_resume(gen, docs)
   labels = np.concatenate([a['nsp_labels'] for a, _ in out])
-  assert abs(labels.mean() - 0.5) < 0.1 and len(labels) > 100
+  pairs = labels[labels >= 0]
+  assert abs(pairs.mean() - 0.5) < 0.1 and len(pairs) > 100
+  # The last batch is kept, its empty rows labelled -1: every pair is read at any batch size.
+  assert (labels[:-4] >= 0).all() and 0 < len(labels) - len(pairs) < 4
+  rows_at = lambda size: [r for a, _ in batches.nsp_batches(
+      iter(docs), 0, batch_size=size, seq_len=64, seed=0, salt=(1, 0), cls_id=CLS, sep_id=SEP,
+      first_document=first) for r, label in zip(a['inputs'].tolist(), a['nsp_labels'])
+                          if label >= 0]
+  assert rows_at(1) == rows_at(3) == rows_at(4) and len(rows_at(1)) == len(pairs)
   for a, _ in out:
-    assert (a['segment_ids'].max(1) == 1).all() and (a['inputs'][:, 0] == CLS).all()
+    assert (a['inputs'][a['nsp_labels'] >= 0, 0] == CLS).all()
+    assert (a['segment_ids'].max(1) == (a['nsp_labels'] >= 0)).all()   # a -1 row is empty
     for row, types, seg, label in zip(a['inputs'], a['token_type_ids'], a['segment_ids'],
                                       a['nsp_labels']):
+      if label < 0:
+        continue
       real = row[seg > 0]
       seps = np.flatnonzero(real == SEP)
       assert len(seps) == 2 and seps[1] == len(real) - 1

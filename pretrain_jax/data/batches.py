@@ -129,8 +129,9 @@ def nsp_batches(docs, offset, *, batch_size, seq_len, seed, salt, cls_id, sep_id
                 first_document):
   """One [CLS] A [SEP] B [SEP] per row; NotNext partners come from the next document.
 
-  The final incomplete batch of a finite stream is dropped (an empty row would count as an
-  IsNext example in the NSP loss).
+  The final incomplete batch of a finite stream is kept, its empty rows labelled -1 (no
+  example: the NSP loss and accuracy count rows with a label >= 0), so evaluation reads the
+  whole split whatever the batch size.
   """
   features = {'inputs': '', 'token_type_ids': ''}
   new = _emitter(batch_size, {'': seq_len}, features)
@@ -155,5 +156,6 @@ def nsp_batches(docs, offset, *, batch_size, seq_len, seed, salt, cls_id, sep_id
         packer, labels = new(), []
       packer.add(nsp.nsp_row(a, b, cls_id=cls_id, sep_id=sep_id))
       labels.append(label)
-  if len(labels) == batch_size:
+  if labels:
+    labels += [-1] * (batch_size - len(labels))
     yield dict(packer.arrays, nsp_labels=np.array(labels, np.int32)), None
