@@ -49,6 +49,10 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      'error: --coordinator_address=nohost; expected HOST:PORT'),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'gs://'],
      "error: 'gs://' names no bucket; expected gs://BUCKET/..."),
+    # accepted at start, it failed inside islice at the first evaluation (before that save)
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W',
+                  '--config.train.eval_batches=-1'],
+     'error: train.eval_batches=-1; expected >= 0 batches per evaluation (0 = the whole split)'),
 ])
 def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]

@@ -169,6 +169,10 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
                       model_max_len=128)
   with pytest.raises(ValueError, match='seq_len=4 is too short for mlm with NSP'):
     data.make_dataset(config('mlm', True, seq_len=4), tokenizer, split='train', batch_size=2)
+  for p in (0.0, 1.5):   # 0 trained on nothing at loss 0.0000
+    with pytest.raises(ValueError, match=rf'^config.data.mlm_probability={p}; expected a value '
+                                         r'in \(0, 1\]'):
+      data.make_dataset(config('mlm', mlm_probability=p), tokenizer, split='train', batch_size=2)
   with pytest.raises(ValueError, match='up to 114 noise spans but the tokenizer has 100'):
     data.make_dataset(config('span_corruption', seq_len=2048), tokenizer, split='train',
                       batch_size=2)

@@ -1,5 +1,6 @@
 """Train step, optimizers, schedules and config errors on one device (fp32, tiny models)."""
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +105,23 @@ def test_schedules():
                                rtol=1e-5, err_msg=name)
 
 
+def test_a_run_that_is_all_warmup_and_a_stretched_decay_are_said():
+  t = tiny_config('gpt', steps=4, warmup_steps=30, learning_rate=3e-3).train
+  assert opt_lib.warmup_warning(t) == (
+      'warning: train.warmup_steps=30 >= train.steps=4: the whole run is warmup and the learning '
+      'rate peaks at 0.0003, not train.learning_rate=0.003 (lower --config.train.warmup_steps)')
+  t.warmup_steps = 3
+  assert opt_lib.warmup_warning(t) is None
+  t = tiny_config('gpt', steps=100, warmup_steps=0, learning_rate=1.0, schedule='linear',
+                  final_lr_fraction=0.0).train
+  assert opt_lib.schedule_change(t, 60, 60) == (
+      'note: train.steps 60 -> 100 moves the end of the linear decay: the learning rate at step '
+      '60 goes 0 -> 0.4')
+  assert opt_lib.schedule_change(t, 100, 60) is None and opt_lib.schedule_change(t, None, 60) is None
+  t.schedule = 'rsqrt'
+  assert opt_lib.schedule_change(t, 60, 60) is None   # no horizon: nothing moves
+
+
 def test_weight_decay_skips_norms_biases_and_scales():
   params = {'ln': {'scale': 1, 'bias': 1}, 'dense': {'kernel': 1, 'bias': 1},
             'wte': {'embedding': 1}, 'mlm_bias': 1}
@@ -127,11 +145,18 @@ def test_adamw_decays_kernels_only():
     ('optimizer', 'sgd', "train.optimizer='sgd'"),
     ('schedule', 'step', "train.schedule='step'"),
     ('grad_clip', -1.0, 'train.grad_clip=-1.0'),
+    ('final_lr_fraction', -1.0, r'train.final_lr_fraction=-1.0; expected a value in [0, 1]'),
+    ('final_lr_fraction', 2.0, 'train.final_lr_fraction=2.0'),
+    ('weight_decay', -1.0, 'train.weight_decay=-1.0; expected a number >= 0'),
+    ('z_loss', -1.0, 'train.z_loss=-1.0; expected a number >= 0'),
+    ('adam_b2', 1.5, r'train.adam_b2=1.5; expected a value in [0, 1)'),
+    ('adam_b1', -0.1, 'train.adam_b1=-0.1'),
 ])
 def test_bad_optimizer_config(key, value, message):
   t = tiny_config('gpt').train
   t[key] = value
-  with pytest.raises(ValueError, match=message.replace('.', r'\.')):
+  with pytest.raises(ValueError, match=re.escape(message) if '[' in message
+                     else message.replace('.', r'\.')):
     opt_lib.make_optimizer(t)
 
 
@@ -181,6 +206,9 @@ def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, o
                                        f"with '{expected}'"):
     loop.check_objective(model_cfg, objective)
   loop.check_objective(model_cfg, expected)
+  with pytest.raises(ValueError, match=r'^config.data.nsp=True but config.model.nsp=False; '
+                                       'expected both True'):
+    loop.check_objective(model_cfg, expected, data_nsp=True)
   with pytest.raises(ValueError, match=f"objective='{objective}'"):
     loop.train_and_evaluate(config, str(tmp_path / 'w'))
   assert not os.path.exists(tmp_path / 'w' / 'config.json')

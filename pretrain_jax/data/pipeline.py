@@ -82,6 +82,10 @@ def check_lengths(data_config, tokenizer, model_max_len: int | None = None) -> d
                      f'{" with NSP" if data_config.nsp else ""}; expected >= {minimum}')
   lengths = {'seq_len': seq_len}
   if objective == 'mlm':
+    probability = data_config.get('mlm_probability', 0.15)
+    if not 0 < probability <= 1:
+      raise ValueError(f'config.data.mlm_probability={probability}; expected a value in (0, 1] '
+                       '(0 selects no position: nothing to train on)')
     _ = tokenizer.mask_id, tokenizer.cls_id, tokenizer.sep_id  # raise naming a missing piece
   if objective == 'span_corruption':
     raw_len, target_len = span_corruption.target_length(

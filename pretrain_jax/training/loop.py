@@ -15,6 +15,7 @@ from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
@@ -103,9 +104,14 @@ def check_finite(history: list) -> None:
           'train.grad_clip > 0 or float32 compute')
 
 
-def check_objective(model_cfg, objective: str) -> None:
+def check_objective(model_cfg, objective: str, data_nsp: bool = False) -> None:
   """Refuses a data.objective the model does not train with: a bidirectional encoder given
-  next-token targets would read each target in its own input."""
+  next-token targets would read each target in its own input; and NSP on one side only (data
+  pairs with no head to train, or a head that never sees a label)."""
+  if bool(data_nsp) != bool(model_cfg.nsp):
+    raise ValueError(f'config.data.nsp={bool(data_nsp)} but config.model.nsp='
+                     f'{bool(model_cfg.nsp)}; expected both True (NSP pairs and the NSP head) '
+                     'or both False')
   expected = family_of(model_cfg).pretrain_objective(model_cfg)
   if objective != expected:
     stack = f'{model_cfg.family}' + ('' if model_cfg.causal else ' (causal=False)')
@@ -142,11 +148,12 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
                               init_length=config.data.seq_len)
 
   if datasets is None:
-    check_objective(model_cfg, config.data.objective)
+    check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
   train_iter, eval_iter, opened = open_datasets(config, datasets, workdir)
   tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state()
   newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
+  previous = workdir_lib.read_config(workdir) if newest is not None else None
   # Checked now, recorded once the state and data position restore: a refused resume leaves
   # config.json as it was, so the original command still resumes.
   workdir_lib.write_config(config, workdir, tokenizer_path, newest, is_writer=False)
@@ -170,9 +177,15 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   # From the restored step, or 0: a run that died before its first checkpoint logged steps this
   # one logs again.
   writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
+  start = int(state.step)
   if restored:
     writer.line(restored)
-  start = int(state.step)
+    note = opt_lib.schedule_change(t, ((previous or {}).get('train') or {}).get('steps'), start)
+    if note:
+      writer.line(note)
+  warning = opt_lib.warmup_warning(t)
+  if warning:
+    writer.line(warning)
   writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')
 

@@ -19,8 +19,12 @@ def make_schedule(t) -> optax.Schedule:
     raise ValueError(f'train.steps={t.steps}, train.warmup_steps={t.warmup_steps}, '
                      f'train.learning_rate={t.learning_rate}; expected steps > 0, '
                      'warmup_steps >= 0 and learning_rate > 0')
+  fraction = t.get('final_lr_fraction', 0.0)
+  if t.schedule in ('cosine', 'linear') and not 0 <= fraction <= 1:
+    raise ValueError(f'train.final_lr_fraction={fraction}; expected a value in [0, 1] (the '
+                     f'{t.schedule} decay ends at that fraction of train.learning_rate)')
   peak, warmup = float(t.learning_rate), int(t.warmup_steps)
-  end = peak * float(t.final_lr_fraction)
+  end = peak * float(fraction)
   decay_steps = max(int(t.steps) - warmup, 1)
   if t.schedule == 'cosine':
     decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak)
@@ -33,6 +37,42 @@ def make_schedule(t) -> optax.Schedule:
   if warmup == 0:
     return decay
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def check_numbers(t) -> None:
+  """One-line errors for optimizer numbers that train without complaint but wrongly: a
+  negative weight decay or z-loss (weights grow, log Z is rewarded), Adam betas outside [0, 1)."""
+  for key in ('weight_decay', 'z_loss'):
+    value = t.get(key, 0.0)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+      raise ValueError(f'train.{key}={value!r}; expected a number >= 0 (0 turns it off)')
+  for key in ('adam_b1', 'adam_b2'):
+    value = t.get(key, 0.9)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+      raise ValueError(f'train.{key}={value!r}; expected a value in [0, 1)')
+
+
+def warmup_warning(t):
+  """The warning for a run that is all warmup (warmup_steps >= steps: the learning rate never
+  reaches train.learning_rate; a lowered train.steps keeps the config's warmup), or None."""
+  if t.warmup_steps >= t.steps > 0:
+    return (f'warning: train.warmup_steps={t.warmup_steps} >= train.steps={t.steps}: the whole '
+            'run is warmup and the learning rate peaks at '
+            f'{float(make_schedule(t)(t.steps - 1)):.3g}, not train.learning_rate='
+            f'{t.learning_rate} (lower --config.train.warmup_steps)')
+  return None
+
+
+def schedule_change(t, old_steps, step: int):
+  """The notice for a resume that changes train.steps under a decay that ends there (cosine,
+  linear: the learning rate from the resumed step on follows the new horizon), or None."""
+  if old_steps in (None, t.steps) or t.schedule not in ('cosine', 'linear'):
+    return None
+  old = t.copy_and_resolve_references()
+  old.steps = int(old_steps)
+  before, after = float(make_schedule(old)(step)), float(make_schedule(t)(step))
+  return (f'note: train.steps {old_steps} -> {t.steps} moves the end of the {t.schedule} decay: '
+          f'the learning rate at step {step} goes {before:.3g} -> {after:.3g}')
 
 
 def decay_mask(params):
@@ -49,6 +89,7 @@ def make_optimizer(t) -> optax.GradientTransformation:
   Optimizer state is created in the parameters' dtype (fp32 for mixed precision).
   """
   schedule = make_schedule(t)
+  check_numbers(t)
   if t.optimizer == 'adamw':
     tx = optax.adamw(schedule, b1=float(t.adam_b1), b2=float(t.adam_b2),
                      eps=1e-8, weight_decay=float(t.weight_decay), mask=decay_mask)

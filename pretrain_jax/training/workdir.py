@@ -236,6 +236,10 @@ def check_cadence(t) -> None:
       raise ValueError(f'train.{key}={t[key]!r}; expected a positive number of steps (a '
                        'final checkpoint is always saved: train.checkpoint_every >= '
                        'train.steps saves only at the end)')
+  eval_batches = t.get('eval_batches', 0)
+  if not isinstance(eval_batches, int) or isinstance(eval_batches, bool) or eval_batches < 0:
+    raise ValueError(f'train.eval_batches={eval_batches!r}; expected >= 0 batches per '
+                     'evaluation (0 = the whole split)')
   if t.keep_checkpoints < 0:
     raise ValueError(f'train.keep_checkpoints={t.keep_checkpoints}; expected >= 0 '
                      '(0 keeps all)')
