@@ -208,6 +208,11 @@ def call(fn, *args, verbose: bool = False):
   quiet(verbose)
   try:
     return fn(*args)
+  except KeyboardInterrupt:
+    if verbose:
+      raise
+    print('interrupted (Ctrl-C)', file=sys.stderr, flush=True)
+    sys.exit(130)
   except Exception as e:  # pylint: disable=broad-except
     if verbose or not is_user_error(e):
       raise

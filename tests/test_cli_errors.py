@@ -72,3 +72,13 @@ def test_path_errors_are_user_errors_and_bad_json_is_named(tmp_path):
     paths.read_json(str(bad))
   with pytest.raises(NotADirectoryError, match='is a file; expected a directory'):
     paths.makedirs(str(bad / 'sub'))
+
+
+def test_a_keyboard_interrupt_is_one_line_and_exit_130(capsys):
+  from pretrain_jax import cli  # pylint: disable=g-import-not-at-top
+  def interrupted():
+    raise KeyboardInterrupt
+  with pytest.raises(SystemExit) as exit_info:
+    cli.call(interrupted)
+  assert exit_info.value.code == 130
+  assert capsys.readouterr().err == 'interrupted (Ctrl-C)\n'

@@ -573,3 +573,38 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   assert loop.train_and_evaluate(config, workdir)['step'] == 2
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
   assert data.Tokenizer(os.path.join(workdir, workdir_lib.TOKENIZER_FILE)).vocab_size == 384
+
+
+def test_ctrl_c_saves_the_step_and_stops_and_a_second_one_aborts(tmp_path, capsys):
+  """Ctrl-C used to be a KeyboardInterrupt traceback with no checkpoint (up to checkpoint_every
+  steps lost); now it is handled as SIGTERM is."""
+  config = tiny_config('gpt', steps=40, checkpoint_every=100)
+  config.model.num_layers = 1
+  base = synthetic.synthetic_datasets(config)
+
+  def datasets(*, split, **kw):
+    data = base(split=split, **kw)
+    if split == config.data.train_split:
+      inner_next = type(data).__next__
+
+      class Hooked(type(data)):
+        def __next__(self):
+          if self.index == 13:
+            os.kill(os.getpid(), signal.SIGINT)
+          return inner_next(self)
+      data.__class__ = Hooked
+    return data
+  result = loop.train_and_evaluate(config, str(tmp_path), datasets=datasets)
+  assert result['preempted'] and 0 < result['step'] < 40
+  assert f'SIGINT: saved step {result["step"]}; exiting' in capsys.readouterr().err
+  assert checkpoint.complete_steps(str(tmp_path)) == [result['step']]
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handed back
+  stop = loop.StopRequest()
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop.requested and stop.name == 'SIGINT'
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1)
+  finally:
+    stop.close()

@@ -66,17 +66,28 @@ def global_batch(batch: dict, sharding) -> dict:
 
 
 class StopRequest:
-  """SIGTERM (Cloud TPU preemption notice) sets a flag the loop polls after each step."""
+  """SIGTERM (Cloud TPU preemption notice) or Ctrl-C (SIGINT) sets a flag the loop polls after
+  each step: it saves that step and stops. A second SIGTERM is ignored until the save is
+  complete; a second Ctrl-C aborts at once (KeyboardInterrupt, the last checkpoint kept)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handler)
+    self.requested, self.name = False, None
+    self._previous = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
 
   def _handler(self, signum, frame):
-    del signum, frame
+    del frame
+    name = signal.Signals(signum).name
     if self.requested:  # stays installed until the final save is complete
-      os.write(2, b'SIGTERM again: save in progress; ignoring it\n')
-    self.requested = True
+      if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+      os.write(2, f'{name} again: save in progress; ignoring it\n'.encode())
+      return
+    self.requested, self.name = True, name
+    if signum == signal.SIGINT:
+      os.write(2, b'Ctrl-C: saving after this step, then stopping (Ctrl-C again: stop now, '
+                  b'without this save)\n')
 
   def agreed(self) -> bool:
     """True on every process when any process got the signal (a collective if multi-host)."""
@@ -85,7 +96,8 @@ class StopRequest:
     return bool(np.any(multihost_utils.process_allgather(np.asarray(self.requested))))
 
   def close(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def check_finite(history: list) -> None:
@@ -242,7 +254,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
         clock.pause()                            # not training throughput
       if stopping:
         checkpointer.wait()                      # announce only a complete checkpoint
-        writer.line(f'SIGTERM: saved step {step}; exiting')
+        writer.line(f'{stop.name or "SIGTERM"}: saved step {step}; exiting')
         break
   finally:
     try:
