@@ -19,9 +19,11 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=False)
 _STEPS = flags.DEFINE_integer('steps', None, 'timed steps (default: config.benchmark.steps '
-                              'or 10)')
-_WARMUP = flags.DEFINE_integer('warmup', None, 'untimed steps after compiling (default 2)')
-_PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of measuring it')
+                              'or 10)', lower_bound=1)
+_WARMUP = flags.DEFINE_integer('warmup', None, 'untimed steps after compiling (default 2)',
+                               lower_bound=0)
+_PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of measuring it '
+                           '(0: measure)', lower_bound=0.0)
 
 
 def main(argv):
@@ -30,7 +32,7 @@ def main(argv):
   config = _CONFIG.value
   bench = config.get('benchmark') or {}
   record = benchmark.benchmark_train_step(
-      config, steps=_STEPS.value or bench.get('steps', 10),
+      config, steps=_STEPS.value if _STEPS.value is not None else bench.get('steps', 10),
       warmup=_WARMUP.value if _WARMUP.value is not None else bench.get('warmup', 2),
       peak_flops=_PEAK.value or None)
   print(json.dumps(record), flush=True)

@@ -31,6 +31,9 @@ def main(argv=None):
   p.add_argument('--split', default='train')
   p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
   args = p.parse_args(argv)
+  for name, least in (('seq_len', 2), ('batch_size', 1), ('batches', 1), ('warmup', 0)):
+    if getattr(args, name) < least:
+      p.error(f'--{name}={getattr(args, name)}; expected an integer >= {least}')
 
   from configs import common
   from pretrain_jax import data

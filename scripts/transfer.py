@@ -35,9 +35,11 @@ def main(argv):
   config.unlock()
   config.init, config.task.name = _INIT.value, _TASK.value
   sizes = _integers('sizes', _SIZES.value, 'integers (0 = all examples)')
-  if any(size < 0 for size in sizes):
-    raise ValueError(f'--sizes={",".join(_SIZES.value)}; expected integers >= 0 (0 = all '
-                     'examples)')
+  if any(size < 0 for size in sizes) or len(set(sizes)) != len(sizes):
+    raise ValueError(f'--sizes={",".join(_SIZES.value)}; expected distinct integers >= 0 (0 = '
+                     'all examples)')
+  if len(set(_MODES.value)) != len(_MODES.value):   # one run would count as two seeds
+    raise ValueError(f'--modes={",".join(_MODES.value)}; expected distinct modes')
   seeds = _integers('seeds', _SEEDS.value, 'distinct integers')
   if len(set(seeds)) != len(seeds):
     raise ValueError(f'--seeds={",".join(_SEEDS.value)}; expected distinct integers')

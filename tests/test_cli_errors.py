@@ -49,6 +49,10 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      'error: --coordinator_address=nohost; expected HOST:PORT'),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'gs://'],
      "error: 'gs://' names no bucket; expected gs://BUCKET/..."),
+    ('benchmark.py', ['--config', 'configs/tiny_gpt.py', '--peak_flops', '-5'],
+     'error: flag --peak_flops=-5: '),
+    ('benchmark.py', ['--config', 'configs/tiny_gpt.py', '--steps', '0'],
+     'error: flag --steps=0: '),
     # accepted at start, it failed inside islice at the first evaluation (before that save)
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W',
                   '--config.train.eval_batches=-1'],
@@ -82,3 +86,14 @@ def test_a_keyboard_interrupt_is_one_line_and_exit_130(capsys):
     cli.call(interrupted)
   assert exit_info.value.code == 130
   assert capsys.readouterr().err == 'interrupted (Ctrl-C)\n'
+
+
+def test_base_config_names_and_paths():
+  """convert_hf.py --base_config: a name that is no config was a ModuleNotFoundError traceback,
+  and the path form the other scripts take ('configs/tiny_gpt.py') was not understood."""
+  import configs  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"^base config 'nosuch' is not in configs/; expected one "
+                                       r"of \[.*'tiny_gpt'"):
+    configs.base_config(None, 'nosuch')
+  name, config = configs.base_config(None, 'configs/tiny_gpt.py')
+  assert name == 'tiny_gpt' and config.model.family == 'gpt'

@@ -185,7 +185,8 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
       assert [r['mode'] for r in transfer.run_transfer(c, '/tmp/x')] == ['scratch', 'full']
 
 
-@pytest.mark.parametrize('flag, value', [('seeds', '0,0'), ('sizes', 'all')])
+@pytest.mark.parametrize('flag, value', [('seeds', '0,0'), ('sizes', 'all'), ('sizes', '100,100'),
+                                         ('modes', 'full,full')])
 def test_transfer_script_refuses_bad_seeds_and_sizes(flag, value, tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
