@@ -178,12 +178,18 @@ def write_bytes(path, data: bytes) -> None:
     return
   path = absolute(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f'{path} is a directory; expected a file path to write')
   tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):   # a failed write leaves no temporary behind
+      os.remove(tmp)
 
 
 def write_text(path, text: str) -> None:

@@ -97,3 +97,12 @@ def test_base_config_names_and_paths():
     configs.base_config(None, 'nosuch')
   name, config = configs.base_config(None, 'configs/tiny_gpt.py')
   assert name == 'tiny_gpt' and config.model.family == 'gpt'
+
+
+def test_writing_over_a_directory_is_one_clear_error_and_leaves_no_temporary(tmp_path):
+  """train_tokenizer.py --output DIR: an OSError naming 'DIR.tmp-PID' and the temporary left."""
+  from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'adir').mkdir()
+  with pytest.raises(IsADirectoryError, match='adir is a directory; expected a file path'):
+    paths.write_bytes(str(tmp_path / 'adir'), b'x')
+  assert os.listdir(tmp_path) == ['adir']

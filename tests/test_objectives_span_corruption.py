@@ -39,8 +39,28 @@ def test_target_length_is_the_largest_raw_length_that_fits(seq_len, density, mea
   raw, target = sc.target_length(seq_len, density, mean)
   if density == 0.5 and lengths(raw + 1)[1] > lengths(raw + 1)[0]:
     return  # T5's documented 0.5 "minor hack" shifts by one; covered by its own formula
+  if int(round(raw * density)) < 1 or int(round(int(round(raw * density)) / mean)) < 1:
+    # T5's helper plans for no noise or no span here, the mask makes one (at least one of
+    # each): planned so, the inputs fit (T5's plan was a token too long for the encoder).
+    noise, spans = sc._noise_counts(raw, density, mean)
+    assert raw - noise + spans + 1 <= seq_len and target == noise + spans + 1
+    return
   assert lengths(raw)[0] <= seq_len < lengths(raw + 1)[0]
   assert target == lengths(raw)[1]
+
+
+@pytest.mark.parametrize('density, mean', [(0.15, 500.0), (0.003, 3.0)])
+def test_settings_that_round_to_no_span_still_fit(density, mean):
+  """mean_noise_span_length 500 or noise_density 0.003 at 128 tokens: the mask makes one span
+  of at least one token; the planned lengths used to assume none and the inputs overflowed
+  ('example of 129 tokens is longer than the encoder length 128')."""
+  raw, target = sc.target_length(128, density, mean)
+  rng = np.random.default_rng(0)
+  for _ in range(5):
+    mask = sc.random_spans_noise_mask(raw, rng, noise_density=density,
+                                      mean_noise_span_length=mean)
+    spans = int(np.sum(mask[1:] & ~mask[:-1]) + mask[0])
+    assert raw - mask.sum() + spans + 1 <= 128 and mask.sum() + spans + 1 <= target
 
 
 def test_noise_counts_follow_t5_rounding_and_clamps():

@@ -42,9 +42,10 @@ def target_length(seq_len: int, noise_density: float = 0.15,
                      'and EOS)')
 
   def lengths(tokens_length):
-    # Python's round on purpose: it is what T5's helper uses (banker's rounding).
-    num_noise = int(round(tokens_length * noise_density))
-    num_spans = int(round(num_noise / mean_noise_span_length))
+    # T5's helper rounds half to even (as _noise_counts does) without the mask's clamps: at least
+    # one noise token and one span. The same counts as the mask here, so a density or span length
+    # that rounds to no span plans for the span the mask makes (identical otherwise).
+    num_noise, num_spans = _noise_counts(tokens_length, noise_density, mean_noise_span_length)
     return tokens_length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
   raw_len = seq_len - 1
