@@ -176,6 +176,9 @@ def parse_flags(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   try:
     rest = flags.FLAGS(argv)
+  except SystemExit as e:   # absl's --help / --helpfull print the usage, then exit 1
+    asked = {'--help', '-h', '-?', '--helpshort', '--helpfull', '--helpxml'} & set(argv[1:])
+    sys.exit(0 if asked and e.code == 1 else e.code)
   except flags.Error as e:
     cause = e.__cause__ or e.__context__
     detail = f' ({one_line(cause)[7:]})' if cause and str(cause) not in str(e) else ''

@@ -1,4 +1,4 @@
-"""One fp32 train step: Hugging Face's Flax model (transformers 4.57) vs pretrain_jax's, per family.
+r"""One fp32 train step: Hugging Face's Flax model (transformers 4.57) vs pretrain_jax's, per family.
 
   HF_FLAX_SITE=/tmp/hf_flax python scripts/benchmark_hf_flax.py --family t5|gpt|bert
       [--rounds 20] [--steps 1] [--warmup 4] [--dropout] [--our_attention_dropout RATE]
@@ -10,7 +10,7 @@ INSTALLING THE HF SIDE. The repo pins transformers 5.x, which has no Flax models
 transformers 4.57 is installed OUTSIDE the venv with pip's --target and put first on sys.path
 (below); the venv's jax / flax / optax are used by both sides:
 
-  .venv/bin/python -m pip install --target /tmp/hf_flax --no-deps \\
+  .venv/bin/python -m pip install --target /tmp/hf_flax --no-deps \
       transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
   (exactly those three, in the directory $HF_FLAX_SITE names; their other requirements - numpy,
   safetensors, regex, pyyaml, requests, filelock, tqdm, packaging - come from the venv, which

@@ -1,4 +1,4 @@
-"""Fine-tune or probe a checkpoint on a labelled task, on the pre-training loop.
+r"""Fine-tune or probe a checkpoint on a labelled task, on the pre-training loop.
 
   python scripts/finetune.py --init runs/tiny/gpt --task word_order --workdir runs/ft/gpt_full \
       --mode full [--config.train.steps=300 --config.train.learning_rate=1e-3 ...]

@@ -1,4 +1,4 @@
-"""Cloud TPU VM slices through `gcloud`: create, ship the code, train, watch, recover, delete.
+r"""Cloud TPU VM slices through `gcloud`: create, ship the code, train, watch, recover, delete.
 
   python scripts/tpu.py create --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot
   python scripts/tpu.py setup  --name ptj --zone us-west4-a

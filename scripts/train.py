@@ -1,4 +1,4 @@
-"""Train a BERT, GPT or T5 from a config, resuming from the workdir's latest checkpoint.
+r"""Train a BERT, GPT or T5 from a config, resuming from the workdir's latest checkpoint.
 
   python scripts/train.py --config configs/tiny_gpt.py --workdir /tmp/tiny_gpt \
       [--config.train.steps=100 --config.mesh.fsdp=4 ...]

@@ -1,4 +1,4 @@
-"""Train a SentencePiece tokenizer (T5 sentinels last, BERT specials, size a multiple of 128).
+r"""Train a SentencePiece tokenizer (T5 sentinels last, BERT specials, size a multiple of 128).
 
   python scripts/train_tokenizer.py --output /tmp/pydoc.model               # embedded corpus
   python scripts/train_tokenizer.py --output c4.model --vocab_size 32000 \

@@ -1,4 +1,4 @@
-"""Does pre-training help? scratch vs linear_probe vs full fine-tuning of one checkpoint on a task.
+r"""Does pre-training help? scratch vs linear_probe vs full fine-tuning of one checkpoint on a task.
 
   python scripts/transfer.py --init runs/tiny/gpt --task word_order --workdir runs/transfer/gpt \
       [--modes scratch,linear_probe,full] [--sizes 200,0] [--seeds 0,1,2]

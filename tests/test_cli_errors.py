@@ -1,5 +1,6 @@
 """Bad command lines end in one `error:` line naming the flag, exit 2 (pretrain_jax.cli)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -106,3 +107,12 @@ def test_writing_over_a_directory_is_one_clear_error_and_leaves_no_temporary(tmp
   with pytest.raises(IsADirectoryError, match='adir is a directory; expected a file path'):
     paths.write_bytes(str(tmp_path / 'adir'), b'x')
   assert os.listdir(tmp_path) == ['adir']
+
+
+@pytest.mark.parametrize('script', ['train.py', 'transfer.py'])
+def test_help_exits_0_and_keeps_the_usage_lines(script):
+  """absl's --help exits 1 (a wrapper's smoke test failed on it), and the docstrings' `\\` +
+  newline joined the usage examples into one line."""
+  done = run_script(script, '--help')
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert re.search(r'--workdir \S+ \\\n', done.stdout), done.stdout[:600]
