@@ -202,3 +202,15 @@ def test_evaluate_script_on_an_hf_dir_is_one_clear_error(dirs):
   assert done.returncode != 0 and 'Traceback' not in done.stderr, done.stderr
   assert done.stderr.strip().splitlines()[-1].startswith(
       f'error: {dirs["bert"]} is a Hugging Face model directory'), done.stderr
+
+
+def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(dirs):
+  """It used to write the LOCK and a tokenizer.model into the user's HF directory, then refuse
+  with a 3 KB config diff."""
+  from configs import tiny_bert  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+  before = sorted(os.listdir(dirs['bert']))
+  with pytest.raises(ValueError, match=r"is a Hugging Face model directory \(config.json has "
+                                       r"model_type 'bert'\); expected a training workdir"):
+    loop.train_and_evaluate(tiny_bert.get_config(), dirs['bert'])
+  assert sorted(os.listdir(dirs['bert'])) == before

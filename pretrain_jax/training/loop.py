@@ -143,6 +143,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
   evaluation (T5's exact match by decoding), and with its `datasets` the `tokenizer_path` of
   their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's)."""
   workdir_lib.check_cadence(config.train)
+  workdir_lib.check_not_foreign(workdir)
   with workdir_lib.hold(workdir, config.train.steps) as check_held:
     return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
                                evaluators=evaluators, check_held=check_held,

@@ -229,6 +229,24 @@ def open_lock(workdir: str) -> WorkdirLock:
                    f'gs:// only, not {scheme}://')
 
 
+def check_not_foreign(workdir: str) -> None:
+  """Refuses a Hugging Face model directory as a workdir, before the lock or a tokenizer is
+  written into it (its config.json then read as a changed config, in a 3 KB message)."""
+  path = paths.join(workdir, CONFIG_FILE)
+  if not paths.isfile(path):
+    return
+  try:
+    saved = paths.read_json(path)
+  except ValueError:
+    return                       # the config check names a broken config.json
+  if isinstance(saved, dict) and 'train' not in saved and (
+      'model_type' in saved or 'architectures' in saved):
+    raise ValueError(f'{workdir} is a Hugging Face model directory (config.json has '
+                     f'model_type {saved.get("model_type")!r}); expected a training workdir: '
+                     f'import it first (scripts/convert_hf.py import --hf_dir {workdir} '
+                     '--workdir NEW_DIR) and train there')
+
+
 def check_cadence(t) -> None:
   """Refuses train.* cadence values the loop cannot use."""
   for key in ('log_every', 'checkpoint_every'):
