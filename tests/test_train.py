@@ -212,3 +212,20 @@ def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, o
   with pytest.raises(ValueError, match=f"objective='{objective}'"):
     loop.train_and_evaluate(config, str(tmp_path / 'w'))
   assert not os.path.exists(tmp_path / 'w' / 'config.json')
+
+
+def test_no_evaluation_opens_no_validation_split(tmp_path):
+  """data.validation_fraction=0 leaves no validation split: with train.eval_every=0 it trains
+  (it failed opening the split it would never read)."""
+  from pretrain_jax.training import loop, synthetic  # pylint: disable=g-import-not-at-top
+  config = tiny_config('gpt', steps=2)
+  base = synthetic.synthetic_datasets(config)
+
+  def datasets(*, split, **kw):
+    if split != config.data.train_split:
+      raise ValueError(f'no split {split!r}')
+    return base(split=split, **kw)
+  assert loop.train_and_evaluate(config, str(tmp_path), datasets=datasets)['step'] == 2
+  config.train.eval_every = 1
+  with pytest.raises(ValueError, match="no split 'validation'"):
+    loop.train_and_evaluate(config, str(tmp_path / 'eval'), datasets=datasets)

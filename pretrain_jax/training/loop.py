@@ -22,7 +22,7 @@ from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import workdir as workdir_lib
 
 def open_datasets(config, datasets=None, workdir=None):
-  """(train iterator, eval iterator, tokenizer path) of this host's share of the batch.
+  """(train iterator, eval iterator or None, tokenizer path) of this host's share of the batch.
 
   `datasets(split=, batch_size=, process_index=, process_count=, repeat=)` replaces
   pretrain_jax.data (tests pass synthetic data); by default the source is opened and the
@@ -50,8 +50,12 @@ def open_datasets(config, datasets=None, workdir=None):
   # Validation reads the split once, in order, as scripts/evaluate.py does (the same batches,
   # so the same numbers): with data streams a repeating small split would carry documents of
   # its next epoch into the first batches.
+  # No evaluation (train.eval_every <= 0): no validation split is opened, so a corpus without
+  # one (data.validation_fraction=0) trains.
+  evaluates = config.train.get('eval_every', 0) > 0
   return (datasets(split=config.data.train_split, repeat=True, **kw),
-          datasets(split=config.data.eval_split, repeat=False, **kw), tokenizer_path)
+          datasets(split=config.data.eval_split, repeat=False, **kw) if evaluates else None,
+          tokenizer_path)
 
 
 def _accuracy(metrics: dict):
@@ -164,7 +168,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
     check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
   train_iter, eval_iter, opened = open_datasets(config, datasets, workdir)
   tokenizer_path = opened or tokenizer_path
-  eval_start = eval_iter.get_state()
+  eval_start = eval_iter.get_state() if eval_iter is not None else None
   newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
   previous = workdir_lib.read_config(workdir) if newest is not None else None
   # Checked now, recorded once the state and data position restore: a refused resume leaves
