@@ -84,8 +84,10 @@ def test_sentinel_pieces_are_appended_in_t5_order():
 
 
 def test_too_small_vocab_is_a_clear_error(tmp_path):
-  with pytest.raises(ValueError, match='tokenizer_vocab_size=128'):
-    tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=128)
+  for size in (128, -5):   # 129 already works (256 ids); -5 said 'leaves -100 ids'
+    with pytest.raises(ValueError, match=rf'^tokenizer_vocab_size={size}: too small; expected '
+                                         'more than 128'):
+      tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=size)
   with pytest.raises(ValueError, match="tokenizer_type='wordpiece'"):
     tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=512,
                                 model_type='wordpiece')
@@ -151,3 +153,10 @@ def test_sentinel_text_is_the_sentinel_wherever_it_stands(tmp_path):
   assert s0 not in t.encode('<extra_id_100>') and t.encode('plain text') == t.sp.encode(
       'plain text')
 
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_warned_about(tmp_path, capsys):
+  tok_lib.train_sentencepiece(TEXTS[:2], str(tmp_path / 'big.model'), vocab_size=4096)
+  assert 'of the 3996 asked (tokenizer_vocab_size=4096)' in capsys.readouterr().err
+  tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'fits.model'), vocab_size=512)
+  assert capsys.readouterr().err == ''

@@ -15,6 +15,7 @@ virtual ids after its pieces counting down from the end (T5's public 32000-piece
 import functools
 import os
 import re
+import sys
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -251,8 +252,9 @@ def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 
   total = round_up(vocab_size)
   learned = total - NUM_SENTINELS
   if learned < 64:
-    raise ValueError(f'tokenizer_vocab_size={vocab_size} leaves {learned} ids after the '
-                     f'{NUM_SENTINELS} sentinels; expected at least {NUM_SENTINELS + 64}')
+    raise ValueError(f'tokenizer_vocab_size={vocab_size}: too small; expected more than '
+                     f'{VOCAB_MULTIPLE} (sizes round up to a multiple of {VOCAB_MULTIPLE}, and '
+                     f'{NUM_SENTINELS} ids are T5 sentinels)')
 
   def lines():
     count = 0
@@ -265,6 +267,13 @@ def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 
             return
 
   proto = _train_proto(lines(), learned, model_type)
+  model = sp_model.ModelProto()
+  model.ParseFromString(proto)
+  if len(model.pieces) < learned // 2:   # the rest is filler every model still embeds
+    print(f'warning: the corpus supports {len(model.pieces)} pieces of the {learned} asked '
+          f'(tokenizer_vocab_size={vocab_size}); the other {learned - len(model.pieces)} ids '
+          'are unused filler (embedding rows that never train): a smaller vocabulary fits '
+          'this corpus', file=sys.stderr, flush=True)
   # atomic: a concurrent reader sees no file or the whole file (local rename, or one object)
   paths.write_bytes(path, add_filler_and_sentinels(proto, total))
   return path
