@@ -20,4 +20,9 @@ def base_config(cfg, name: str = None):
     names = sorted(f[:-3] for f in os.listdir(os.path.dirname(__file__))
                    if f.endswith('.py') and not f.startswith('_'))
     raise ValueError(f'base config {name!r} is not in configs/; expected one of {names}')
-  return name, importlib.import_module(f'configs.{name}').get_config()
+  config = importlib.import_module(f'configs.{name}').get_config()
+  family = (config.get('model') or {}).get('family')
+  if cfg is not None and family != cfg.family:
+    raise ValueError(f'base config {name!r} is a {family} config; this model is {cfg.family}: '
+                     f'expected a {cfg.family} config (default: {base_config_name(cfg)})')
+  return name, config

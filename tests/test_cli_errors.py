@@ -98,6 +98,11 @@ def test_base_config_names_and_paths():
     configs.base_config(None, 'nosuch')
   name, config = configs.base_config(None, 'configs/tiny_gpt.py')
   assert name == 'tiny_gpt' and config.model.family == 'gpt'
+  import modeling  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"^base config 'tiny_t5' is a t5 config; this model is "
+                                       r"gpt: expected a gpt config \(default: gpt2_small\)"):
+    configs.base_config(modeling.tiny('gpt'), 'tiny_t5')   # wrote a workdir nothing could use
+  assert configs.base_config(modeling.tiny('gpt'), 'tiny_gpt')[0] == 'tiny_gpt'
 
 
 def test_writing_over_a_directory_is_one_clear_error_and_leaves_no_temporary(tmp_path):

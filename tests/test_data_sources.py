@@ -55,6 +55,10 @@ def test_file_errors_name_the_problem(tmp_path, cache):
   (tmp_path / 'x.csv').write_text('a,b')
   with pytest.raises(ValueError, match=r"x.csv' has an unsupported extension"):
     local_builder.expand_files(str(tmp_path / 'x.csv'))
+  (tmp_path / 'adir').mkdir()   # was 'has an unsupported extension'
+  with pytest.raises(ValueError, match=r"adir' is a directory; expected files or a glob such as "
+                                       r"'.*adir/\*.jsonl'"):
+    local_builder.expand_files(str(tmp_path / 'adir'))
   (tmp_path / 'empty.jsonl').write_text('\n\n')
   dc = common.data_config('clm', 16)
   dc.files = str(tmp_path / 'empty.jsonl')
