@@ -33,6 +33,9 @@ _STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)', 
 
 def main(argv):
   del argv
+  if _RANDOM.value and _STEP.value is not None:
+    raise ValueError(f'--random_init with --step {_STEP.value}: a random init has no step; '
+                     'expected one of them')
   model = load_pretrained(_WORKDIR.value, _STEP.value)
   config = model.config
   if 'task' in config:   # a fine-tuning workdir: its task's metrics are in metrics.jsonl

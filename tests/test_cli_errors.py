@@ -40,6 +40,8 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      "error: --models names ['tiny_gpz']; expected configs/<name>.py names"),
     ('train_tiny.py', ['--workdir', 'W', '--steps', '-3'], 'error: flag --steps=-3: '),
     ('evaluate.py', ['--workdir', 'W', '--batches', '-1'], 'error: flag --batches=-1: '),
+    ('evaluate.py', ['--workdir', 'W', '--random_init', '--step', '60'],
+     'error: --random_init with --step 60: a random init has no step'),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'README.md'],
      'README.md (or a folder above it) is a file; expected a directory'),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', '--num_processes=2',
