@@ -139,17 +139,9 @@ def test_a_fine_tune_from_a_hugging_face_directory_keeps_its_tokenizer(tmp_path)
   Hugging Face directory it started from is gone."""
   import shutil  # pylint: disable=g-import-not-at-top
   import pretrain_jax  # pylint: disable=g-import-not-at-top
-  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
   src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
-  c = finetune_config.get_config()
-  c.init, c.task.name, c.mode = src, 'word_order', 'full'
-  c.data.seq_len = 32
-  c.task.update(max_train_examples=8, max_eval_examples=8)
-  c.train.update(batch_size=4, steps=2, warmup_steps=1, log_every=1, eval_every=2,
-                 checkpoint_every=2)
   ft = str(tmp_path / 'ft')
-  run_lib.finetune(c, ft)
+  modeling.two_step_finetune(src, ft)
   assert sorted(os.listdir(os.path.join(ft, 'hf_tokenizer'))) == ['merges.txt', 'vocab.json']
   shutil.rmtree(src)
   assert set(pretrain_jax.load_pretrained(ft).predict(['the dog'])) <= {'original', 'shuffled'}

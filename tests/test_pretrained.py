@@ -267,18 +267,11 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(cache, tmp
   """finetune.py used to record the init's tokenizer path only: moving the pre-training workdir
   made the fine-tuned classifier unloadable."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
+  import modeling  # pylint: disable=g-import-not-at-top
   init = str(tmp_path / 'gpt')
   loop.train_and_evaluate(_small(tiny_gpt.get_config(), steps=2), init)
-  c = finetune_config.get_config()
-  c.init, c.task.name, c.mode = init, 'word_order', 'full'
-  c.data.seq_len = 32
-  c.task.update(max_train_examples=8, max_eval_examples=8)
-  c.train.update(batch_size=4, steps=2, warmup_steps=1, log_every=1, eval_every=2,
-                 checkpoint_every=2)
   ft = str(tmp_path / 'ft')
-  run_lib.finetune(c, ft)
+  modeling.two_step_finetune(init, ft)
   saved = json.load(open(os.path.join(ft, 'config.json')))
   assert saved['data']['tokenizer'] == os.path.join(ft, 'tokenizer.model')
   shutil.move(init, str(tmp_path / 'moved'))
