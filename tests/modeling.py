@@ -35,14 +35,18 @@ def forward(cfg, params, *args, **kw):
   return out[0] if isinstance(out, tuple) else out
 
 
-def two_step_finetune(init: str, workdir: str) -> dict:
+def tiny_finetune_config(init: str):
   """A 2-step full fine-tune of `init` on 8 sentences of the embedded word_order task."""
   from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
   c = finetune_config.get_config()
   c.init, c.task.name, c.mode = init, 'word_order', 'full'
   c.data.seq_len = 32
   c.task.update(max_train_examples=8, max_eval_examples=8)
   c.train.update(batch_size=4, steps=2, warmup_steps=1, log_every=1, eval_every=2,
                  checkpoint_every=2)
-  return run_lib.finetune(c, workdir)
+  return c
+
+
+def two_step_finetune(init: str, workdir: str) -> dict:
+  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
+  return run_lib.finetune(tiny_finetune_config(init), workdir)

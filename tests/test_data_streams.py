@@ -120,3 +120,16 @@ def test_refusals(tokenizer):
   with pytest.raises(ValueError, match=r'checkpoint step 7 was saved by 2 processes; this run '
                      r'has 1: .* resume only on 2 processes'):
     checkpoint.host_data_state(per_host, step=7)
+
+
+def test_an_nsp_evaluation_reads_every_pair_of_every_stream(tokenizer):
+  """Without repeat, NSP batches ended with the host's first stream to end, and each stream's
+  last incomplete batch was dropped: the pairs read depended on the batch size."""
+  dc = config('mlm', nsp=True, num_streams=2)
+
+  def pairs(batch_size):
+    it = data.make_dataset(dc, tokenizer, split='train', batch_size=batch_size, repeat=False)
+    return sorted(tuple(row) for b in it for row, label in zip(b['targets'].tolist(),
+                                                               b['nsp_labels']) if label >= 0)
+  small = pairs(2)
+  assert len(small) > 4 and small == pairs(4) == pairs(6)

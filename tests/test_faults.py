@@ -594,11 +594,24 @@ def test_ctrl_c_saves_the_step_and_stops_and_a_second_one_aborts(tmp_path, capsy
           return inner_next(self)
       data.__class__ = Hooked
     return data
-  result = loop.train_and_evaluate(config, str(tmp_path), datasets=datasets)
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  try:
+    result = loop.train_and_evaluate(config, str(tmp_path), datasets=datasets)
+    handed_back = signal.getsignal(signal.SIGINT)
+  finally:
+    signal.signal(signal.SIGINT, before)
   assert result['preempted'] and 0 < result['step'] < 40
   assert f'SIGINT: saved step {result["step"]}; exiting' in capsys.readouterr().err
   assert checkpoint.complete_steps(str(tmp_path)) == [result['step']]
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handed back
+  assert handed_back is signal.default_int_handler                 # handed back
+  signal.signal(signal.SIGINT, signal.SIG_IGN)   # started with `nohup ... &`: stays ignored
+  try:
+    ignoring = loop.StopRequest()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN    # not taken over while it runs
+    ignoring.close()
+  finally:
+    signal.signal(signal.SIGINT, before)
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
   stop = loop.StopRequest()
   try:
     os.kill(os.getpid(), signal.SIGINT)
@@ -608,3 +621,4 @@ def test_ctrl_c_saves_the_step_and_stops_and_a_second_one_aborts(tmp_path, capsy
       time.sleep(1)
   finally:
     stop.close()
+    signal.signal(signal.SIGINT, before)

@@ -162,7 +162,7 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
     runs.append(workdir)
     return {'train_examples': 10, 'metric': 'class_accuracy', 'final': 0.5, 'best': 0.5,
             'step': 7, 'step_time_sec': 0.01, 'family': init.family,
-            'preempted': len(runs) == 2}
+            'preempted': len(runs) == 2, 'stop_requested': len(runs) == 2}
   task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y'))
   monkeypatch.setattr(run_lib, 'finetune', fake_finetune)
   monkeypatch.setattr(run_lib, 'load_task', lambda config: task)
@@ -176,7 +176,7 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
       rows = transfer.run_transfer(c, '/tmp/x', seeds=(0, 1))
       assert [r['preempted'] for r in rows] == [False, True] and len(runs) == 2
       assert [s['seeds'] for s in transfer.summarize(rows)] == [1]
-      assert '7*' in transfer.table(rows) and 'stopped by SIGTERM' in transfer.table(rows)
+      assert '7*' in transfer.table(rows) and '* stopped (SIGTERM or Ctrl-C)' in transfer.table(rows)
     else:
       with pytest.raises(ValueError, match='mode=linear_probe on t5'):
         transfer.run_transfer(c, '/tmp/x', modes=('scratch', 'linear_probe'))

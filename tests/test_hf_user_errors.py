@@ -214,3 +214,14 @@ def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(di
                                        r"model_type 'bert'\); expected a training workdir"):
     loop.train_and_evaluate(tiny_bert.get_config(), dirs['bert'])
   assert sorted(os.listdir(dirs['bert'])) == before
+
+
+def test_fine_tuning_into_a_hugging_face_directory_is_refused_before_writing(dirs):
+  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
+  c = finetune_config.get_config()
+  c.init, c.task.name = dirs['bert'], 'word_order'
+  before = sorted(os.listdir(dirs['bert']))
+  with pytest.raises(ValueError, match='is a Hugging Face model directory'):
+    run_lib.finetune(c, dirs['bert'])
+  assert sorted(os.listdir(dirs['bert'])) == before

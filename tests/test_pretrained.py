@@ -276,3 +276,16 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(cache, tmp
   assert saved['data']['tokenizer'] == os.path.join(ft, 'tokenizer.model')
   shutil.move(init, str(tmp_path / 'moved'))
   assert set(pretrain_jax.load_pretrained(ft).predict(['a b c'])) <= {'original', 'shuffled'}
+
+
+def test_transfer_runs_share_the_loaded_init_and_each_starts_from_it(cache, tmp_path):
+  """run_transfer loads the init once for all runs; the train step donates its state, so a run
+  that started from the init's arrays themselves deleted them for the next ('Array has been
+  deleted')."""
+  import modeling  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+  init = str(tmp_path / 'gpt')
+  loop.train_and_evaluate(_small(tiny_gpt.get_config(), steps=2), init)
+  rows = transfer.run_transfer(modeling.tiny_finetune_config(init), str(tmp_path / 'tr'),
+                               modes=('linear_probe', 'full'), seeds=(0, 1))
+  assert [(r['mode'], r['steps']) for r in rows] == [('linear_probe', 2)] * 2 + [('full', 2)] * 2

@@ -268,8 +268,8 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
       (streams.py); the global batch is the same for every process_count dividing the streams.
     seed: data order and masking seed (default data_config.seed).
     repeat: cycle over epochs (each reshuffled); False ends after one epoch of every stream
-      (streams that end first give all-padding rows; with NSP the host's batches end with its
-      first stream, as a last incomplete NSP batch is dropped).
+      (streams that end first give all-padding rows, NSP label -1), so evaluation reads the
+      whole split at any batch size.
     model_max_len: if given, seq_len (and T5's target length) must fit in it.
     source: the opened sources.Source to read (default sources.open_source(data_config); a
       multi-host run passes the one copy every host shares).
@@ -352,9 +352,11 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
           del gens[s]
         else:
           parts[s], positions[str(s)] = item
-      if not parts or (nsp and len(parts) < len(owned)):
+      if not parts:
         return
-      pad = {k: np.zeros_like(v) for k, v in next(iter(parts.values())).items()}
+      # an ended stream's rows: padding (NSP label -1: no example, as its own last batch has)
+      pad = {k: np.full_like(v, -1) if k == 'nsp_labels' else np.zeros_like(v)
+             for k, v in next(iter(parts.values())).items()}
       host = [parts.get(s, pad) for s in owned]
       yield ({k: np.concatenate([p[k] for p in host]) if len(host) > 1 else host[0][k]
               for k in host[0]}, dict(state, streams=dict(positions)))

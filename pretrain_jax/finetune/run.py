@@ -30,6 +30,7 @@ from pretrain_jax.inference import load, sampling
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import loop, task as task_lib
+from pretrain_jax.training import workdir as workdir_lib
 
 MODES = ('full', 'linear_probe', 'scratch')
 MODEL_OVERRIDES = ('dropout_rate', 'attention_dropout_rate')   # configs/finetune.py's model.*
@@ -149,7 +150,9 @@ def starting_params(pretrained, mode: str, head_names: tuple):
         if given[key].shape != value.shape:
           raise ValueError(f'checkpoint parameter {"/".join(key)} has shape {given[key].shape}; '
                            f'the model expects {value.shape}')
-        flat[key] = jnp.asarray(given[key], value.dtype)
+        # a copy: the train step donates its state, and the checkpoint's arrays serve every
+        # run of a transfer comparison (an alias would be deleted after the first step)
+        flat[key] = jnp.array(given[key], value.dtype, copy=True)
     return flax.traverse_util.unflatten_dict(flat)
   return merge
 
@@ -212,6 +215,7 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
   validation values. `init` / `task`: load_init(config.init) / load_task(config), already
   loaded (transfer's runs share them)."""
   check_config(config)
+  workdir_lib.check_not_foreign(workdir)   # nothing is written into a Hugging Face directory
   init = init or load_init(config.init)
   task = task or load_task(config)
   config = build_config(config, init, task)
@@ -240,10 +244,12 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
                                         task.labels, config.train.batch_size, target_len),)
   paths.makedirs(workdir)
   # The workdir keeps its own tokenizer, so it loads after the init moves: a sentencepiece
-  # model is copied by the loop (as in pre-training), a Hugging Face one here.
+  # model is copied by the loop (as in pre-training), a Hugging Face one here (process 0;
+  # files already there are kept).
   tokenizer_path = config.data.tokenizer
   if paths.isdir(tokenizer_path):
-    config.data.tokenizer = load.copy_hf_tokenizer(tokenizer_path, workdir)
+    config.data.tokenizer = load.copy_hf_tokenizer(tokenizer_path, workdir,
+                                                   write=jax.process_index() == 0)
   result = loop.train_and_evaluate(
       config, workdir, datasets=datasets,
       init_params=starting_params(init.params, config.mode, head_names), evaluators=evaluators,

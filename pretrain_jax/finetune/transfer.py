@@ -25,8 +25,9 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
   """One fine-tuning run per (size, mode, seed); returns a row per run (see `table`). No
   `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
   full). No `seeds`: the config's train.seed, in a workdir without the seed suffix.
-  A run stopped by SIGTERM (preemption) is the last: its row has `preempted` True, and
-  rerunning the same command resumes it and runs the rest."""
+  A run stopped by SIGTERM (preemption) or Ctrl-C is the last (its row has `preempted` True
+  unless it had reached its last step), and rerunning the same command resumes it and runs the
+  rest."""
   for size in sizes:   # before the first run: a bad size or config fails at once
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
       raise ValueError(f'sizes {list(sizes)}: {size!r}; expected 0 (all examples) or a '
@@ -62,9 +63,9 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
                      'wall_sec': time.perf_counter() - start,
                      'step_time_sec': result['step_time_sec'], 'workdir': workdir,
                      'family': result['family'], 'preempted': bool(result.get('preempted'))})
-        if rows[-1]['preempted']:
-          print(f'SIGTERM: stopped after {workdir} saved step {result["step"]}; the same '
-                'command resumes it and runs the rest', file=sys.stderr, flush=True)
+        if result.get('stop_requested'):   # SIGTERM or Ctrl-C, also in a run's last step
+          print(f'stopped after {workdir} saved step {result["step"]}; the same command '
+                'resumes it and runs the rest', file=sys.stderr, flush=True)
           return rows
   return rows
 
@@ -109,7 +110,8 @@ def table(rows: list) -> str:
                  f'{r["wall_sec"]:>7.1f} '
                  f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8}')
   if any(r.get('preempted') for r in rows):
-    lines.append('* stopped by SIGTERM before its last step: no result yet (rerun the command)')
+    lines.append('* stopped (SIGTERM or Ctrl-C) before its last step: no result yet (rerun the '
+                 'command)')
   summary = summarize(rows)
   if any(s['seeds'] > 1 for s in summary):
     span = lambda s, k: ('-' if s[k] is None else

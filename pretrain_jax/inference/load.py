@@ -211,13 +211,14 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=paths.absolute(path))
 
 
-def copy_hf_tokenizer(folder: str, workdir: str) -> str:
+def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
   """<workdir>/hf_tokenizer holding the tokenizer files of the Hugging Face directory `folder`
-  (copied once; an imported workdir keeps them there too); returns that directory."""
+  (copied once, by the process that `write`s; an imported workdir keeps them there too);
+  returns that directory."""
   from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
   from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
   target = paths.join(paths.absolute(workdir), hf_workdir.HF_TOKENIZER_DIR)
-  if paths.absolute(folder) != target:
+  if write and paths.absolute(folder) != target:
     for path in hf_tokenizers.tokenizer_files(folder):
       copy = paths.join(target, paths.basename(path))
       if not paths.isfile(copy):

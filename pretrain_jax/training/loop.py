@@ -72,13 +72,15 @@ def global_batch(batch: dict, sharding) -> dict:
 class StopRequest:
   """SIGTERM (Cloud TPU preemption notice) or Ctrl-C (SIGINT) sets a flag the loop polls after
   each step: it saves that step and stops. A second SIGTERM is ignored until the save is
-  complete; a second Ctrl-C aborts at once (KeyboardInterrupt, the last checkpoint kept)."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  complete; a second Ctrl-C raises KeyboardInterrupt: no save of the current step (one already
+  being written still completes). A SIGINT the process was started ignoring (`nohup ... &`)
+  stays ignored."""
 
   def __init__(self):
     self.requested, self.name = False, None
-    self._previous = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+    signals = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT)
+                                  is not signal.SIG_IGN else [])
+    self._previous = {s: signal.signal(s, self._handler) for s in signals}
 
   def _handler(self, signum, frame):
     del frame
@@ -271,6 +273,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   step_time = clock.mean_step_time()
   return {'family': model_cfg.family, 'workdir': workdir, 'start_step': start, 'step': step,
           'steps': t.steps, 'preempted': stop.requested and step < t.steps,
+          'stop_requested': stop.requested,
           'train_loss': last.get('loss'), 'eval_loss': eval_metrics.get('loss'),
           'eval_accuracy': _accuracy(eval_metrics), 'eval_metrics': eval_metrics,
           'tokens_per_sec': tokens_per_step / step_time if step_time else None,
