@@ -124,6 +124,8 @@ def test_transfer_refuses_a_negative_size_before_the_first_run(tmp_path):
   c.init = str(tmp_path / 'no_checkpoint')
   with pytest.raises(ValueError, match=r'sizes \[200, -5\]: -5; expected 0 \(all examples\)'):
     transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full',), sizes=(200, -5))
+  with pytest.raises(ValueError, match=r"^modes \['full', 'full'\]: expected distinct values"):
+    transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full', 'full'))
   c.data.seq_len = 0
   with pytest.raises(ValueError, match='^data.seq_len=0; expected a positive input length'):
     transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full',))

@@ -51,7 +51,7 @@ def expand_files(pattern: str) -> list:
   if not paths:
     raise FileNotFoundError(f'config.data.files={pattern!r} names no file')
   for p in paths:
-    if paths_lib.isdir(p):
+    if not p.endswith(EXTENSIONS) and paths_lib.isdir(p):   # (one stat only where it fails)
       raise ValueError(f'config.data.files: {p!r} is a directory; expected files or a glob '
                        f'such as {paths_lib.join(p, "*.jsonl")!r}')
     if not p.endswith(EXTENSIONS):

@@ -32,6 +32,9 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
       raise ValueError(f'sizes {list(sizes)}: {size!r}; expected 0 (all examples) or a '
                        'positive count of training examples')
+  for name, values in (('sizes', sizes), ('modes', modes), ('seeds', seeds)):
+    if len(set(values)) != len(values):   # one run would count twice
+      raise ValueError(f'{name} {list(values)}: expected distinct values')
   for mode in modes or ('full',):
     c = ml_collections.ConfigDict(config.to_dict())
     c.mode = mode
