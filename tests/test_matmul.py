@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax.models.matmul import broadcast_rows, matmul
+from pretrain_jax.models.matmul import matmul
 
 
 @pytest.mark.parametrize('k,f', [(16, 48), (48, 16), (32, 32)])   # both transpose forms
@@ -58,25 +58,3 @@ def test_remat_minimal_still_saves_the_matmul_output(capsys):
     return capsys.readouterr().out
   assert 'f32[32,64]' in saved(REMAT['minimal'])       # the hidden layer's dot output
   assert 'f32[32,64]' not in saved(REMAT['full'])
-
-
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_broadcast_rows_is_broadcast_to_and_its_gradient_sums_the_rows(dtype):
-  x = jax.random.normal(jax.random.key(1), (1, 3, 5, 7)).astype(dtype)
-  dy = jax.random.normal(jax.random.key(2), (6, 3, 5, 7)).astype(dtype)
-  y, vjp = jax.vjp(lambda x: broadcast_rows(x, 6), x)
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.broadcast_to(np.asarray(x, np.float32), (6, 3, 5, 7)))
-  (dx,) = vjp(dy)
-  assert dx.shape == x.shape and dx.dtype == dtype
-  want = np.asarray(dy, np.float64).sum(axis=0, keepdims=True)
-  np.testing.assert_allclose(np.asarray(dx, np.float64), want,
-                             rtol=1e-6 if dtype == jnp.float32 else 1e-2, atol=1e-5)
-
-
-def test_broadcast_rows_gradient_reduces_no_first_axis_on_cpu():
-  """The row sum is a dot on CPU (XLA:CPU's reduction over the first axis is the slow one)."""
-  assert jax.default_backend() == 'cpu'
-  grad = jax.jit(jax.grad(lambda x, w: jnp.sum(broadcast_rows(x, 8) * w)))
-  hlo = grad.lower(jnp.ones((1, 4, 16)), jnp.ones((8, 4, 16))).compile().as_text()
-  assert ' dot(' in hlo and not re.search(r' reduce\(', hlo), hlo

@@ -15,8 +15,6 @@ nothing from it (both gradients of the (2048, 512) x (32128, 512) head: 676 vs 6
 stays jnp.dot. Other backends fuse transposes into their GEMMs for free, so there `matmul` is
 jnp.dot (the backend is the default one at trace time).
 """
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -50,36 +48,3 @@ def _backward(residuals, dy):
 
 
 _cpu_matmul.defvjp(_forward, _backward)
-
-
-def broadcast_rows(x, rows: int):
-  """(1, ...) -> (rows, ...), as jnp.broadcast_to; on CPU its gradient is a matmul.
-
-  The gradient of a broadcast sums the cotangent over the new rows, a reduction over the
-  FIRST axis, which XLA:CPU hands to YNNPACK at about 1 GB/s: T5's relative position bias
-  gradient, the encoder's 4 layers of (8, 8, 256, 256) summed over the batch, took 48
-  thread-ms of the bench_t5 step's op profile (40 ms alone). As ones(1, rows) @
-  cotangent(rows, N), a GEMV accumulated in f32, it takes 5.6 thread-ms with the layers' sum
-  (4.6 ms alone); the result is the same up to the order of the additions.
-  """
-  if jax.default_backend() != 'cpu':
-    return jnp.broadcast_to(x, (rows,) + x.shape[1:])
-  return _cpu_broadcast_rows(x, rows)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _cpu_broadcast_rows(x, rows):
-  return jnp.broadcast_to(x, (rows,) + x.shape[1:])
-
-
-def _broadcast_forward(x, rows):
-  return _cpu_broadcast_rows(x, rows), None
-
-
-def _broadcast_backward(rows, _, dy):
-  flat = dy.reshape(rows, -1)
-  total = jnp.dot(jnp.ones((1, rows), flat.dtype), flat, preferred_element_type=jnp.float32)
-  return (total.reshape((1,) + dy.shape[1:]).astype(dy.dtype),)
-
-
-_cpu_broadcast_rows.defvjp(_broadcast_forward, _broadcast_backward)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax.models import flops, layers, masks, matmul
+from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.dropout import Dropout
 from pretrain_jax.models.family import Family
@@ -121,7 +121,7 @@ def _per_row(cfg: ModelConfig, bias, batch: int):
   """
   if cfg.attention_impl != 'reference':
     return bias
-  return matmul.broadcast_rows(bias, batch)
+  return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 
 
 class Decoder(nn.Module):
