@@ -196,6 +196,9 @@ def parse_flags(argv):
     if type(flag).__name__ == '_ConfigFlag' and flag.present:
       try:
         flag.value.keys()  # a config that failed to load raises on first use
+        if not hasattr(flag.value, 'unlock'):   # get_config() gave a dict or another mapping
+          raise TypeError(f'get_config() returned a {type(flag.value).__name__}, not an '
+                          'ml_collections.ConfigDict')
       except Exception as e:  # pylint: disable=broad-except
         path = getattr(flag, 'config_filename', '?')
         reason = ('no such file' if not os.path.exists(path.split(':')[0])

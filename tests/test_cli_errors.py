@@ -123,3 +123,13 @@ def test_help_exits_0_and_keeps_the_usage_lines(script):
   done = run_script(script, '--help')
   assert done.returncode == 0, done.stderr[-2000:]
   assert re.search(r'--workdir \S+ \\\n', done.stdout), done.stdout[:600]
+
+
+def test_a_config_whose_get_config_returns_a_dict_is_one_line(tmp_path):
+  """It was an AttributeError traceback ('dict' object has no attribute 'model')."""
+  config = tmp_path / 'dictcfg.py'
+  config.write_text("def get_config():\n  return {'model': 1}\n")
+  done = run_script('describe.py', '--config', str(config))
+  assert done.returncode == 2 and 'Traceback' not in done.stderr, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      f'error: --config={config}: get_config() returned a dict, not an ml_collections.ConfigDict')
