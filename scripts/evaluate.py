@@ -15,6 +15,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 from absl import flags
 
 from pretrain_jax import data
+from pretrain_jax import hf
 from pretrain_jax.inference import load_pretrained
 from pretrain_jax.training import evaluate as eval_lib
 
@@ -36,6 +37,11 @@ def main(argv):
   if _RANDOM.value and _STEP.value is not None:
     raise ValueError(f'--random_init with --step {_STEP.value}: a random init has no step; '
                      'expected one of them')
+  if hf.is_hf_dir(_WORKDIR.value):   # no data or training settings to evaluate with
+    raise ValueError(f'{_WORKDIR.value} is a Hugging Face model directory, which names no '
+                     'data to evaluate on; expected a training workdir (import it first: '
+                     f'scripts/convert_hf.py import --hf_dir {_WORKDIR.value} --workdir DIR, '
+                     'then evaluate.py --workdir DIR [--files ...])')
   model = load_pretrained(_WORKDIR.value, _STEP.value)
   config = model.config
   if 'task' in config:   # a fine-tuning workdir: its task's metrics are in metrics.jsonl
@@ -43,11 +49,6 @@ def main(argv):
                      f'{config.task.get("name")!r}; expected a pre-training workdir (a '
                      'fine-tune is evaluated on its task by scripts/finetune.py: the workdir\'s '
                      'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
-  if 'data' not in config:   # a Hugging Face directory: no data or training settings
-    raise ValueError(f'{_WORKDIR.value} is a Hugging Face model directory, which names no '
-                     'data to evaluate on; expected a training workdir (import it first: '
-                     f'scripts/convert_hf.py import --hf_dir {_WORKDIR.value} --workdir DIR, '
-                     'then evaluate.py --workdir DIR [--files ...])')
   if _FILES.value:
     config.data.update(files=_FILES.value, tfds_name='')
   split = _SPLIT.value or config.data.eval_split

@@ -225,3 +225,25 @@ def test_fine_tuning_into_a_hugging_face_directory_is_refused_before_writing(dir
   with pytest.raises(ValueError, match='is a Hugging Face model directory'):
     run_lib.finetune(c, dirs['bert'])
   assert sorted(os.listdir(dirs['bert'])) == before
+
+
+@pytest.mark.parametrize('saved, is_hf', [
+    ({'model_type': 'gpt2', 'n_layer': 2}, True),
+    ({'architectures': ['GPT2LMHeadModel']}, True),                # no model_type: still HF
+    ({'model': {'family': 'gpt'}, 'train': {'steps': 1}}, False),   # a training workdir
+    ({'model_type': 'gpt2', 'train': {'steps': 1}}, False),         # has a train section
+    (['not', 'a', 'dict'], False),
+])
+def test_one_rule_decides_what_a_hugging_face_directory_is(tmp_path, saved, is_hf):
+  """The import (hf.is_hf_dir), the workdir check and evaluate.py used three different rules
+  (an `architectures`-only config.json was HF to one and not to another)."""
+  import json  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  assert hf.is_hf_dir(str(tmp_path)) is is_hf
+  if is_hf:
+    with pytest.raises(ValueError, match='is a Hugging Face model directory'):
+      workdir_lib.check_not_foreign(str(tmp_path))
+  else:
+    workdir_lib.check_not_foreign(str(tmp_path))

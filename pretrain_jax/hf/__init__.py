@@ -13,17 +13,17 @@ with `HF = HfFamily(...)`), looked up in pretrain_jax.hf.families.
 from pretrain_jax import paths
 from pretrain_jax.hf.io import load_hf, read_state_dict, save_hf
 from pretrain_jax.hf.tokenizers import load_tokenizer
+from pretrain_jax.training import workdir as workdir_lib
 
 
 def is_hf_dir(path: str) -> bool:
-  """True when `path` holds a Hugging Face config.json (one with a `model_type`; a training
-  workdir's config.json has a `model` section instead). A config.json that is not JSON is a
-  ValueError naming it: it is neither."""
+  """True when `path` holds a Hugging Face config.json (training.workdir.is_hf_config: a
+  `model_type` and no `train` section, which a training workdir's config.json has). A
+  config.json that is not JSON is a ValueError naming it: it is neither."""
   config = paths.join(path, 'config.json')
   if not paths.isfile(config):
     return False
-  found = paths.read_json(config)
-  return isinstance(found, dict) and 'model_type' in found
+  return workdir_lib.is_hf_config(paths.read_json(config))
 
 
 __all__ = ['is_hf_dir', 'load_hf', 'load_tokenizer', 'read_state_dict', 'save_hf']

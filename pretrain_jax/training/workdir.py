@@ -229,6 +229,14 @@ def open_lock(workdir: str) -> WorkdirLock:
                    f'gs:// only, not {scheme}://')
 
 
+def is_hf_config(saved) -> bool:
+  """True for a Hugging Face config.json's contents: a `model_type` (or `architectures`) and no
+  `train` section, which every training workdir's config.json has. The one rule for "is this a
+  Hugging Face directory" (hf.is_hf_dir, check_not_foreign, scripts/evaluate.py)."""
+  return isinstance(saved, dict) and 'train' not in saved and (
+      'model_type' in saved or 'architectures' in saved)
+
+
 def check_not_foreign(workdir: str) -> None:
   """Refuses a Hugging Face model directory as a workdir, before the lock or a tokenizer is
   written into it (its config.json then read as a changed config, in a 3 KB message)."""
@@ -239,8 +247,7 @@ def check_not_foreign(workdir: str) -> None:
     saved = paths.read_json(path)
   except ValueError:
     return                       # the config check names a broken config.json
-  if isinstance(saved, dict) and 'train' not in saved and (
-      'model_type' in saved or 'architectures' in saved):
+  if is_hf_config(saved):
     raise ValueError(f'{workdir} is a Hugging Face model directory (config.json has '
                      f'model_type {saved.get("model_type")!r}); expected a training workdir: '
                      f'import it first (scripts/convert_hf.py import --hf_dir {workdir} '
