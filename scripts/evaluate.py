@@ -57,7 +57,8 @@ def main(argv):
                               repeat=False, model_max_len=model.model_config.max_len)
   params = (eval_lib.random_init_params(model.model_config, config.train.seed)
             if _RANDOM.value else model.params)
-  metrics = model.evaluate(batches, _BATCHES.value, params=params)
+  metrics = model.evaluate(batches, _BATCHES.value, params=params,
+                           progress=eval_lib.Progress(_BATCHES.value))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
   print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,
                     'split': split, 'random_init': _RANDOM.value, **metrics}))

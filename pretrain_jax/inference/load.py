@@ -161,9 +161,10 @@ class Pretrained:
         out.extend(labels[int(i)] for i in jax.device_get(jnp.argmax(logits, -1)))
     return out
 
-  def evaluate(self, batches, max_batches: int = 0, params=None) -> dict:
+  def evaluate(self, batches, max_batches: int = 0, params=None, progress=None) -> dict:
     """The train loop's validation metrics (training.evaluate) over `batches` of this family's
-    layout; `params` replaces the loaded ones (e.g. random_init_params for a baseline)."""
+    layout; `params` replaces the loaded ones (e.g. random_init_params for a baseline);
+    `progress` as training.evaluate's (e.g. training.evaluate.Progress(max_batches))."""
     train = self.config.get('train') or {}
     max_predictions = step_lib.max_predictions(self.config) if 'data' in self.config else 0
     eval_step = jax.jit(step_lib.make_eval_step(
@@ -171,7 +172,7 @@ class Pretrained:
         train.get('loss_chunk_len', 0), max_predictions))
     keep = eval_lib.batch_filter(self.model_config)
     return eval_lib.evaluate(eval_step, self.params if params is None else params,
-                             (keep(b) for b in batches), max_batches)
+                             (keep(b) for b in batches), max_batches, progress)
 
 
 def _split_checkpoint_path(path: str):

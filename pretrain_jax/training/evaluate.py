@@ -8,6 +8,8 @@ training objective (LM + z-loss + NSP), `lm_loss`, `lm_perplexity`, `lm_accuracy
 accumulated over all batches (no average of averages).
 """
 import itertools
+import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -15,23 +17,49 @@ import numpy as np
 
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import state as state_lib, task
+from pretrain_jax.training.metrics import format_eta
 
 
-def evaluate(eval_step, params, batches, max_batches: int = 0) -> dict:
+def evaluate(eval_step, params, batches, max_batches: int = 0, progress=None) -> dict:
   """Metrics over `batches` (an iterable of batch dicts); max_batches 0 = all of them.
 
   `eval_step(params, batch) -> (sums, denominators)`; returns the metrics as floats plus
-  `batches` and `target_tokens` (the LM loss's denominator).
+  `batches` and `target_tokens` (the LM loss's denominator). `progress(count, totals)`, when
+  given, is called after every batch with the sums so far (e.g. a `Progress`).
   """
   totals, count = None, 0
   for batch in itertools.islice(batches, max_batches or None):
     sums = jax.device_get(eval_step(params, batch))
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
     count += 1
+    if progress is not None:
+      progress(count, totals)
   if not count or not any(float(v) for v in totals[1].values()):
     raise ValueError('evaluation saw no target tokens or labels; is the split empty?')
   metrics = {k: float(v) for k, v in task.metrics_from_sums(*totals).items()}
   return {'batches': count, 'target_tokens': int(totals[1].get('lm', 0)), **metrics}
+
+
+class Progress:
+  """`eval 40/200 batches | loss 2.3456 | 3.1 batches/s | eta 0:00:51` on stderr, at most every
+  `every_s` seconds (the loss is the running one, over the batches so far); `total` 0 = the
+  whole split, of unknown length: no eta."""
+
+  def __init__(self, total: int = 0, every_s: float = 10.0, out=None, clock=time.monotonic):
+    self.total, self.every_s, self._out, self._clock = total, every_s, out, clock
+    self._start = self._last = clock()
+
+  def __call__(self, count: int, totals) -> None:
+    now = self._clock()
+    if now - self._last < self.every_s:
+      return
+    self._last = now
+    rate = count / max(now - self._start, 1e-9)
+    parts = [f'eval {count}/{self.total} batches' if self.total else f'eval {count} batches',
+             f'loss {float(task.total_loss(*totals)):.4f}', f'{rate:.1f} batches/s']
+    if self.total:
+      parts.append(f'eta {format_eta((self.total - count) / rate)}')
+    print(' | '.join(parts), file=self._out or sys.stderr, flush=True)
 
 
 def batch_filter(cfg: ModelConfig):

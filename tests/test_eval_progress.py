@@ -1,0 +1,35 @@
+"""scripts/evaluate.py shows progress over a long split (it printed nothing until the end)."""
+import io
+
+import numpy as np
+
+from pretrain_jax.training import evaluate as eval_lib
+
+
+def _step(params, batch):
+  del params
+  sums = {'lm': np.float32(batch['loss_sum']), 'lm_z_loss': np.float32(0),
+          'lm_correct': np.float32(1)}
+  return sums, {'lm': np.float32(4)}
+
+
+def test_progress_lines_carry_the_running_loss_rate_and_eta():
+  ticks = iter([0.0, 10.0, 15.0, 20.0, 35.0])   # the clock at start, then after each batch
+  out = io.StringIO()
+  progress = eval_lib.Progress(total=4, every_s=10.0, out=out, clock=lambda: next(ticks))
+  batches = [{'loss_sum': s} for s in (8.0, 4.0, 12.0, 0.0)]
+  metrics = eval_lib.evaluate(_step, None, iter(batches), 4, progress=progress)
+  lines = out.getvalue().splitlines()
+  # a line 10 s or more after the previous one: t=10 (loss 8/4), t=20 (24/12), t=35 (24/16);
+  # not t=15
+  assert lines == ['eval 1/4 batches | loss 2.0000 | 0.1 batches/s | eta 0:00:30',
+                   'eval 3/4 batches | loss 2.0000 | 0.1 batches/s | eta 0:00:06',
+                   'eval 4/4 batches | loss 1.5000 | 0.1 batches/s | eta 0:00:00']
+  assert metrics['batches'] == 4 and metrics['loss'] == 1.5
+
+
+def test_a_whole_split_has_no_eta():
+  out = io.StringIO()
+  progress = eval_lib.Progress(total=0, every_s=0.0, out=out, clock=iter([0.0, 2.0]).__next__)
+  eval_lib.evaluate(_step, None, iter([{'loss_sum': 6.0}]), 0, progress=progress)
+  assert out.getvalue() == 'eval 1 batches | loss 1.5000 | 0.5 batches/s\n'
