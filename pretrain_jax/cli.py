@@ -12,6 +12,7 @@ failure keeps its traceback. `--verbose` restores the libraries' INFO logs and e
 import os
 import re
 import sys
+import threading
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
 # TensorFlow (tf.data only: integer and string ops here) logs "oneDNN custom operations are on"
@@ -207,6 +208,33 @@ def parse_flags(argv):
               'configs/tiny_gpt.py (the configs/ directory lists them)', file=sys.stderr)
         sys.exit(2)
   return rest
+
+
+def join_processes(address, num_processes, process_id, timeout_s: float) -> None:
+  """jax.distributed.initialize with a deadline of our own. JAX waits its
+  `initialization_timeout` for every process, then aborts the interpreter in C++ (a 40-line
+  native stack naming RegisterTask, no Python error, nothing a user can act on). A watchdog
+  says what was waited for and exits 2 first; JAX's own deadline is set a minute later."""
+  import jax  # pylint: disable=g-import-not-at-top
+  joined = threading.Event()
+
+  def watchdog():
+    if joined.wait(timeout_s):
+      return
+    count = f'not all {num_processes} processes' if num_processes else 'not every process'
+    where = f'the coordinator {address}' if address else 'the detected coordinator'
+    print(f'error: --multihost: {count} joined {where} within {timeout_s:g} s '
+          '(--init_timeout); expected the same command running on every host, with the same '
+          '--coordinator_address and --num_processes, each --process_id once, and the '
+          "coordinator's port reachable from every host", file=sys.stderr, flush=True)
+    os._exit(2)  # pylint: disable=protected-access  (JAX's wait cannot be interrupted)
+
+  threading.Thread(target=watchdog, name='join_processes_watchdog', daemon=True).start()
+  try:
+    jax.distributed.initialize(address, num_processes, process_id,
+                               initialization_timeout=int(timeout_s) + 60)
+  finally:
+    joined.set()
 
 
 def call(fn, *args, verbose: bool = False):

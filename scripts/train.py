@@ -29,6 +29,8 @@ _COORDINATOR = flags.DEFINE_string('coordinator_address', None,
                                    'with --multihost: HOST:PORT of process 0 (default: detect)')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'with --multihost: process count')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'with --multihost: this process index')
+_INIT_TIMEOUT = flags.DEFINE_float('init_timeout', 300.0, 'with --multihost: seconds to wait for '
+                                   'every process to join, then exit 2 saying so', lower_bound=1)
 _SYNTHETIC = flags.DEFINE_bool('synthetic_data', False,
                                'random token batches instead of pretrain_jax.data')
 _CHECK_ARGS = flags.DEFINE_bool('check_args', False, 'parse the flags and load the config, '
@@ -50,11 +52,12 @@ def main(argv):
   import jax
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
-    if address:   # (JAX waits for every process in silence, then aborts)
+    if address:   # (JAX waits for every process in silence; --init_timeout says so)
       print(f'joining {_NUM_PROCESSES.value} processes at {address} (jax.distributed); start '
             'the same command on every host', file=sys.stderr, flush=True)
     try:
-      jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+      cli.join_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                         _INIT_TIMEOUT.value)
     except (RuntimeError, ValueError) as e:  # auto-detection found no Cloud TPU / SLURM cluster
       why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
       raise ValueError(f'--multihost could not detect the cluster ({why}); on a Cloud TPU VM '

@@ -133,3 +133,18 @@ def test_a_config_whose_get_config_returns_a_dict_is_one_line(tmp_path):
   assert done.returncode == 2 and 'Traceback' not in done.stderr, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1].startswith(
       f'error: --config={config}: get_config() returned a dict, not an ml_collections.ConfigDict')
+
+
+def test_a_process_whose_peers_never_join_exits_with_one_line(tmp_path):
+  """JAX waits 5 minutes for the other processes, then aborts in C++ (a native stack naming
+  RegisterTask, no error line). --init_timeout says what was waited for and exits 2."""
+  from gcs_emulator import free_port  # pylint: disable=g-import-not-at-top
+  address = f'127.0.0.1:{free_port()}'
+  done = run_script('train.py', '--config', 'configs/tiny_gpt.py', '--workdir',
+                    str(tmp_path / 'w'), '--multihost', f'--coordinator_address={address}',
+                    '--num_processes=2', '--process_id=0', '--init_timeout=3')
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      f'error: --multihost: not all 2 processes joined the coordinator {address} within 3 s '
+      '(--init_timeout)'), done.stderr[-3000:]
+  assert 'Check failure' not in done.stderr and not os.path.exists(tmp_path / 'w')
