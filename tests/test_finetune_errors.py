@@ -238,3 +238,11 @@ def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, 
       {'init': 'runs/x', 'model': {'num_classes': 2}, 'task': {'labels': ['x', 'y']}}))
   run_lib.check_resume(built, str(tmp_path / 'old'))
   assert built.init == 'runs/x'
+
+
+@pytest.mark.parametrize('name', ['nosuchtask', 'glue/sst3', 'data/no_such_dir'])
+def test_a_task_name_that_is_nothing_says_what_a_task_can_be(name):
+  """'nosuchtask' said "found splits []" (globbed as a directory), as if it were an empty one."""
+  with pytest.raises(ValueError, match=rf"task '{name}' is not a directory and not a known "
+                                       r"task; expected 'word_order', a tfds task \(one of "):
+    tasks.load_task(name)

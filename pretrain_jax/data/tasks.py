@@ -264,10 +264,10 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     return Task(name, splits, ('original', 'shuffled'), 'accuracy', 'word order')
   if name in TFDS_TASKS:
     return _tfds_task(name, tfds_data_dir)
-  if '/' in name and not paths.exists(name) and '=' not in name and name.count('/') == 1 \
-      and not name.startswith(('.', '/')):
-    raise ValueError(f'task {name!r} is not a directory and not a known tfds task; expected '
-                     f'one of {sorted(TFDS_TASKS)} or a directory')
+  if '=' not in name and not paths.is_remote(name) and not paths.exists(name):
+    raise ValueError(f'task {name!r} is not a directory and not a known task; expected '
+                     f'{EMBEDDED!r}, a tfds task (one of {sorted(TFDS_TASKS)}), a directory '
+                     'with train.* and validation.* files, or train=FILE,validation=FILE')
   files = _split_files(name)
   splits = {split: _check_examples(name, split, read_rows(path), path)
             for split, path in files.items()}
