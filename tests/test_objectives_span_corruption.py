@@ -71,6 +71,32 @@ def test_noise_counts_follow_t5_rounding_and_clamps():
   assert sc._noise_counts(4, 0.9, 3.0) == (3, 1)     # clamped down to L - 1
 
 
+def test_noise_counts_are_t5_masks_float32_arithmetic():
+  """T5's random_spans_noise_mask multiplies in float32: 190 * 0.15 is 28.500001 there (29
+  noise tokens), 28.499999999999996 in float64 (28). These are T5's own outputs (t5 0.9.4 under
+  TensorFlow); the mask used float64 and made one noise token and span fewer."""
+  assert sc._noise_counts(190, 0.15, 3.0) == (29, 10)
+  assert sc._noise_counts(350, 0.15, 3.0) == (53, 18)
+  assert sc._noise_counts(390, 0.15, 3.0) == (59, 20)
+  assert sc._noise_counts(190, 0.15, 3.0, helper=True) == (28, 9)   # T5's length helper
+  rng = np.random.default_rng(0)
+  mask = sc.random_spans_noise_mask(190, rng)
+  assert mask.sum() == 29 and int(np.sum(mask[1:] & ~mask[:-1]) + mask[0]) == 10
+
+
+def test_the_plan_follows_the_mask_where_t5s_helper_and_mask_disagree():
+  """At seq_len 172 T5's helper plans (190, 38) but its mask makes 29 noise tokens in 10 spans
+  of a 190-token chunk: 40 targets. Every chunk up to raw_len fits the plan."""
+  assert sc.target_length(172) == (190, 40)
+  for density, mean in [(0.15, 3.0), (0.3, 8.0), (0.5, 3.0)]:
+    for seq_len in range(3, 700):
+      raw, target = sc.target_length(seq_len, density, mean)
+      for n in range(1, raw + 1):
+        noise, spans = sc._noise_counts(max(n, 2), density, mean)
+        noise = min(noise, n)
+        assert n - noise + spans + 1 <= seq_len and noise + spans + 1 <= target, (seq_len, n)
+
+
 @pytest.mark.parametrize('length', [1, 2, 3, 7, 50, 568, 1000])
 def test_noise_mask_structure(length):
   rng = np.random.default_rng(length)

@@ -17,12 +17,22 @@ import numpy as np
 from pretrain_jax.objectives import packing
 
 
-def _noise_counts(length: int, noise_density: float, mean_noise_span_length: float):
-  """(num_noise_tokens, num_noise_spans) for a chunk, clamped exactly like T5's mask."""
-  num_noise = int(np.round(length * noise_density))
+def _noise_counts(length: int, noise_density: float, mean_noise_span_length: float,
+                  helper: bool = False):
+  """(num_noise_tokens, num_noise_spans) of a chunk, rounded half to even and clamped exactly
+  like T5's `random_spans_noise_mask`, which multiplies and divides in float32 (190 tokens at
+  0.15: 28.500001 -> 29 noise tokens). `helper`: in float64 as T5's `random_spans_helper`
+  plans lengths (28.499999999999996 -> 28); the two differ at a few lengths (8 in 1..1200)."""
+  if helper:
+    num_noise = int(np.round(length * noise_density))
+  else:
+    num_noise = int(np.round(np.float32(length) * np.float32(noise_density)))
   num_noise = min(max(num_noise, 1), length - 1)
-  num_spans = max(int(np.round(num_noise / mean_noise_span_length)), 1)
-  return num_noise, num_spans
+  if helper:
+    num_spans = int(np.round(num_noise / mean_noise_span_length))
+  else:
+    num_spans = int(np.round(np.float32(num_noise) / np.float32(mean_noise_span_length)))
+  return num_noise, max(num_spans, 1)
 
 
 def target_length(seq_len: int, noise_density: float = 0.15,
@@ -31,7 +41,9 @@ def target_length(seq_len: int, noise_density: float = 0.15,
 
   T5's `random_spans_helper`: the largest raw length whose inputs (non-noise tokens + one
   sentinel per span + EOS) fit in `seq_len`, and the matching targets length (noise tokens +
-  one sentinel per span + EOS). target_length(512) == (568, 114).
+  one sentinel per span + EOS). target_length(512) == (568, 114). Where T5's mask (float32)
+  would make a chunk of raw_len one noise token or span more than its helper (float64)
+  planned, the plan follows the mask, so every chunk fits (T5 itself would overflow there).
   """
   if not 0.0 < noise_density < 1.0:
     raise ValueError(f'noise_density={noise_density}; expected a value in (0, 1)')
@@ -41,11 +53,12 @@ def target_length(seq_len: int, noise_density: float = 0.15,
     raise ValueError(f'span corruption seq_len={seq_len}; expected >= 3 (a token, a sentinel '
                      'and EOS)')
 
-  def lengths(tokens_length):
-    # T5's helper rounds half to even (as _noise_counts does) without the mask's clamps: at least
-    # one noise token and one span. The same counts as the mask here, so a density or span length
-    # that rounds to no span plans for the span the mask makes (identical otherwise).
-    num_noise, num_spans = _noise_counts(tokens_length, noise_density, mean_noise_span_length)
+  def lengths(tokens_length, helper=True):
+    # T5's helper rounds half to even without the mask's clamps (at least one noise token and
+    # one span); here with them, so a density or span length that rounds to no span plans for
+    # the span the mask makes (identical otherwise).
+    num_noise, num_spans = _noise_counts(tokens_length, noise_density, mean_noise_span_length,
+                                         helper)
     return tokens_length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
   raw_len = seq_len - 1
@@ -55,7 +68,9 @@ def target_length(seq_len: int, noise_density: float = 0.15,
   if noise_density == 0.5 and targets_len > inputs_len:
     raw_len -= 1  # T5's "minor hack" so targets length equals the (round) inputs length
     targets_len -= 1
-  return raw_len, targets_len
+  while lengths(raw_len, helper=False)[0] > seq_len:
+    raw_len -= 1
+  return raw_len, max(targets_len, lengths(raw_len, helper=False)[1])
 
 
 def max_spans(raw_len: int, noise_density: float, mean_noise_span_length: float) -> int:
