@@ -20,6 +20,20 @@ def test_sample_logits_filters():
   assert len(set(draw())) >= 3
 
 
+@pytest.mark.parametrize('probs, top_p, kept', [
+    ([0.4, 0.2, 0.2, 0.2], 0.5, {0, 1}),
+    ([0.1, 0.5, 0.1, 0.1, 0.1, 0.1], 0.55, {0, 1}),
+    ([0.3] + [0.01] * 70, 0.305, {0, 1}),
+])
+def test_top_p_keeps_the_smallest_set_when_tokens_tie(probs, top_p, kept):
+  """Every token tied with the cutoff logit was kept: [0.3, 70 x 0.01] at top_p 0.305 sampled
+  all 71 ids (HF's TopPLogitsWarper keeps 2). Ties rank by id."""
+  logits = jnp.log(jnp.array([probs]))
+  keys = jax.random.split(jax.random.key(1), 300)
+  drawn = {int(sample_logits(logits, k, temperature=1.0, top_p=top_p)[0]) for k in keys}
+  assert drawn == kept
+
+
 def test_gpt_greedy_cache_equals_no_cache_and_top1_equals_greedy():
   cfg = tiny('gpt')
   params = init(cfg)

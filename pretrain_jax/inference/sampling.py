@@ -22,12 +22,15 @@ def sample_logits(logits, rng, temperature: float = 0.0, top_k: int = 0, top_p: 
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]                        # (B, 1)
     logits = jnp.where(logits < kth, neg, logits)
   if top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]                   # (B, V) descending
-    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-    cutoff_index = jnp.sum(cum < top_p, axis=-1, keepdims=True)          # (B, 1)
-    cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
-    logits = jnp.where(logits < cutoff, neg, logits)
+    # Keep the smallest set of ids whose mass reaches top_p (the most likely always stays): a
+    # token stays when the mass ranked above it is below top_p. Ties rank by id, so tokens tied
+    # with the last one kept are not all kept (with bf16 logits ties are common).
+    order = jnp.argsort(-logits, axis=-1, stable=True)                   # (B, V) ids by rank
+    probs = jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1)
+    cum = jnp.cumsum(probs, axis=-1)
+    above = jnp.concatenate([jnp.zeros_like(cum[:, :1]), cum[:, :-1]], axis=-1)
+    keep = jnp.take_along_axis(above < top_p, jnp.argsort(order, axis=-1), axis=-1)
+    logits = jnp.where(keep, logits, neg)
   return jax.random.categorical(rng, logits, axis=-1)
 
 
