@@ -19,6 +19,7 @@ import fnmatch
 import glob as glob_lib
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -39,8 +40,21 @@ def cache_dir() -> str:
   return os.path.expanduser(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
 
 
+_MISTYPED_URL = re.compile(r'(gs|gcs|s3|https?|file):(?!//)', re.IGNORECASE)
+
+
 def is_remote(path) -> bool:
-  return '://' in str(path)
+  """True for a URL (`gs://...`). A known scheme without its two slashes (`gs:/bucket/x`,
+  `gs:bucket`) is a PathError: taken as a local path it trained into ./gs:/bucket/... and
+  failed at the first checkpoint."""
+  path = str(path)
+  if '://' in path:
+    return True
+  found = _MISTYPED_URL.match(path)
+  if found:
+    raise PathError(f'{path!r} looks like a mistyped URL; expected '
+                    f'{found.group(1).lower()}://BUCKET/... (two slashes)')
+  return False
 
 
 def absolute(path) -> str:

@@ -52,6 +52,10 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      'error: --coordinator_address=nohost; expected HOST:PORT'),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'gs://'],
      "error: 'gs://' names no bucket; expected gs://BUCKET/..."),
+    # trained into ./gs:/bucket/runs/x, then failed at the first checkpoint (366 lines)
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'gs:/bucket/runs/x'],
+     "error: 'gs:/bucket/runs/x' looks like a mistyped URL; expected gs://BUCKET/... (two "
+     "slashes)"),
     ('benchmark.py', ['--config', 'configs/tiny_gpt.py', '--peak_flops', '-5'],
      'error: flag --peak_flops=-5: '),
     ('benchmark.py', ['--config', 'configs/tiny_gpt.py', '--steps', '0'],

@@ -139,3 +139,17 @@ def test_missing_credentials_is_one_clear_error(monkeypatch, tmp_path):
                                             r'\(DefaultCredentialsError'):
     paths.exists('gs://somebucket/w')
   assert time.time() - start < 15
+
+
+@pytest.mark.parametrize('path', ['gs:/bucket/x', 'gs:bucket/x', 'GS:/b', 's3:/b/k', 'https:/h/x'])
+def test_a_url_missing_a_slash_is_refused_not_taken_as_a_local_path(path):
+  with pytest.raises(paths.PathError, match='looks like a mistyped URL; expected .*://BUCKET/'):
+    paths.is_remote(path)
+  with pytest.raises(paths.PathError):
+    paths.absolute(path)
+
+
+def test_urls_and_local_paths_with_colons_are_what_they_look_like():
+  assert paths.is_remote('gs://bucket/x') and paths.is_remote('s3://b/k')
+  assert not paths.is_remote('runs/gsx:/y') and not paths.is_remote('C:/x')
+  assert not paths.is_remote('/tmp/gs:/x')     # only at the start of the path
