@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
 # TensorFlow (tf.data only: integer and string ops here) logs "oneDNN custom operations are on"
@@ -235,6 +236,27 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
                                initialization_timeout=int(timeout_s) + 60)
   finally:
     joined.set()
+  _JOINED.append(True)
+
+
+_JOINED = []   # non-empty once join_processes succeeded: this process is one of several
+_PEER_GONE = ('Connection reset by peer', 'Connection closed by peer', 'Gloo')
+
+
+def _exit(code: int) -> None:
+  """sys.exit, except in a multi-process run: there JAX's exit handler waits (5 minutes) for
+  every process to reach it, then aborts in C++, so one host's error held the whole slice. The
+  error is printed; leave at once and the other processes' collectives fail at once."""
+  if not _JOINED:
+    sys.exit(code)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def peer_gone(error: BaseException) -> bool:
+  """A collective of a multi-process run failed because another process stopped."""
+  return bool(_JOINED) and any(s in str(error) for s in _PEER_GONE)
 
 
 def call(fn, *args, verbose: bool = False):
@@ -246,12 +268,21 @@ def call(fn, *args, verbose: bool = False):
     if verbose:
       raise
     print('interrupted (Ctrl-C)', file=sys.stderr, flush=True)
-    sys.exit(130)
+    _exit(130)
   except Exception as e:  # pylint: disable=broad-except
+    if peer_gone(e) and not verbose:
+      why = ' '.join(str(e).split())[:300]
+      print(f'error: another process of this multi-process run stopped or was killed ({why}); '
+            'see its log, then rerun the same command on every host: it resumes from the '
+            'newest complete checkpoint', file=sys.stderr, flush=True)
+      _exit(2)
     if verbose or not is_user_error(e):
+      if _JOINED:
+        traceback.print_exc()
+        _exit(1)
       raise
     print(one_line(e), file=sys.stderr, flush=True)
-    sys.exit(2)
+    _exit(2)
 
 
 def run(main) -> None:

@@ -183,3 +183,44 @@ def test_a_save_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
     stopped.append(int(re.search(r'stopped training at step (\d+)', last).group(1)))
   assert stopped[0] == stopped[1] and stopped[0] <= 4, stopped   # at the latest the next save
   assert not os.path.exists(os.path.join(workdir, 'checkpoints', '2'))
+
+
+def _two_processes_failing(workdir: str, extra1=()):
+  """Both processes' (return code, stderr); process 1 gets `extra1` on top of the same flags."""
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=4',
+       '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+       f'--process_id={i}', *(extra1 if i else ())],
+      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:   # before: JAX's exit barrier held every process 5 minutes, then aborted in C++
+    outs = [p.communicate(timeout=150) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  return [(p.returncode, err) for p, (_, err) in zip(procs, outs)]
+
+
+def test_processes_given_different_configs_are_refused_on_a_fresh_workdir(tmp_path):
+  """Process 1 with its own learning rate trained its replica with it, silently (only a resume
+  compared configs, against config.json)."""
+  for code, err in _two_processes_failing(str(tmp_path / 'run'),
+                                          ['--config.train.learning_rate=0.01']):
+    assert code == 2, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        'error: the processes of this run were given different configs (train.learning_rate: '
+        '0.003 on process 0, 0.01 on process 1); expected the same command, flags and config '
+        'file on every host'), err[-3000:]
+
+
+def test_one_process_refusing_stops_the_other_at_once_with_one_line(tmp_path):
+  """Process 1 refuses its flags and exits; process 0, in a collective with it, said nothing
+  for 5 minutes, then aborted with a C++ stack (and process 1 hung in JAX's exit barrier)."""
+  (code0, err0), (code1, err1) = _two_processes_failing(
+      str(tmp_path / 'run'), ['--config.train.eval_batches=-1'])
+  assert code1 == 2 and err1.strip().splitlines()[-1].startswith(
+      'error: train.eval_batches=-1; expected >= 0'), err1[-3000:]
+  assert code0 == 2 and err0.strip().splitlines()[-1].startswith(
+      'error: another process of this multi-process run stopped or was killed ('), err0[-3000:]
+  assert 'Check failure' not in err0 + err1

@@ -3,6 +3,7 @@
 Side effects (files, logs, signals, checkpoints) happen here; the step itself is pure.
 """
 import functools
+import json
 import math
 import os
 import signal
@@ -156,12 +157,31 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
                                tokenizer_path=tokenizer_path)
 
 
+def check_same_config(config) -> None:
+  """Refuses a multi-process run whose processes were given different configs (a flag or a
+  config file that differs on one host): each would train with its own, e.g. its own learning
+  rate on its replica of the weights, and nothing else compares them on a fresh workdir."""
+  if jax.process_count() == 1:
+    return
+  everyone = [workdir_lib.flatten(c) for c in ckpt_lib.gather_json(json.loads(config.to_json()))]
+  missing = '<absent>'
+  for i, other in enumerate(everyone[1:], 1):
+    keys = sorted(k for k in set(everyone[0]) | set(other)
+                  if everyone[0].get(k, missing) != other.get(k, missing))
+    if keys:
+      shown = '; '.join(f'{k}: {everyone[0].get(k, missing)!r} on process 0, '
+                        f'{other.get(k, missing)!r} on process {i}' for k in keys[:5])
+      raise ValueError(f'the processes of this run were given different configs ({shown}); '
+                       'expected the same command, flags and config file on every host')
+
+
 def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
                         evaluators=(), check_held=lambda step: None,
                         tokenizer_path: str = '') -> dict:
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
+  check_same_config(config)
   model_cfg = ModelConfig.from_config(config.model)
   steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(config),
                               init_length=config.data.seq_len)
