@@ -149,6 +149,21 @@ def test_config_differences_name_each_key():
   assert workdir_lib.config_differences(saved, spelled.to_dict()) == []
 
 
+def test_a_changed_data_source_is_refused_before_any_data_are_prepared(tmp_path, monkeypatch):
+  """A resume with another data.files read and prepared the new files (hours on C4) before
+  refusing a change that needed only config.json."""
+  config = gpt(steps=2)
+  config.data.files = str(tmp_path / 'corpus_a' / '*.jsonl')
+  workdir_lib.write_config(config, str(tmp_path / 'run'), '', None)
+  config.data.files = str(tmp_path / 'corpus_b' / '*.jsonl')
+
+  def opened(*args, **kwargs):
+    raise AssertionError('the data were opened before the config check')
+  monkeypatch.setattr(loop, 'open_datasets', opened)
+  with pytest.raises(ValueError, match=r"the config differs from .*data\.files: '.*corpus_a"):
+    loop.train_and_evaluate(config, str(tmp_path / 'run'))
+
+
 def test_refused_resume_leaves_config_json_unchanged(tmp_path):
   config = gpt(steps=2, checkpoint_every=1)
   train(config, tmp_path)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
@@ -188,6 +189,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
 
   if datasets is None:
     check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
+  workdir_lib.check_config(config, paths.absolute(workdir))   # before any data are prepared
   train_iter, eval_iter, opened = open_datasets(config, datasets, workdir)
   tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state() if eval_iter is not None else None

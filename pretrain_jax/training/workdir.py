@@ -322,6 +322,22 @@ def read_config(workdir: str):
   return paths.read_json(path)
 
 
+def check_config(config, workdir: str):
+  """Refuses `config` where it differs from the workdir's config.json in a key that may not
+  change (config_differences); returns the saved config (None: none yet). The train loop calls
+  it before the data are opened, so a changed `data.files` is refused before it is prepared."""
+  saved = read_config(workdir)
+  if saved is not None:
+    lines = config_differences(resolved(saved), resolved(config.to_dict()),
+                               config.train.get('allow_config_change'))
+    if lines:
+      raise ValueError(f'the config differs from {paths.join(workdir, CONFIG_FILE)} (the '
+                       f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
+                       'the same settings, name safe keys in --config.train.allow_config_change, '
+                       'or use a new workdir')
+  return saved
+
+
 def write_config(config, workdir: str, tokenizer_path: str, start_step,
                  is_writer: bool = True) -> ml_collections.ConfigDict:
   """Checks `config` against the workdir's config.json, then records it (process 0 only).
@@ -340,16 +356,8 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
       raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
                        f'trained with ({copy}); resume with that one or use a new workdir')
     config.data.tokenizer = copy
-  saved = read_config(root)
-  if saved is not None:
-    lines = config_differences(resolved(saved), resolved(config.to_dict()),
-                               config.train.get('allow_config_change'))
-    if lines:
-      raise ValueError(f'the config differs from {paths.join(root, CONFIG_FILE)} (the '
-                       f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
-                       'the same settings, name safe keys in --config.train.allow_config_change, '
-                       'or use a new workdir')
-  elif start_step is not None:
+  saved = check_config(config, root)
+  if saved is None and start_step is not None:
     raise ValueError(f'{root} holds checkpoints (newest step {start_step}) but no '
                      f'{CONFIG_FILE}; restore it or use a new workdir')
   if not is_writer:
