@@ -114,8 +114,26 @@ def quiet(verbose: bool) -> None:
   logging.set_verbosity(logging.ERROR)
   for name in ('absl', 'orbax', 'jax', 'tensorflow', 'tensorflow_datasets'):
     py_logging.getLogger(name).setLevel(py_logging.ERROR)
+  # A failed checkpoint read (the loop then restores the step before) left orbax's other reads'
+  # coroutines and futures to report themselves: ~4,000 lines of "Exception ignored in
+  # <coroutine ...>", "Event loop is closed" and "Future exception was never retrieved" around
+  # the one line that says what happened.
+  py_logging.getLogger('asyncio').setLevel(py_logging.CRITICAL)
+  sys.unraisablehook = _quiet_unraisable
   warnings.filterwarnings('ignore', category=DeprecationWarning)
   warnings.filterwarnings('ignore', category=UserWarning, module='orbax')
+
+
+def _quiet_unraisable(unraisable) -> None:
+  """sys.unraisablehook without the asyncio leftovers of abandoned library coroutines."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  closed = (isinstance(unraisable.exc_value, RuntimeError)
+            and 'Event loop is closed' in str(unraisable.exc_value))
+  if closed or inspect.iscoroutine(unraisable.object) or isinstance(
+      unraisable.object, asyncio.Future):
+    return
+  sys.__unraisablehook__(unraisable)
 
 
 def use_cpu_devices(count: int) -> None:

@@ -202,8 +202,7 @@ class Checkpointer:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # pylint: disable=broad-exception-caught
-      raise CheckpointError(f'checkpoint {path} failed to restore ({type(e).__name__}: '
-                            f'{_first_line(e)})') from e
+      raise CheckpointError(f'checkpoint {path} failed to restore ({_why(e)})') from e
     verify(restored['state'], restored.get('checksums'), path)
     return restored['state'], restored['data']
 
@@ -254,6 +253,18 @@ def host_data_state(data: dict, step) -> dict:
 def _first_line(error) -> str:
   text = str(error).strip().splitlines()
   return (text[0] if text else repr(error))[:400]
+
+
+def _why(error) -> str:
+  """'Type: first line' of the innermost cause: orbax's own message is a TensorStore repr cut
+  at 400 characters; its cause names the array and the damage (`Error reading
+  "params.h_0.attn.key.kernel/0.0.0" ...: Truncated Zstd-compressed stream`)."""
+  seen = []
+  while error is not None and error not in seen and len(seen) < 10:
+    seen.append(error)
+    error = error.__cause__ or error.__context__
+  root = next((e for e in reversed(seen) if str(e).strip()), seen[0])
+  return f'{type(root).__name__}: {_first_line(root)}'
 
 
 def leaf_name(path) -> str:
@@ -428,7 +439,7 @@ def restore_params(workdir: str, step=None):
     verify({'params': params}, sums, path)
   except Exception as e:  # pylint: disable=broad-exception-caught
     why = str(e) if isinstance(e, CheckpointError) else \
-        f'checkpoint {path} failed to restore ({type(e).__name__}: {_first_line(e)})'
+        f'checkpoint {path} failed to restore ({_why(e)})'
     others = [s for s in manager.all_steps() if s != step]
     raise CheckpointError(f'{why}; load another step (steps there: {others}) or retrain') from e
   finally:
