@@ -140,10 +140,15 @@ def check_train_args(args) -> None:
   if not workdir or not config_arg:
     raise ValueError(f'train.py arguments {args} need --config and --workdir; e.g. -- '
                      '--config configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
-  if not re.fullmatch(r'gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/.*)?', workdir):
+  bucket = workdir[5:].split('/', 1)[0] if workdir.startswith('gs://') else ''
+  if not bucket:
     raise ValueError(f'--workdir {workdir} is not in a Cloud Storage bucket; expected '
                      'gs://BUCKET/... (the workers share only Cloud Storage, and a preempted '
                      'worker loses its disk)')
+  if not re.fullmatch(r'[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]', bucket):
+    raise ValueError(f'--workdir {workdir}: {bucket!r} is not a valid Cloud Storage bucket '
+                     'name; expected 3-222 lowercase letters, digits, -, _ and ., starting and '
+                     'ending with a letter or digit')
   path = config_arg.partition(':')[0]
   full = path if os.path.isabs(path) else os.path.join(launcher.REPO_ROOT, path)
   root = os.path.abspath(launcher.REPO_ROOT)

@@ -536,6 +536,10 @@ def test_bad_tpu_flags_are_one_line_before_any_gcloud_command(fake, flag, messag
      'error: --workdir runs/local is not in a Cloud Storage bucket; expected gs://BUCKET/...'),
     (['--config', 'configs/gpt2_small.py', '--workdir', 'gs://'],
      'error: --workdir gs:// is not in a Cloud Storage bucket'),
+    # the README's placeholder: "expected gs://BUCKET/...", which it was given
+    (['--config', 'configs/gpt2_small.py', '--workdir', 'gs://BUCKET/runs/gpt2'],
+     "error: --workdir gs://BUCKET/runs/gpt2: 'BUCKET' is not a valid Cloud Storage bucket "
+     "name; expected 3-222 lowercase letters"),
     (TRAIN_ARGS + ['--config.model.vocab_sise=50304'],
      "error: train.py refuses these arguments: --config.model.vocab_sise=50304: the config has "
      "no field 'vocab_sise' (did you mean 'vocab_size'?)"),
