@@ -357,7 +357,8 @@ def remove_temporary(workdir: str, quiet: bool = False) -> list:
       paths.rmtree(paths.join(root, name))
       gone.append(name)
   if gone and not quiet:
-    _log(f'removed unfinished checkpoint folders of interrupted saves under {root}: '
+    _log(f'removed unfinished checkpoint folders (an interrupted save, or the deletion of an '
+         f'old checkpoint) under {root}: '
          f'{", ".join(gone)}')
   return gone
 
