@@ -657,3 +657,25 @@ def test_ctrl_c_saves_the_step_and_stops_and_a_second_one_aborts(tmp_path, capsy
   finally:
     stop.close()
     signal.signal(signal.SIGINT, before)
+
+
+def test_sigterm_during_startup_releases_the_lock(tmp_path):
+  """Before the loop's handler (save, stop) is installed, SIGTERM killed the process and left
+  the LOCK: a run from another host waited 10 minutes for it to go stale."""
+  proc = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'), '--config',
+       os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--workdir', str(tmp_path),
+       '--config.train.steps=50'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  lock = tmp_path / workdir_lib.LOCK_FILE
+  try:
+    while not lock.exists() and proc.poll() is None:
+      time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)          # the lock is held: the run is starting
+    _, err = proc.communicate(timeout=300)
+  finally:
+    proc.kill()
+  assert proc.returncode in (143, 0), err[-3000:]   # 0: the loop had started and saved
+  assert not lock.exists()
+  if proc.returncode == 143:
+    assert err.strip().splitlines()[-1] == (
+        'SIGTERM before training started: stopped, nothing to save'), err[-3000:]

@@ -12,6 +12,7 @@ Run the guards in this order, before anything else touches the workdir: `acquire
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -435,6 +436,7 @@ def hold(workdir: str, steps: int):
     error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
   if error:
     raise LockHeld(error)
+  previous = _stop_at_startup()
   try:
     if message:
       print(message, file=sys.stderr, flush=True)
@@ -466,5 +468,24 @@ def hold(workdir: str, steps: int):
                        f'run\'s); this one stops without saving step {step} over its checkpoints')
     yield check_held
   finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
     if lock is not None:
       lock.release()
+
+
+def _stop_at_startup():
+  """Until the train loop installs its own SIGTERM handler (save the step, then stop), SIGTERM
+  ends the run through Python's exit path, so the lock is released: it killed the process and
+  left the LOCK (another host then waited 10 minutes for it to go stale). Returns the handler
+  it replaced (None: left alone: not the main thread, or a handler someone else set)."""
+  if threading.current_thread() is not threading.main_thread() or (
+      signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+    return None
+
+  def stop(signum, frame):
+    del frame
+    print('SIGTERM before training started: stopped, nothing to save', file=sys.stderr,
+          flush=True)
+    raise SystemExit(128 + signum)
+  return signal.signal(signal.SIGTERM, stop)
