@@ -68,6 +68,8 @@ def absolute(path) -> str:
 def join(base, *names) -> str:
   base = str(base)
   if is_remote(base):
+    if base.endswith('://'):
+      bucket_of(base)  # 'gs://' alone names no bucket (stripped, it became 'gs:/NAME')
     return '/'.join([base.rstrip('/')] + [str(n).strip('/') for n in names])
   return os.path.join(base, *[str(n) for n in names])
 
