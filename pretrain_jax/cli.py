@@ -258,7 +258,7 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
 
 
 _JOINED = []   # non-empty once join_processes succeeded: this process is one of several
-_PEER_GONE = ('Connection reset by peer', 'Connection closed by peer', 'Gloo')
+_PEER_GONE = ('Connection reset by peer', 'Connection closed by peer')   # gloo's (CPU) texts
 
 
 def _exit(code: int) -> None:
@@ -269,6 +269,8 @@ def _exit(code: int) -> None:
     sys.exit(code)
   sys.stdout.flush()
   sys.stderr.flush()
+  from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
+  paths.remove_staged()           # what an atexit handler would have done
   os._exit(code)  # pylint: disable=protected-access
 
 
@@ -282,6 +284,10 @@ def call(fn, *args, verbose: bool = False):
   quiet(verbose)
   try:
     return fn(*args)
+  except SystemExit as e:   # in a multi-process run, not through JAX's exit barrier either
+    if _JOINED:
+      _exit(e.code if isinstance(e.code, int) else 1)
+    raise
   except KeyboardInterrupt:
     if verbose:
       raise

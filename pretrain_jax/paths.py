@@ -305,6 +305,14 @@ def local_file(path):
 _STAGED = {}
 
 
+def remove_staged() -> None:
+  """Deletes local_copy's copies (at exit; cli leaves a multi-process run with os._exit, which
+  runs no atexit handler, so it calls this first)."""
+  for p in _STAGED.values():
+    shutil.rmtree(os.path.dirname(p), ignore_errors=True)
+  _STAGED.clear()
+
+
 def local_copy(path) -> str:
   """A local path holding `path` (a file or a folder, copied once per process and deleted at
   exit); `path` itself when it is local. For libraries that only read local files
@@ -315,8 +323,7 @@ def local_copy(path) -> str:
   if path not in _STAGED:
     if not _STAGED:
       import atexit  # pylint: disable=g-import-not-at-top
-      atexit.register(lambda: [shutil.rmtree(os.path.dirname(p), ignore_errors=True)
-                               for p in _STAGED.values()])
+      atexit.register(remove_staged)
     local = os.path.join(tempfile.mkdtemp(prefix='pretrain_jax-staged-'), basename(path))
     if isdir(path):
       _download_tree(path, local)

@@ -8,7 +8,10 @@ with --multihost (calls jax.distributed.initialize(), which finds the coordinato
 Cloud TPU / SLURM); each host then reads its share of the global batch. Elsewhere name it:
 --coordinator_address=HOST:PORT --num_processes=N --process_id=I (CPU processes exchange
 collectives over gloo, so N local processes simulate an N-host slice on one machine).
-SIGTERM saves a checkpoint at the current step and exits cleanly; rerunning the command resumes.
+SIGTERM saves a checkpoint at the current step and exits cleanly; rerunning the command resumes
+(a SIGTERM during start-up, before the first step, stops with exit 143: nothing to save yet).
+In a multi-process run a process that stops with an error leaves at once (os._exit, no atexit
+handlers), so the others' collectives fail at once instead of JAX's 5-minute exit barrier.
 
 Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one JSON line of
 results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).

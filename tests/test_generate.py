@@ -17,6 +17,9 @@ def test_sample_logits_filters():
   assert set(draw(top_k=2)) <= {0, 1} and len(set(draw(top_k=2))) == 2
   assert set(draw(top_p=0.7)) <= {0, 1}                                # 0.5 < 0.7 <= 0.8
   assert set(draw(top_p=0.4)) == {0}                                   # first token always kept
+  assert set(draw(top_p=0.0)) == {0}                  # (the API takes 0: the argmax, not id 0)
+  assert set(draw(top_p=0.0, top_k=0)) == {0}
+  assert int(sample_logits(logits[:, ::-1], keys[0], temperature=1.0, top_p=0.0)[0]) == 3
   assert len(set(draw())) >= 3
 
 

@@ -18,7 +18,8 @@ from pretrain_jax.training import workdir as workdir_lib
 
 def is_hf_dir(path: str) -> bool:
   """True when `path` holds a Hugging Face config.json (training.workdir.is_hf_config: a
-  `model_type` and no `train` section, which a training workdir's config.json has). A
+  `model_type` or `architectures`, and no `train` section, which a training workdir's
+  config.json has). A
   config.json that is not JSON is a ValueError naming it: it is neither."""
   config = paths.join(path, 'config.json')
   if not paths.isfile(config):

@@ -158,8 +158,8 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
 
   from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
   if hf.is_hf_dir(workdir):
-    raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json has '
-                     'a model_type); export reads a training workdir: load the directory as it '
+    raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
+                     'a Hugging Face config); export reads a training workdir: load the directory as it '
                      'is, or import it first (convert_hf.py import)')
   problem = classifier_problem(ckpt_lib.load_config(workdir), workdir)
   if problem:

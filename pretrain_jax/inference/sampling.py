@@ -28,7 +28,7 @@ def sample_logits(logits, rng, temperature: float = 0.0, top_k: int = 0, top_p: 
     order = jnp.argsort(-logits, axis=-1, stable=True)                   # (B, V) ids by rank
     probs = jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1)
     cum = jnp.cumsum(probs, axis=-1)
-    above = jnp.concatenate([jnp.zeros_like(cum[:, :1]), cum[:, :-1]], axis=-1)
+    above = jnp.concatenate([jnp.full_like(cum[:, :1], -1.0), cum[:, :-1]], axis=-1)  # first: kept
     keep = jnp.take_along_axis(above < top_p, jnp.argsort(order, axis=-1), axis=-1)
     logits = jnp.where(keep, logits, neg)
   return jax.random.categorical(rng, logits, axis=-1)

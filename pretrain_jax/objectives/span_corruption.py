@@ -23,15 +23,10 @@ def _noise_counts(length: int, noise_density: float, mean_noise_span_length: flo
   like T5's `random_spans_noise_mask`, which multiplies and divides in float32 (190 tokens at
   0.15: 28.500001 -> 29 noise tokens). `helper`: in float64 as T5's `random_spans_helper`
   plans lengths (28.499999999999996 -> 28); the two differ at a few lengths (8 in 1..1200)."""
-  if helper:
-    num_noise = int(np.round(length * noise_density))
-  else:
-    num_noise = int(np.round(np.float32(length) * np.float32(noise_density)))
+  real = float if helper else np.float32
+  num_noise = int(np.round(real(length) * real(noise_density)))
   num_noise = min(max(num_noise, 1), length - 1)
-  if helper:
-    num_spans = int(np.round(num_noise / mean_noise_span_length))
-  else:
-    num_spans = int(np.round(np.float32(num_noise) / np.float32(mean_noise_span_length)))
+  num_spans = int(np.round(real(num_noise) / real(mean_noise_span_length)))
   return num_noise, max(num_spans, 1)
 
 

@@ -202,7 +202,7 @@ class Checkpointer:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # pylint: disable=broad-exception-caught
-      raise CheckpointError(f'checkpoint {path} failed to restore ({_why(e)})') from e
+      raise CheckpointError(_restore_failed(path, e)) from e
     verify(restored['state'], restored.get('checksums'), path)
     return restored['state'], restored['data']
 
@@ -255,6 +255,10 @@ def _first_line(error) -> str:
   return (text[0] if text else repr(error))[:400]
 
 
+def _restore_failed(path: str, error) -> str:
+  return f'checkpoint {path} failed to restore ({_why(error)})'
+
+
 def _why(error) -> str:
   """'Type: first line' of the innermost cause: orbax's own message is a TensorStore repr cut
   at 400 characters; its cause names the array and the damage (`Error reading
@@ -262,7 +266,7 @@ def _why(error) -> str:
   seen = []
   while error is not None and error not in seen and len(seen) < 10:
     seen.append(error)
-    error = error.__cause__ or error.__context__
+    error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
   root = next((e for e in reversed(seen) if str(e).strip()), seen[0])
   return f'{type(root).__name__}: {_first_line(root)}'
 
@@ -439,8 +443,7 @@ def restore_params(workdir: str, step=None):
     params = restored['state']['params']
     verify({'params': params}, sums, path)
   except Exception as e:  # pylint: disable=broad-exception-caught
-    why = str(e) if isinstance(e, CheckpointError) else \
-        f'checkpoint {path} failed to restore ({_why(e)})'
+    why = str(e) if isinstance(e, CheckpointError) else _restore_failed(path, e)
     others = [s for s in manager.all_steps() if s != step]
     raise CheckpointError(f'{why}; load another step (steps there: {others}) or retrain') from e
   finally:

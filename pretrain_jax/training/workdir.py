@@ -6,8 +6,10 @@ Files (process 0 writes them; nothing here runs inside the jitted step):
                                when it changes
   config_history/<n>_step<k>.json  every config.json written; k = the checkpoint step it started at
 
-Run the guards in this order, before anything else touches the workdir: `acquire_lock`,
-`check_cadence`, `write_config` (which refuses an incompatible config first).
+Run the guards in this order, before anything else touches the workdir: `check_cadence`,
+`check_not_foreign`, `hold` (the lock; until the loop's own handler, a SIGTERM releases it and
+exits 143), `check_config` (before any data are opened), then `write_config` once the data
+and tokenizer are known (it checks again, then records).
 """
 import contextlib
 import json
@@ -249,8 +251,10 @@ def check_not_foreign(workdir: str) -> None:
   except ValueError:
     return                       # the config check names a broken config.json
   if is_hf_config(saved):
+    kind = (f'model_type {saved["model_type"]!r}' if 'model_type' in saved
+            else f'architectures {saved.get("architectures")!r}')
     raise ValueError(f'{workdir} is a Hugging Face model directory (config.json has '
-                     f'model_type {saved.get("model_type")!r}); expected a training workdir: '
+                     f'{kind}); expected a training workdir: '
                      f'import it first (scripts/convert_hf.py import --hf_dir {workdir} '
                      '--workdir NEW_DIR) and train there')
 
@@ -425,8 +429,11 @@ def hold(workdir: str, steps: int):
   import jax  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   lock, error, message = None, '', ''
+  held = []                            # the lock, for the start-up SIGTERM handler to release
+  previous = _stop_at_startup(held) if jax.process_count() == 1 else None
   if jax.process_index() == 0:
     lock = open_lock(workdir)
+    held.append(lock)                  # (release() deletes only a LOCK it wrote)
     try:
       message = lock.acquire()
     except LockHeld as e:
@@ -435,8 +442,9 @@ def hold(workdir: str, steps: int):
     refused = multihost_utils.process_allgather(np.asarray(bool(error)))
     error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
   if error:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
     raise LockHeld(error)
-  previous = _stop_at_startup()
   try:
     if message:
       print(message, file=sys.stderr, flush=True)
@@ -474,18 +482,27 @@ def hold(workdir: str, steps: int):
       lock.release()
 
 
-def _stop_at_startup():
+def _stop_at_startup(held: list):
   """Until the train loop installs its own SIGTERM handler (save the step, then stop), SIGTERM
-  ends the run through Python's exit path, so the lock is released: it killed the process and
-  left the LOCK (another host then waited 10 minutes for it to go stale). Returns the handler
-  it replaced (None: left alone: not the main thread, or a handler someone else set)."""
+  releases the lock in `held` and exits 143: it killed the process and left the LOCK (another
+  host then waited 10 minutes for it to go stale). The handler leaves with os._exit, not an
+  exception: Python may run it inside a garbage-collection callback, where an exception is
+  printed and dropped (the SIGTERM lost). Single-process runs only: with jax.distributed,
+  JAX's own (C-level) handler is in place. Returns the handler it replaced (None: left alone:
+  not the main thread, or a Python handler someone else set)."""
   if threading.current_thread() is not threading.main_thread() or (
       signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
     return None
 
   def stop(signum, frame):
     del frame
-    print('SIGTERM before training started: stopped, nothing to save', file=sys.stderr,
-          flush=True)
-    raise SystemExit(128 + signum)
+    os.write(2, b'SIGTERM before training started: stopped, nothing to save\n')
+    for lock in held:
+      if lock._mutex.locked():  # pylint: disable=protected-access  (interrupted inside it)
+        continue                # left to go stale (at once for a later run on this host)
+      try:
+        lock.release()
+      except Exception:  # pylint: disable=broad-exception-caught  (it goes stale instead)
+        pass
+    os._exit(128 + signum)  # pylint: disable=protected-access
   return signal.signal(signal.SIGTERM, stop)
