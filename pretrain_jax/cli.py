@@ -286,7 +286,7 @@ def call(fn, *args, verbose: bool = False):
     return fn(*args)
   except SystemExit as e:   # in a multi-process run, not through JAX's exit barrier either
     if _JOINED:
-      _exit(e.code if isinstance(e.code, int) else 1)
+      _exit(0 if e.code is None else e.code if isinstance(e.code, int) else 1)
     raise
   except KeyboardInterrupt:
     if verbose:
