@@ -258,7 +258,8 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
 
 
 _JOINED = []   # non-empty once join_processes succeeded: this process is one of several
-_PEER_GONE = ('Connection reset by peer', 'Connection closed by peer')   # gloo's (CPU) texts
+_PEER_GONE = ('Connection reset by peer', 'Connection closed by peer',   # gloo's (CPU) texts:
+              'Gloo context initialization failed')  # a peer gone before the first collective
 
 
 def _exit(code: int) -> None:
