@@ -431,21 +431,19 @@ def hold(workdir: str, steps: int):
   lock, error, message = None, '', ''
   held = []                            # the lock, for the start-up SIGTERM handler to release
   previous = _stop_at_startup(held) if jax.process_count() == 1 else None
-  if jax.process_index() == 0:
-    lock = open_lock(workdir)
-    held.append(lock)                  # (release() deletes only a LOCK it wrote)
-    try:
-      message = lock.acquire()
-    except LockHeld as e:
-      lock, error = None, str(e)
-  if jax.process_count() > 1:
-    refused = multihost_utils.process_allgather(np.asarray(bool(error)))
-    error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
-  if error:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
-    raise LockHeld(error)
-  try:
+  try:   # (the finally restores the SIGTERM handler whatever fails, e.g. an unreachable bucket)
+    if jax.process_index() == 0:
+      lock = open_lock(workdir)
+      held.append(lock)                # (release() deletes only a LOCK it wrote)
+      try:
+        message = lock.acquire()
+      except LockHeld as e:
+        lock, error = None, str(e)
+    if jax.process_count() > 1:
+      refused = multihost_utils.process_allgather(np.asarray(bool(error)))
+      error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
+    if error:
+      raise LockHeld(error)
     if message:
       print(message, file=sys.stderr, flush=True)
     done = ckpt_lib.complete_steps(workdir)
