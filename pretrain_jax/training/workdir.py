@@ -433,12 +433,13 @@ def hold(workdir: str, steps: int):
   previous = _stop_at_startup(held) if jax.process_count() == 1 else None
   try:   # (the finally restores the SIGTERM handler whatever fails, e.g. an unreachable bucket)
     if jax.process_index() == 0:
-      lock = open_lock(workdir)
-      held.append(lock)                # (release() deletes only a LOCK it wrote)
+      taking = open_lock(workdir)
+      held.append(taking)              # (release() deletes only a LOCK it wrote)
       try:
-        message = lock.acquire()
+        message = taking.acquire()
+        lock = taking                  # released by the finally only once acquired
       except LockHeld as e:
-        lock, error = None, str(e)
+        error = str(e)
     if jax.process_count() > 1:
       refused = multihost_utils.process_allgather(np.asarray(bool(error)))
       error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
