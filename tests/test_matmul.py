@@ -58,28 +58,3 @@ def test_remat_minimal_still_saves_the_matmul_output(capsys):
     return capsys.readouterr().out
   assert 'f32[32,64]' in saved(REMAT['minimal'])       # the hidden layer's dot output
   assert 'f32[32,64]' not in saved(REMAT['full'])
-
-
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_broadcast_rows_gradient_is_the_sum_over_rows(dtype):
-  from pretrain_jax.models.matmul import broadcast_rows
-  x = jax.random.normal(jax.random.key(1), (1, 3, 5, 7)).astype(dtype)
-  dy = jax.random.normal(jax.random.key(2), (6, 3, 5, 7)).astype(dtype)
-  y, vjp = jax.vjp(lambda x: broadcast_rows(x, 6), x)
-  assert y.shape == (6, 3, 5, 7) and y.dtype == dtype
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.broadcast_to(np.asarray(x, np.float32), (6, 3, 5, 7)))
-  (dx,) = vjp(dy)
-  assert dx.shape == x.shape and dx.dtype == dtype
-  want = np.asarray(dy, np.float64).sum(0, keepdims=True)
-  np.testing.assert_allclose(np.asarray(dx, np.float64), want,
-                             rtol=1e-5 if dtype == jnp.float32 else 1e-2, atol=1e-5)
-
-
-def test_cpu_broadcast_rows_gradient_is_a_matmul_not_a_reduction():
-  """The point of broadcast_rows: XLA must not fold the dot with ones back into a reduce."""
-  from pretrain_jax.models.matmul import broadcast_rows
-  grad = jax.jit(jax.grad(lambda x, w: jnp.sum(broadcast_rows(x, 8) * w)))
-  hlo = grad.lower(jnp.ones((1, 4, 16, 16)), jnp.ones((8, 4, 16, 16))).compile().as_text()
-  assert re.search(r'= f32\[1,1024\]\{1,0\} dot\(', hlo), hlo
-  assert not re.search(r'f32\[4,16,16\]\{[0-9,]+\} reduce\(', hlo), hlo

@@ -1,5 +1,4 @@
-"""x @ w for the dense layers, with a weight gradient XLA:CPU computes in its fast library; and
-a broadcast over rows whose gradient (a sum over the rows) is a matmul too.
+"""x @ w for the dense layers, with a weight gradient XLA:CPU computes in its fast library.
 
 XLA:CPU hands a matmul to YNNPACK when it contracts the LHS's last axis. The weight gradient
 x^T @ dy contracts the tokens, the FIRST axis of both x and dy, so it ran in Eigen's slower
@@ -15,14 +14,7 @@ activation gradient dy @ w^T is the usual one. A tied LM head (embedding.attend)
 nothing from it (both gradients of the (2048, 512) x (32128, 512) head: 676 vs 679 ms), so it
 stays jnp.dot. Other backends fuse transposes into their GEMMs for free, so there `matmul` is
 jnp.dot (the backend is the default one at trace time).
-
-`broadcast_rows` is T5's relative-position bias handed to every row of the batch: its gradient
-sums the layers' (B, N, T, S) logit gradients over B. XLA:CPU reduces over a leading axis slowly
-(one YNNPACK reduction: 37-47 ms at the T5 bench shapes, 8 x 8 x 256 x 256, four layers summed);
-as ones(B) @ (B, N*T*S) the same sum is a matrix-vector product: 4-6 ms with that four-way add.
 """
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -56,31 +48,3 @@ def _backward(residuals, dy):
 
 
 _cpu_matmul.defvjp(_forward, _backward)
-
-
-def broadcast_rows(x, rows: int):
-  """(1, ...) -> (rows, ...), as jnp.broadcast_to; on CPU its gradient is the sum over the
-  rows computed as a matmul (above)."""
-  if jax.default_backend() == 'cpu':
-    return _cpu_broadcast_rows(x, rows)
-  return jnp.broadcast_to(x, (rows,) + x.shape[1:])
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _cpu_broadcast_rows(x, rows):
-  return jnp.broadcast_to(x, (rows,) + x.shape[1:])
-
-
-def _broadcast_forward(x, rows):
-  return _cpu_broadcast_rows(x, rows), None
-
-
-def _broadcast_backward(rows, _, dy):
-  # The barrier keeps XLA from turning a dot with a constant of ones back into a reduction.
-  ones = jax.lax.optimization_barrier(jnp.ones((1, rows), jnp.float32))
-  total = jnp.dot(ones, dy.reshape(rows, -1).astype(jnp.float32),
-                  precision=jax.lax.Precision.HIGHEST)                     # (1, N*T*S)
-  return (total.reshape((1,) + dy.shape[1:]).astype(dy.dtype),)
-
-
-_cpu_broadcast_rows.defvjp(_broadcast_forward, _broadcast_backward)

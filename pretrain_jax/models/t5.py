@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax.models import flops, layers, masks, matmul
+from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.dropout import Dropout
 from pretrain_jax.models.family import Family
@@ -114,15 +114,14 @@ def _per_row(cfg: ModelConfig, bias, batch: int):
   Every layer adds the same bias. Broadcast over the batch inside each layer, the backward pass
   reduced each layer's (B, N, T, S) logit gradient over B separately (XLA:CPU: one 178 ms
   YNNPACK reduction at the bench shapes, 8 x 8 x 256 x 256 x 4 layers); broadcast here, the
-  layers' gradients are summed first and reduced once (47 ms), as in HF's T5, and on CPU that
-  reduction is a matrix-vector product (matmul.broadcast_rows: 4-6 ms). The reference path
+  layers' gradients are summed first and reduced once (47 ms), as in HF's T5. The reference path
   materializes per-row logits anyway. jax.nn.dot_product_attention ('xla', 'cudnn') keeps the
   (1, N, T, S) bias, so cuDNN is never handed a per-row bias and gradient it would otherwise
   reduce over the batch itself; 'xla' thereby stays the per-layer path the tests compare with.
   """
   if cfg.attention_impl != 'reference':
     return bias
-  return matmul.broadcast_rows(bias, batch)
+  return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 
 
 class Decoder(nn.Module):
