@@ -246,3 +246,11 @@ def test_a_task_name_that_is_nothing_says_what_a_task_can_be(name):
   with pytest.raises(ValueError, match=rf"task '{name}' is not a directory and not a known "
                                        r"task; expected 'word_order', a tfds task \(one of "):
     tasks.load_task(name)
+
+
+def test_a_tfds_task_that_is_not_prepared_is_one_clear_error(tmp_path):
+  """glue/cola in a data_dir that does not hold it: was an AssertionError from inside tfds's
+  as_dataset (a 37-line traceback from finetune.py); now the pre-training data's message."""
+  with pytest.raises(ValueError, match=r"tfds dataset 'glue/cola' in .*empty is not prepared; "
+                                       r"prepare it .* or point config\.task\.tfds_data_dir "):
+    tasks.load_task('glue/cola', tfds_data_dir=str(tmp_path / 'empty'))

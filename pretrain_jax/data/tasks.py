@@ -186,8 +186,9 @@ def _split_files(name: str) -> dict:
 
 def _tfds_task(name: str, data_dir: str) -> Task:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (TensorFlow)
   text_key, pair_key, metric, prefix = TFDS_TASKS[name]
-  builder = tfds.builder(name, data_dir=data_dir or None)
+  builder, _ = sources.prepared_builder(name, data_dir, 'config.task.tfds_data_dir')
   names = builder.info.features['label'].names if hasattr(
       builder.info.features['label'], 'names') else None
   splits = {}
