@@ -90,3 +90,33 @@ def test_factored_causal_equals_the_materialized_causal_mask(impl, segments):
                                 jax.grad(lambda q: run(q, mask=full).sum())(q))
   # and causal=True really hides the future: it differs from the mask alone
   assert not np.allclose(run(q, mask=seg, causal=True), run(q, mask=seg))
+
+
+def test_cudnn_runs_as_xla_where_there_is_no_gpu():
+  """A GPU config ('cudnn') smoke-tests on a CPU and its checkpoints evaluate there."""
+  from pretrain_jax.models.attention import runnable_implementation
+  assert jax.default_backend() == 'cpu'
+  assert runnable_implementation('cudnn') == 'xla'
+  assert runnable_implementation('reference') == 'reference'
+  with pytest.raises(ValueError, match=r"attention implementation 'flash'; expected one of"):
+    runnable_implementation('flash')
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 6, 2, 4)) for i in range(3))
+  mask = masks.segment_mask(jnp.array([[1, 1, 1, 2, 2, 0], [1] * 6]))
+  got = dot_product_attention(q, k, v, mask=mask, causal=True, implementation='cudnn')
+  want = dot_product_attention(q, k, v, mask=mask, causal=True, implementation='xla')
+  np.testing.assert_array_equal(got, want)
+
+
+def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, capsys):
+  from pretrain_jax.training import loop, synthetic
+  from test_train import tiny_config
+  results = {}
+  for impl in ('cudnn', 'xla'):
+    config = tiny_config('gpt', steps=2, log_every=1)
+    config.model.attention_impl = impl
+    results[impl] = loop.train_and_evaluate(config, str(tmp_path / impl),
+                                            datasets=synthetic.synthetic_datasets(config))
+    err = capsys.readouterr().err
+    assert ("note: model.attention_impl='cudnn' needs a GPU with cuDNN; on cpu attention runs "
+            "as 'xla'" in err) == (impl == 'cudnn'), err
+  assert results['cudnn']['train_loss'] == results['xla']['train_loss']

@@ -30,14 +30,13 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
     dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities.
     implementation: 'reference' (einsum + softmax in fp32), 'xla' or 'cudnn'
-      (`jax.nn.dot_product_attention`; no attention dropout). Room for TPU Pallas kernels here.
+      (`jax.nn.dot_product_attention`; no attention dropout; 'cudnn' runs as 'xla' where the
+      backend is not a GPU: runnable_implementation). Room for TPU Pallas kernels here.
 
   Returns:
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f'attention implementation {implementation!r}; expected one of '
-                     f'{IMPLEMENTATIONS}')
+  implementation = runnable_implementation(implementation)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   use_dropout = not deterministic and dropout_rate > 0.0
   full_mask = mask
@@ -64,6 +63,19 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
     sees_any = jnp.any(full_mask, axis=-1)             # (B|1, N|1, T); fused, never stored
     out = out * jnp.swapaxes(sees_any, -1, -2)[..., None].astype(out.dtype)  # (B|1, T, N|1, 1)
   return out
+
+
+def runnable_implementation(implementation: str) -> str:
+  """The implementation that runs here: 'cudnn' needs a GPU backend (NVIDIA's cuDNN); on CPU
+  and TPU it runs as 'xla', the same computation with the same (absent) parameters, so a
+  GPU config smoke-tests on a laptop and its checkpoints evaluate anywhere. The training loop
+  says so when it happens (loop: a note line at start)."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'attention implementation {implementation!r}; expected one of '
+                     f'{IMPLEMENTATIONS}')
+  if implementation == 'cudnn' and jax.default_backend() != 'gpu':
+    return 'xla'
+  return implementation
 
 
 def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout):

@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.models.attention import runnable_implementation
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
@@ -229,6 +230,10 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
     writer.line(warning)
   writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')
+  runs = runnable_implementation(model_cfg.attention_impl)
+  if runs != model_cfg.attention_impl:
+    writer.line(f'note: model.attention_impl={model_cfg.attention_impl!r} needs a GPU with cuDNN; '
+                f'on {jax.default_backend()} attention runs as {runs!r} (the same computation)')
 
   batch_sharding = steps.batch_sharding
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
