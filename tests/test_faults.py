@@ -189,6 +189,21 @@ def test_refused_resume_leaves_config_json_unchanged(tmp_path):
   assert checkpoint.load_config(str(tmp_path)).train.learning_rate == 0.02
 
 
+def test_a_refused_resume_at_the_last_step_does_not_say_nothing_to_train(tmp_path, capsys):
+  """'already at train.steps=2: nothing to train' came before the refusal of a changed model,
+  as if the run were finished; it is said only to a run the config check lets through."""
+  config = gpt(steps=2, checkpoint_every=1)
+  train(config, tmp_path)
+  capsys.readouterr()
+  deeper = gpt(steps=2, checkpoint_every=1)
+  deeper.model.num_layers = 3
+  with pytest.raises(ValueError, match=r'model\.num_layers: 1 -> 3'):
+    train(deeper, tmp_path)
+  assert 'nothing to train' not in capsys.readouterr().err
+  assert train(config, tmp_path)['step'] == 2
+  assert 'is already at train.steps=2: nothing to train' in capsys.readouterr().err
+
+
 # 3. No non-finite state is ever saved; restore_params refuses one.
 
 def test_huge_learning_rate_saves_no_nan_checkpoint(tmp_path):

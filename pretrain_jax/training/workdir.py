@@ -452,9 +452,6 @@ def hold(workdir: str, steps: int):
       raise ValueError(f'train.steps={steps} but {ckpt_lib.checkpoint_dir(workdir)} holds step '
                        f'{done[-1]}: nothing to train. Pass --config.train.steps > {done[-1]} '
                        'to train on, or evaluate the checkpoint with scripts/evaluate.py')
-    if done and done[-1] == steps and jax.process_index() == 0:
-      print(f'{workdir} is already at train.steps={steps}: nothing to train', file=sys.stderr,
-            flush=True)
     if jax.process_index() == 0:
       ckpt_lib.remove_temporary(workdir)
 
