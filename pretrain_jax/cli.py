@@ -310,11 +310,21 @@ def call(fn, *args, verbose: bool = False):
     _exit(2)
 
 
-def run(main) -> None:
-  """absl.app.run(main) with quiet logs, `--verbose`, and one-line user errors (exit 2)."""
+def run(main, positional: bool = False) -> None:
+  """absl.app.run(main) with quiet logs, `--verbose`, and one-line user errors (exit 2).
+  Arguments that are not flags are refused unless `positional` (main reads them): absl hands
+  them to main, where `del argv` dropped them without a word (`[--sizes 200,0]` pasted from a
+  usage line, a flag without its dashes)."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   if 'verbose' not in flags.FLAGS:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
   use_compilation_cache()
-  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose),
-          flags_parser=parse_flags)
+
+  def parse(argv):
+    rest = parse_flags(argv)
+    if not positional and len(rest) > 1:
+      print(f'error: unexpected arguments {rest[1:]}; expected only flags (--name=value or '
+            '--name value); see --helpshort', file=sys.stderr)
+      sys.exit(2)
+    return rest
+  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose), flags_parser=parse)

@@ -64,6 +64,12 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W',
                   '--config.train.eval_batches=-1'],
      'error: train.eval_batches=-1; expected >= 0 batches per evaluation (0 = the whole split)'),
+    # a usage line's optional part pasted with its brackets: dropped without a word before
+    ('transfer.py', ['--init', 'W', '--task', 'word_order', '--workdir', 'W',
+                     '[--sizes', '200,0]'],
+     "error: unexpected arguments ['[--sizes', '200,0]']; expected only flags"),
+    ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', 'config.train.steps=3'],
+     "error: unexpected arguments ['config.train.steps=3']; expected only flags"),
 ])
 def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
