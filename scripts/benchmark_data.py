@@ -5,7 +5,7 @@
       [--tokenizer path.model] [--objectives clm,mlm,nsp,span_corruption]
 
 Each line: objective, tokens_per_s (positions of the encoder/input rows per second, this host),
-real_tokens_per_s (non-padding ones), real_fraction, batches, seconds, first_batch_s (start-up:
+real_tokens_per_s (non-padding ones), real_fraction, batches, seconds, warmup_s (start-up:
 opening the source, the first sentencepiece calls). Warm-up batches are not timed.
 """
 import argparse

@@ -2,7 +2,8 @@
 
   python scripts/describe.py --config configs/gpt2_small.py [--config.model.num_layers=24]
 
-Ends with one JSON line: {"params": N, "family": ..., "config": ...}.
+Ends with one JSON line: {"params": N, "family": ..., "layers": ..., "emb_dim": ...,
+"vocab_size": ...}.
 """
 import json
 import sys
