@@ -222,7 +222,8 @@ def test_named_tfds_dataset(tmp_path, cache):
   assert batches and it.stats['skipped_invalid_utf8'] == 1 and it.stats['skipped_empty'] == 1
   assert it.stats['documents'] == 20
   dc.tfds_data_dir = str(tmp_path / 'elsewhere')
-  with pytest.raises(ValueError, match='not prepared'):
+  with pytest.raises(ValueError, match=r"not prepared; prepare it \(e\.g\. `tfds build "
+                                       r"pj_test_text:1\.0\.0 --data_dir .*elsewhere`\)"):
     sources.open_source(dc)
   dc.tfds_name = 'no_such_dataset_xyz'
   with pytest.raises(ValueError, match='cannot open tfds dataset.*expected a copy prepared in '

@@ -146,27 +146,33 @@ def _embedded_corpus_file(directory: str) -> str:
   return corpus.write_embedded_corpus(os.path.join(directory, 'corpus'))
 
 
-def prepared_builder(name: str, data_dir, data_dir_key: str = 'config.data.tfds_data_dir'):
-  """(tfds builder, description) of a prepared tfds dataset; ValueError naming the dataset,
-  the data_dir and what to do when it cannot be opened or is not prepared. `data_dir_key`: the
-  config key that sets data_dir, named in the message."""
+def open_builder(name: str, data_dir):
+  """tfds.builder(name, data_dir); ValueError naming the dataset and data_dir when tfds cannot
+  open it."""
   try:
-    builder = tfds.builder(name, data_dir=data_dir or None)
+    return tfds.builder(name, data_dir=data_dir or None)
   except Exception as e:  # tfds raises several types (DatasetNotFoundError, ValueError, ...)
     why = (str(e).strip().splitlines() or [''])[0]   # (then tfds lists every dataset it has)
     raise ValueError(f'cannot open tfds dataset {name!r} (data_dir={data_dir or None!r}): '
                      f'{type(e).__name__}: {why}; expected a copy prepared in data_dir, or a '
                      f'name and version tensorflow-datasets {tfds.__version__} knows') from None
-  description = f'tfds dataset {name!r} in {data_dir or "the default data_dir"}'
-  if not builder.info.splits:
-    raise ValueError(f'{description} is not prepared; prepare it (e.g. `tfds build {name}`) '
-                     f'or point {data_dir_key} at a prepared copy')
-  return builder, description
+
+
+def not_prepared(name: str, data_dir, data_dir_key: str) -> ValueError:
+  """The error for a tfds dataset that data_dir does not hold; `data_dir_key`: the config key
+  that sets data_dir."""
+  build = f'tfds build {name}' + (f' --data_dir {data_dir}' if data_dir else '')
+  return ValueError(f'tfds dataset {name!r} in {data_dir or "the default data_dir"} is not '
+                    f'prepared; prepare it (e.g. `{build}`) or point {data_dir_key} at a '
+                    'prepared copy')
 
 
 def _named_source(data_config) -> Source:
   name, data_dir = data_config.tfds_name, data_config.tfds_data_dir or None
-  builder, description = prepared_builder(name, data_dir)
+  builder = open_builder(name, data_dir)
+  if not builder.is_prepared():       # (its files in data_dir, not metadata tfds may know)
+    raise not_prepared(name, data_dir, 'config.data.tfds_data_dir')
+  description = f'tfds dataset {name!r} in {data_dir or "the default data_dir"}'
   features = builder.info.features
   if data_config.text_key not in features:
     raise ValueError(f'{description} has no feature {data_config.text_key!r}; features: '

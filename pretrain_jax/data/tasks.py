@@ -188,13 +188,17 @@ def _tfds_task(name: str, data_dir: str) -> Task:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (TensorFlow)
   text_key, pair_key, metric, prefix = TFDS_TASKS[name]
-  builder, _ = sources.prepared_builder(name, data_dir, 'config.task.tfds_data_dir')
+  builder = sources.open_builder(name, data_dir)
   names = builder.info.features['label'].names if hasattr(
       builder.info.features['label'], 'names') else None
   splits = {}
   for split in ('train', 'validation'):
     rows = []
-    for ex in tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)):
+    try:
+      dataset = builder.as_dataset(split=split, shuffle_files=False)
+    except AssertionError:    # tfds: "Dataset glue: could not find data in <data_dir>"
+      raise sources.not_prepared(name, data_dir, 'config.task.tfds_data_dir') from None
+    for ex in tfds.as_numpy(dataset):
       if int(ex['label']) < 0:       # GLUE's unlabelled test rows
         continue
       label = names[int(ex['label'])] if names else str(int(ex['label']))
