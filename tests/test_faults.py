@@ -202,6 +202,10 @@ def test_a_refused_resume_at_the_last_step_does_not_say_nothing_to_train(tmp_pat
   assert 'nothing to train' not in capsys.readouterr().err
   assert train(config, tmp_path)['step'] == 2
   assert 'is already at train.steps=2: nothing to train' in capsys.readouterr().err
+  os.rename(tmp_path / workdir_lib.CONFIG_FILE, tmp_path / 'config.json.moved')
+  with pytest.raises(ValueError, match='config.json'):   # refused later, by write_config
+    train(config, tmp_path)
+  assert 'nothing to train' not in capsys.readouterr().err
 
 
 # 3. No non-finite state is ever saved; restore_params refuses one.

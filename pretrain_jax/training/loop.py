@@ -192,17 +192,17 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   if datasets is None:
     check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
   workdir_lib.check_config(config, paths.absolute(workdir))   # before any data are prepared
-  newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
-  if newest == t.steps and jax.process_index() == 0:   # (after the check: not if refused)
-    print(f'{workdir} is already at train.steps={t.steps}: nothing to train', file=sys.stderr,
-          flush=True)
   train_iter, eval_iter, opened = open_datasets(config, datasets, workdir)
   tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state() if eval_iter is not None else None
+  newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
   previous = workdir_lib.read_config(workdir) if newest is not None else None
   # Checked now, recorded once the state and data position restore: a refused resume leaves
   # config.json as it was, so the original command still resumes.
   workdir_lib.write_config(config, workdir, tokenizer_path, newest, is_writer=False)
+  if newest == t.steps and jax.process_index() == 0:   # (after the checks: not if refused)
+    print(f'{workdir} is already at train.steps={t.steps}: nothing to train', file=sys.stderr,
+          flush=True)
 
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
