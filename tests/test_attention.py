@@ -92,28 +92,37 @@ def test_factored_causal_equals_the_materialized_causal_mask(impl, segments):
   assert not np.allclose(run(q, mask=seg, causal=True), run(q, mask=seg))
 
 
+@pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
 def test_cudnn_runs_as_xla_where_there_is_no_gpu():
   """A GPU config ('cudnn') smoke-tests on a CPU and its checkpoints evaluate there."""
   from pretrain_jax.models.attention import runnable_implementation
-  assert jax.default_backend() == 'cpu'
   assert runnable_implementation('cudnn') == 'xla'
   assert runnable_implementation('reference') == 'reference'
   with pytest.raises(ValueError, match=r"attention implementation 'flash'; expected one of"):
     runnable_implementation('flash')
-  q, k, v = (jax.random.normal(jax.random.key(i), (2, 6, 2, 4)) for i in range(3))
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 6, 2, 4), jnp.bfloat16) for i in range(3))
   mask = masks.segment_mask(jnp.array([[1, 1, 1, 2, 2, 0], [1] * 6]))
   got = dot_product_attention(q, k, v, mask=mask, causal=True, implementation='cudnn')
   want = dot_product_attention(q, k, v, mask=mask, causal=True, implementation='xla')
-  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+  # What cuDNN would refuse on a GPU is refused here too (float32), naming the fix.
+  with pytest.raises(ValueError, match=r"'cudnn' needs bfloat16 or float16 .* got float32: set "
+                                       r"model\.dtype=bfloat16"):
+    dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), implementation='cudnn')
+  with pytest.raises(ValueError, match=r"attention implementation 'cudnn' has no attention "
+                                       r"dropout \(rate 0\.1\)"):
+    dot_product_attention(q, k, v, implementation='cudnn', deterministic=False,
+                          dropout_rate=0.1, dropout_rng=jax.random.key(0))
 
 
+@pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
 def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, capsys):
   from pretrain_jax.training import loop, synthetic
   from test_train import tiny_config
   results = {}
   for impl in ('cudnn', 'xla'):
     config = tiny_config('gpt', steps=2, log_every=1)
-    config.model.attention_impl = impl
+    config.model.update(attention_impl=impl, dtype='bfloat16')
     results[impl] = loop.train_and_evaluate(config, str(tmp_path / impl),
                                             datasets=synthetic.synthetic_datasets(config))
     err = capsys.readouterr().err

@@ -36,7 +36,12 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
   Returns:
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
   """
-  implementation = runnable_implementation(implementation)
+  requested, implementation = implementation, runnable_implementation(implementation)
+  if requested == 'cudnn' and query.dtype not in (jnp.bfloat16, jnp.float16):
+    # Checked on every backend, so a CPU smoke test of a GPU config finds it too.
+    raise ValueError(f"attention implementation 'cudnn' needs bfloat16 or float16 queries, "
+                     f'keys and values (cuDNN fused attention); got {query.dtype}: set '
+                     "model.dtype=bfloat16, or attention_impl='xla'")
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   use_dropout = not deterministic and dropout_rate > 0.0
   full_mask = mask
@@ -47,7 +52,7 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
                      use_dropout)
   else:
     if use_dropout:
-      raise ValueError(f'attention implementation {implementation!r} has no attention '
+      raise ValueError(f'attention implementation {requested!r} has no attention '
                        f'dropout (rate {dropout_rate}); use implementation="reference" or '
                        'attention_dropout_rate=0')
     if bias is not None:
