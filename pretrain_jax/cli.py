@@ -323,8 +323,8 @@ def run(main, positional: bool = False) -> None:
   def parse(argv):
     rest = parse_flags(argv)
     if not positional and len(rest) > 1:
-      print(f'error: unexpected arguments {rest[1:]}; expected only flags (--name=value or '
-            '--name value); see --helpshort', file=sys.stderr)
+      print(f'error: unexpected arguments {rest[1:]}; expected only flags (--name=value); '
+            'see --helpshort', file=sys.stderr)
       sys.exit(2)
     return rest
   app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose), flags_parser=parse)
