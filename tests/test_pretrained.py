@@ -123,6 +123,10 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
   t5 = pretrain_jax.load_pretrained(t5_dir)
   filled = inference.generate_text(t5, ['The <extra_id_0> of a list.'], max_new_tokens=4)
   assert len(filled[0]['ids']) <= 4
+  # A sentinel past the tokenizer's 100 was encoded as text and "filled" anyway.
+  with pytest.raises(ValueError, match=r"names <extra_id_150>, which this tokenizer does not "
+                                       r"have \(it has <extra_id_0> to <extra_id_99>\)"):
+    inference.generate_text(t5, ['The <extra_id_0> of <extra_id_150>.'], max_new_tokens=4)
   with pytest.raises(ValueError, match='fill_mask'):
     inference.fill_mask(t5, 'a [MASK]')
 

@@ -4,6 +4,8 @@ What a family can do is in its record (pretrain_jax.models.family): `generation`
 generates ('continue': left-padded prompts through the causal LM; 'fill_spans': right-padded
 inputs + EOS through the encoder, targets decoded), `fills_masks` whether it predicts [MASK]s.
 """
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,15 +59,17 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
   check_sampling(max_new_tokens, temperature, top_k, top_p, cfg.vocab_size)
   if isinstance(prompts, str):
     raise ValueError('generate takes a list of prompts; expected [text, ...], got one string')
+  mode = family_of(cfg).generation
+  if mode not in GENERATORS:
+    raise ValueError(f'generation needs a gpt or t5 model; this one is {cfg.family!r} '
+                     '(use fill_mask for BERT)')
+  if mode == 'fill_spans':
+    _check_sentinels(tok, prompts)
   rows = [tok.encode(p) for p in prompts]
   if any(not r for r in rows):
     raise ValueError(f'a prompt tokenizes to nothing: {prompts!r}')
   kw = dict(max_new_tokens=max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
             temperature=temperature, top_k=top_k, top_p=top_p)
-  mode = family_of(cfg).generation
-  if mode not in GENERATORS:
-    raise ValueError(f'generation needs a gpt or t5 model; this one is {cfg.family!r} '
-                     '(use fill_mask for BERT)')
   out = GENERATORS[mode](model.params, cfg, rows, tok, jax.random.key(seed), **kw)
   results = []
   for prompt, row in zip(prompts, np.asarray(out)):
@@ -74,6 +78,19 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
       new = new[:new.index(tok.eos_id)]
     results.append({'prompt': prompt, 'ids': new, 'text': tok.decode(new)})
   return results
+
+
+def _check_sentinels(tok, prompts) -> None:
+  """T5 prompts: every `<extra_id_N>` must be one of the tokenizer's sentinels. One past them
+  (`<extra_id_150>` of 100) was encoded as the text '<extra_id_150>', and the model asked to
+  fill spans it could not see."""
+  for prompt in prompts:
+    for n in sorted({int(m) for m in re.findall(r'<extra_id_(\d+)>', prompt)}):
+      if len(tok.encode(f'<extra_id_{n}>')) != 1:
+        count = getattr(tok, 'num_sentinels', None) or getattr(tok, 'extra_ids', None)
+        known = f'<extra_id_0> to <extra_id_{count - 1}>' if count else 'its sentinels'
+        raise ValueError(f'prompt {prompt!r} names <extra_id_{n}>, which this tokenizer does '
+                         f'not have (it has {known}); expected sentinels numbered from 0')
 
 
 def _continue(params, cfg, rows, tok, rng, **kw):
