@@ -33,7 +33,7 @@ def round_up(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
   return -(-n // multiple) * multiple
 
 
-_SENTINEL_TEXT = re.compile(r'<extra_id_(\d+)>')
+SENTINEL_TEXT = re.compile(r'<extra_id_(\d+)>')   # a sentinel written in text
 
 
 def encode_with_sentinels(encode, text: str, sentinel_id, count: int, continuing=None) -> list:
@@ -52,7 +52,7 @@ def encode_with_sentinels(encode, text: str, sentinel_id, count: int, continuing
       return continuing(part.rstrip())
     return encode(part.strip())
   ids, start = [], 0
-  for m in _SENTINEL_TEXT.finditer(text):
+  for m in SENTINEL_TEXT.finditer(text):
     if int(m.group(1)) < count:
       ids += chunk(text[start:m.start()], start > 0) + [sentinel_id(int(m.group(1)))]
       start = m.end()

@@ -24,7 +24,7 @@ class SentencePieceTokenizer:
       raise ValueError(f'{path!r} is not a sentencepiece model: {e}') from None
     self.path, self.files = path, [path]
     self.num_pieces = self.sp.get_piece_size()
-    self.extra_ids = extra_ids
+    self.extra_ids = self.num_sentinels = extra_ids   # (num_sentinels: as data.Tokenizer's)
     self.num_ids = self.num_pieces + extra_ids
     self.vocab_size = -(-self.num_ids // 128) * 128
     self.pad_id, self.eos_id, self.unk_id = self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()

@@ -4,12 +4,11 @@ What a family can do is in its record (pretrain_jax.models.family): `generation`
 generates ('continue': left-padded prompts through the causal LM; 'fill_spans': right-padded
 inputs + EOS through the encoder, targets decoded), `fills_masks` whether it predicts [MASK]s.
 """
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax.data import tokenizer as tokenizer_lib
 from pretrain_jax.inference import sampling
 from pretrain_jax.models import family_of
 
@@ -85,9 +84,9 @@ def _check_sentinels(tok, prompts) -> None:
   (`<extra_id_150>` of 100) was encoded as the text '<extra_id_150>', and the model asked to
   fill spans it could not see."""
   for prompt in prompts:
-    for n in sorted({int(m) for m in re.findall(r'<extra_id_(\d+)>', prompt)}):
+    for n in sorted({int(m) for m in tokenizer_lib.SENTINEL_TEXT.findall(prompt)}):
       if len(tok.encode(f'<extra_id_{n}>')) != 1:
-        count = getattr(tok, 'num_sentinels', None) or getattr(tok, 'extra_ids', None)
+        count = getattr(tok, 'num_sentinels', None)    # (a tokenizer.json has no count)
         known = f'<extra_id_0> to <extra_id_{count - 1}>' if count else 'its sentinels'
         raise ValueError(f'prompt {prompt!r} names <extra_id_{n}>, which this tokenizer does '
                          f'not have (it has {known}); expected sentinels numbered from 0')
