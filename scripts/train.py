@@ -15,6 +15,8 @@ handlers), so the others' collectives fail at once instead of JAX's 5-minute exi
 
 Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one JSON line of
 results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
+--config.data.tokenizer takes a sentencepiece .model or a Hugging Face tokenizer directory
+(the hf_tokenizer/ of a workdir scripts/convert_hf.py imported: GPT-2's BPE, BERT's WordPiece).
 """
 import json
 import re
@@ -68,6 +70,8 @@ def main(argv):
                        '--coordinator_address=HOST:PORT --num_processes=N '
                        '--process_id=I') from None
   from pretrain_jax.hf import config as hf_config
+  from pretrain_jax.hf import tokenizers as hf_tokenizers
+  from pretrain_jax.hf import workdir as hf_workdir
   from pretrain_jax.models import ModelConfig
   from pretrain_jax.training import loop, synthetic
   config = _CONFIG.value
@@ -76,7 +80,13 @@ def main(argv):
       print(f'warning: trains, but cannot be exported to Hugging Face: {problem}',
             file=sys.stderr, flush=True)
   datasets = synthetic.synthetic_datasets(config) if _SYNTHETIC.value else None
-  results = loop.train_and_evaluate(config, _WORKDIR.value, datasets=datasets)
+  tokenizer = None
+  if datasets is None:  # Hugging Face tokenizer files (an imported workdir's hf_tokenizer/)?
+    tokenizer = hf_workdir.data_tokenizer(config, _WORKDIR.value)
+    if tokenizer is not None:
+      hf_tokenizers.check_fits(tokenizer, config.model.vocab_size, 'this config')
+  results = loop.train_and_evaluate(config, _WORKDIR.value, datasets=datasets,
+                                    tokenizer=tokenizer)
   if jax.process_index() == 0:
     print(json.dumps(results), flush=True)
 

@@ -79,15 +79,17 @@ def test_fill_mask_on_hf_bert_dir_and_its_import(dirs, tmp_path):
 
 def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   """An imported BERT keeps its WordPiece files in hf_tokenizer/; the import's train flags name
-  that directory as data.tokenizer, which the sentencepiece pipeline cannot read: one error
-  saying so (it said the directory 'does not exist')."""
+  that directory as data.tokenizer. scripts/train.py reads it (hf.workdir.data_tokenizer,
+  tests/test_hf_pretrain.py); data.load_tokenizer, which reads sentencepiece models only, says
+  where it is read instead of that the directory 'does not exist'."""
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
   work = str(tmp_path / 'work')
   summary = workdir_lib.import_hf(dirs['bert'], work, configs.base_config)
   flag = f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}'
   assert flag in summary['train_flags']
   config = json.load(open(os.path.join(work, 'config.json')))
-  with pytest.raises(ValueError, match=r"hf_tokenizer' is a directory.*sentencepiece \.model"):
+  with pytest.raises(ValueError, match=r"hf_tokenizer' is a directory.*sentencepiece \.model"
+                                       r".*hf\.workdir\.data_tokenizer"):
     data.load_tokenizer(ml_collections.ConfigDict(config['data']))
 
 

@@ -76,11 +76,10 @@ class Tokenizer:
   def __init__(self, path: str):
     if paths.isdir(path):
       raise ValueError(f'tokenizer {path!r} is a directory; expected a sentencepiece .model '
-                       'file (a Hugging Face tokenizer directory, such as the hf_tokenizer/ '
-                       'that scripts/convert_hf.py import keeps for BERT and GPT-2, serves '
-                       'load_pretrained, evaluation, generation and fine-tuning; the '
-                       'pre-training pipeline reads sentencepiece models only: '
-                       'scripts/train_tokenizer.py makes one)')
+                       'file here (a Hugging Face tokenizer directory, such as the '
+                       'hf_tokenizer/ of a workdir scripts/convert_hf.py imported, is loaded by '
+                       'pretrain_jax.hf.workdir.data_tokenizer: scripts/train.py does so and '
+                       'passes it to train_and_evaluate(tokenizer=...))')
     if not paths.isfile(path):
       raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
                               'sentencepiece .model file')
@@ -202,7 +201,8 @@ def id_tables(tokenizer) -> IdTables:
 
   A `Tokenizer` has them; another object with the same id attributes (e.g. the Hugging Face
   adapters in pretrain_jax.hf: `vocab_size`, `pad_id`, `eos_id`, `cls_id`, ... and T5's
-  `sentinel_id`) gets tables built from those ids; it has no word-start table.
+  `sentinel_id`) gets tables built from those ids, and its `word_start` table if it has one
+  (WordPiece's: pieces without the '##' of a word's continuation).
   """
   if isinstance(tokenizer, Tokenizer):
     return IdTables(tokenizer.special, tokenizer.ordinary_ids, tokenizer.word_start,
@@ -222,7 +222,7 @@ def id_tables(tokenizer) -> IdTables:
     special[[tokenizer.sentinel_id(k) for k in range(NUM_SENTINELS)
              if tokenizer.sentinel_id(k) < n]] = True
   ordinary = np.flatnonzero(~special & ~not_random).astype(np.int32)
-  return IdTables(special, ordinary, None, num_sentinels)
+  return IdTables(special, ordinary, getattr(tokenizer, 'word_start', None), num_sentinels)
 
 
 def add_filler_and_sentinels(model_proto: bytes, total: int) -> bytes:

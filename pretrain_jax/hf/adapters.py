@@ -1,11 +1,14 @@
 """The tokenizer objects a Hugging Face directory loads into, behind one small interface.
 
-`encode(str) -> list[int]` (no special tokens added), `decode(ids) -> str`, `vocab_size`,
-`pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT `cls_id`, `sep_id`, `mask_id`: the
-attribute names of pretrain_jax.data.tokenizer.Tokenizer. `files` lists the files it was read
+`encode(str) -> list[int]` (no special tokens added), `encode_batch(list[str])`,
+`decode(ids) -> str`, `vocab_size`, `pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT
+`cls_id`, `sep_id`, `mask_id` and `word_start`: the attribute names of
+pretrain_jax.data.tokenizer.Tokenizer, so the pre-training pipeline reads these too. `files` lists the files it was read
 from; `num_ids` is the largest id it produces + 1 (the model's vocabulary must hold them).
 Which files make which tokenizer is the family record's business (hf/bert.py, gpt2.py, t5.py).
 """
+import numpy as np
+
 T5_EXTRA_IDS = 100
 
 
@@ -82,6 +85,20 @@ class HFTokenizer:
     for role, stand_in in (fallbacks or {}).items():
       self._ids.setdefault(role, self._ids.get(stand_in))
     self.num_ids = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    self.word_start = self._word_starts(tokenizer)
+
+  def _word_starts(self, tokenizer):
+    """(vocab_size,) bool, True where a token begins a word, for whole-word masking: WordPiece
+    marks the pieces that continue a word ('##'); None for other models (their markers are
+    not one rule: byte-level BPE's 'Ġ' is absent at a text's start)."""
+    prefix = getattr(tokenizer.model, 'continuing_subword_prefix', None)
+    if type(tokenizer.model).__name__ != 'WordPiece' or not prefix:
+      return None
+    starts = np.ones(self.vocab_size, bool)
+    for token, i in tokenizer.get_vocab(with_added_tokens=True).items():
+      if i < self.vocab_size and token.startswith(prefix):
+        starts[i] = False
+    return starts
 
   def _id(self, role: str) -> int:
     if self._ids.get(role) is None:
@@ -100,6 +117,10 @@ class HFTokenizer:
     as in transformers' fill-mask pipeline (the tokenizer splits the text at special tokens)."""
     del word_start
     return self.tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: list) -> list:
+    """encode() of each text, in one call (the library encodes them in parallel)."""
+    return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
   def id_to_piece(self, i: int) -> str:
     """The token text of id `i`; `<unused_id_i>` for a model row past the vocabulary."""

@@ -116,6 +116,34 @@ def missing_tokenizer_message(hf_dir: str, family: str, workdir: str) -> str:
           f'copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
 
 
+def data_tokenizer(config, workdir: str):
+  """The Hugging Face tokenizer `config.data.tokenizer` names, or None where it names a
+  sentencepiece model or nothing (pretrain_jax.data.load_tokenizer reads those).
+
+  A directory is read as Hugging Face tokenizer files for `config.model.family`: an imported
+  workdir's hf_tokenizer/ (looked for in `workdir` too, as a workdir may have moved) or any
+  HF model or tokenizer directory. One without tokenizer files is a FileNotFoundError naming
+  the files it needs. Pre-training (scripts/train.py), evaluation and loading all read
+  `data.tokenizer` through this, so they tokenize alike.
+  """
+  name = config.data.get('tokenizer') or ''
+  family = config.model.family
+  if paths.basename(name) == HF_TOKENIZER_DIR:
+    for folder in (name, paths.join(workdir, HF_TOKENIZER_DIR)):
+      tokenizer = tok_lib.load_tokenizer(folder, family) if paths.isdir(folder) else None
+      if tokenizer is not None:
+        return tokenizer
+    raise FileNotFoundError(missing_tokenizer_message(
+        'the Hugging Face directory it was imported from', family, workdir))
+  if not (name and paths.isdir(name)):
+    return None
+  tokenizer = tok_lib.load_tokenizer(name, family)
+  if tokenizer is None:
+    raise FileNotFoundError(f'{name} (config.data.tokenizer of {workdir}) holds no tokenizer '
+                            f'files; expected one of {list(tok_lib.TOKENIZER_FILES)}')
+  return tokenizer
+
+
 def classifier_problem(config, where: str):
   """Why a fine-tuned classifier (model.num_classes > 0) is no LM checkpoint, or None."""
   classes = (config.get('model') or {}).get('num_classes') or 0

@@ -207,7 +207,7 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
   config, params, step = checkpoint.restore_params(workdir, step if step is not None
                                                    else path_step)
   cfg = ModelConfig.from_config(config.model).replace(**model_overrides)
-  tokenizer = _workdir_tokenizer(workdir, config, cfg)
+  tokenizer = _workdir_tokenizer(workdir, config)
   hf_tokenizers.check_fits(tokenizer, cfg.vocab_size, workdir)
   return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=paths.absolute(path))
 
@@ -227,24 +227,10 @@ def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
   return target
 
 
-def _workdir_tokenizer(workdir: str, config, cfg: ModelConfig):
-  """The tokenizer config.data names: an imported HF tokenizer (hf_tokenizer/, looked for in
-  the workdir too, as it may have moved) or the project's sentencepiece model."""
-  from pretrain_jax import data, hf  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+def _workdir_tokenizer(workdir: str, config):
+  """The tokenizer config.data names: Hugging Face tokenizer files (hf.workdir.data_tokenizer)
+  or the project's sentencepiece model."""
+  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
   from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
-  name = config.data.get('tokenizer') or ''
-  if paths.basename(name) == hf_workdir.HF_TOKENIZER_DIR:
-    for folder in (name, paths.join(workdir, hf_workdir.HF_TOKENIZER_DIR)):
-      tokenizer = hf.load_tokenizer(folder, cfg.family) if paths.isdir(folder) else None
-      if tokenizer is not None:
-        return tokenizer
-    raise FileNotFoundError(hf_workdir.missing_tokenizer_message(
-        'the Hugging Face directory it was imported from', cfg.family, workdir))
-  if paths.isdir(name):
-    tokenizer = hf.load_tokenizer(name, cfg.family)
-    if tokenizer is None:
-      raise FileNotFoundError(f'{name} (config.data.tokenizer of {workdir}) holds no tokenizer '
-                              f'files; expected one of {list(hf_tokenizers.TOKENIZER_FILES)}')
-    return tokenizer
-  return data.load_tokenizer(config.data)
+  tokenizer = hf_workdir.data_tokenizer(config, workdir)
+  return tokenizer if tokenizer is not None else data.load_tokenizer(config.data)

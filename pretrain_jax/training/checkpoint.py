@@ -194,6 +194,17 @@ class Checkpointer:
       self.manager.reload()
     return state, host_data_state(data, s)
 
+  def restore_params(self, abstract_params, step: int):
+    """The parameters alone of checkpoint `step`, placed with abstract_params' shardings and
+    verified (an imported checkpoint 0 starts a run with that run's own optimizer state).
+    Read through a read-only manager: this one's handlers stay the ones saves use."""
+    try:
+      return read_params(self.directory, step, abstract_params)
+    except CheckpointError:
+      raise
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise CheckpointError(_restore_failed(paths.join(self.directory, str(step)), e)) from e
+
   def _restore_verified(self, abstract_state, step: int):
     path = paths.join(self.directory, str(step))
     items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
@@ -409,6 +420,32 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
+def _reader(directory: str):
+  return ocp.CheckpointManager(directory, item_names=('state', 'data', 'checksums'),
+                               options=ocp.CheckpointManagerOptions(read_only=True))
+
+
+def read_params(directory: str, step: int, target, manager=None):
+  """The parameters of checkpoint `step` under `directory` (not the optimizer state), placed as
+  `target` (abstract arrays with shardings) and verified against the saved checksums."""
+  reader = manager or _reader(directory)
+  path = paths.join(directory, str(step))
+  try:
+    restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
+            {'params': target}), partial_restore=True)))
+    sums = None
+    if paths.isdir(paths.join(path, 'checksums')):
+      sums = reader.restore(step, args=ocp.args.Composite(
+          checksums=ocp.args.JsonRestore()))['checksums']
+  finally:
+    if manager is None:
+      reader.close()
+  params = restored['state']['params']
+  verify({'params': params}, sums, path)
+  return params
+
+
 def restore_params(workdir: str, step=None):
   """Loads a workdir's parameters for evaluation: `(config, params, step)`.
 
@@ -420,9 +457,7 @@ def restore_params(workdir: str, step=None):
   their checksums or are not all finite.
   """
   config = load_config(workdir)
-  manager = ocp.CheckpointManager(checkpoint_dir(workdir),
-                                  item_names=('state', 'data', 'checksums'),
-                                  options=ocp.CheckpointManagerOptions(read_only=True))
+  manager = _reader(checkpoint_dir(workdir))
   step = manager.latest_step() if step is None else int(step)
   if step is None or step not in manager.all_steps():
     raise FileNotFoundError(f'no checkpoint {"" if step is None else step} under '
@@ -431,18 +466,10 @@ def restore_params(workdir: str, step=None):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                         state_lib.abstract_params(model))
-  path = paths.join(checkpoint_dir(workdir), str(step))
   try:
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
-            {'params': target}), partial_restore=True)))
-    sums = None
-    if paths.isdir(paths.join(path, 'checksums')):
-      sums = manager.restore(step, args=ocp.args.Composite(
-          checksums=ocp.args.JsonRestore()))['checksums']
-    params = restored['state']['params']
-    verify({'params': params}, sums, path)
+    params = read_params(checkpoint_dir(workdir), step, target, manager)
   except Exception as e:  # pylint: disable=broad-exception-caught
+    path = paths.join(checkpoint_dir(workdir), str(step))
     why = str(e) if isinstance(e, CheckpointError) else _restore_failed(path, e)
     others = [s for s in manager.all_steps() if s != step]
     raise CheckpointError(f'{why}; load another step (steps there: {others}) or retrain') from e

@@ -25,27 +25,28 @@ from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import workdir as workdir_lib
 
-def open_datasets(config, datasets=None, workdir=None):
+def open_datasets(config, datasets=None, workdir=None, tokenizer=None):
   """(train iterator, eval iterator or None, tokenizer path) of this host's share of the batch.
 
   `datasets(split=, batch_size=, process_index=, process_count=, repeat=)` replaces
   pretrain_jax.data (tests pass synthetic data); by default the source is opened and the
   tokenizer loaded (with a `workdir`: the run's one prepared copy and, with no data.tokenizer,
   the workdir's one tokenizer: workdir_lib.shared_source / shared_tokenizer) and checked
-  against the model's vocabulary.
+  against the model's vocabulary. A `tokenizer` given is used as it is: the caller loaded it
+  from `config.data.tokenizer` and checked that its ids fit the model (scripts/train.py: a
+  Hugging Face tokenizer directory, which this layer does not read).
   """
   tokenizer_path = ''
   if datasets is None:
     from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
-    if workdir is not None:
-      source = workdir_lib.shared_source(config.data, workdir)
-      tokenizer = workdir_lib.shared_tokenizer(config.data, workdir, source)
-    else:
-      source, tokenizer = None, data.load_tokenizer(config.data)
-    if tokenizer.vocab_size != config.model.vocab_size:
-      raise ValueError(f'config.model.vocab_size={config.model.vocab_size} but the tokenizer '
-                       f'has {tokenizer.vocab_size} pieces; set --config.model.vocab_size='
-                       f'{tokenizer.vocab_size}')
+    source = workdir_lib.shared_source(config.data, workdir) if workdir is not None else None
+    if tokenizer is None:
+      tokenizer = (workdir_lib.shared_tokenizer(config.data, workdir, source) if workdir is not None
+                   else data.load_tokenizer(config.data))
+      if tokenizer.vocab_size != config.model.vocab_size:
+        raise ValueError(f'config.model.vocab_size={config.model.vocab_size} but the tokenizer '
+                         f'has {tokenizer.vocab_size} pieces; set --config.model.vocab_size='
+                         f'{tokenizer.vocab_size}')
     datasets = functools.partial(data.make_dataset, config.data, tokenizer, source=source)
     tokenizer_path = getattr(tokenizer, 'path', '') or config.data.tokenizer
   host_batch = config.train.batch_size // jax.process_count()
@@ -143,7 +144,7 @@ def check_objective(model_cfg, objective: str, data_nsp: bool = False) -> None:
 
 
 def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
-                       evaluators=(), tokenizer_path: str = '') -> dict:
+                       evaluators=(), tokenizer_path: str = '', tokenizer=None) -> dict:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
 
   One trainer per workdir (workdir_lib.hold); an incompatible config is refused before
@@ -151,13 +152,14 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
   `init_params(fresh_params) -> params` (the checkpoint's weights put into a fresh state; not
   used when resuming) and `evaluators`: callables params -> dict of metrics added to each
   evaluation (T5's exact match by decoding), and with its `datasets` the `tokenizer_path` of
-  their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's)."""
+  their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's).
+  `tokenizer`: one loaded from config.data.tokenizer by the caller (see open_datasets)."""
   workdir_lib.check_cadence(config.train)
   workdir_lib.check_not_foreign(workdir)
   with workdir_lib.hold(workdir, config.train.steps) as check_held:
     return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
                                evaluators=evaluators, check_held=check_held,
-                               tokenizer_path=tokenizer_path)
+                               tokenizer_path=tokenizer_path, tokenizer=tokenizer)
 
 
 def check_same_config(config) -> None:
@@ -180,7 +182,7 @@ def check_same_config(config) -> None:
 
 def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
                         evaluators=(), check_held=lambda step: None,
-                        tokenizer_path: str = '') -> dict:
+                        tokenizer_path: str = '', tokenizer=None) -> dict:
   t = config.train
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_config(config, mesh, jax.process_count())
@@ -191,11 +193,12 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
 
   if datasets is None:
     check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
-  workdir_lib.check_config(config, paths.absolute(workdir))   # before any data are prepared
-  train_iter, eval_iter, opened = open_datasets(config, datasets, workdir)
+  newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
+  workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
+                           untrained=newest == 0)
+  train_iter, eval_iter, opened = open_datasets(config, datasets, workdir, tokenizer)
   tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state() if eval_iter is not None else None
-  newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
   previous = workdir_lib.read_config(workdir) if newest is not None else None
   # Checked now, recorded once the state and data position restore: a refused resume leaves
   # config.json as it was, so the original command still resumes.
@@ -208,14 +211,18 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
                                        async_save=t.async_checkpoints,
                                        timeout_sec=t.get('checkpoint_timeout_sec', 1200))
-  if checkpointer.latest_step() is not None:
+  if checkpointer.latest_step():
     state, data_state = checkpointer.restore(steps.abstract_state)
     train_iter.set_state(data_state)
     restored = f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}'
   else:
     restored = None
     state = steps.create_state(t.seed)
-    if init_params is not None:
+    if checkpointer.latest_step() == 0:   # weights only (an import): this run's optimizer
+      state = state.replace(params=checkpointer.restore_params(steps.abstract_state.params, 0))
+      restored = (f'starting from the weights of checkpoint 0 in '
+                  f'{ckpt_lib.checkpoint_dir(workdir)} with a fresh optimizer state')
+    elif init_params is not None:
       state = state.replace(params=jax.device_put(init_params(state.params),
                                                   steps.state_shardings.params))
   config = workdir_lib.write_config(config, workdir, tokenizer_path, newest,
@@ -226,9 +233,10 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   start = int(state.step)
   if restored:
     writer.line(restored)
-    note = opt_lib.schedule_change(t, ((previous or {}).get('train') or {}).get('steps'), start)
-    if note:
-      writer.line(note)
+  note = start and opt_lib.schedule_change(t, ((previous or {}).get('train') or {}).get('steps'),
+                                           start)
+  if note:
+    writer.line(note)
   warning = opt_lib.warmup_warning(t)
   if warning:
     writer.line(warning)

@@ -327,14 +327,19 @@ def read_config(workdir: str):
   return paths.read_json(path)
 
 
-def check_config(config, workdir: str):
+def check_config(config, workdir: str, untrained: bool = False):
   """Refuses `config` where it differs from the workdir's config.json in a key that may not
   change (config_differences); returns the saved config (None: none yet). The train loop calls
-  it before the data are opened, so a changed `data.files` is refused before it is prepared."""
+  it before the data are opened, so a changed `data.files` is refused before it is prepared.
+  `untrained`: the newest checkpoint is step 0, weights no step of this workdir trained (an
+  import, scripts/convert_hf.py), so only the model must match: the run starts from them with
+  its own train, data and optimizer settings."""
   saved = read_config(workdir)
   if saved is not None:
     lines = config_differences(resolved(saved), resolved(config.to_dict()),
                                config.train.get('allow_config_change'))
+    if untrained:
+      lines = [line for line in lines if line.startswith('model.')]
     if lines:
       raise ValueError(f'the config differs from {paths.join(workdir, CONFIG_FILE)} (the '
                        f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
@@ -361,7 +366,7 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
       raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
                        f'trained with ({copy}); resume with that one or use a new workdir')
     config.data.tokenizer = copy
-  saved = check_config(config, root)
+  saved = check_config(config, root, untrained=start_step == 0)
   if saved is None and start_step is not None:
     raise ValueError(f'{root} holds checkpoints (newest step {start_step}) but no '
                      f'{CONFIG_FILE}; restore it or use a new workdir')

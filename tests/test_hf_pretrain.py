@@ -1,0 +1,179 @@
+"""Pre-training on from an imported Hugging Face model with its own tokenizer (GPT-2's byte-level
+BPE, BERT's WordPiece): scripts/train.py reads the workdir's hf_tokenizer/, the run starts from
+the imported weights, and evaluation reads the data the way training did.
+
+Tiny random models written by our exporter; tokenizers trained here by `tokenizers` on the
+embedded corpus (no downloads).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+import configs
+import pretrain_jax
+from pretrain_jax import data, hf
+from pretrain_jax.data import corpus
+from pretrain_jax.data import tokenizer as data_tok
+from pretrain_jax.hf import weights
+from pretrain_jax.hf import workdir as hf_workdir
+from pretrain_jax.training import checkpoint as ckpt_lib
+
+import modeling  # pylint: disable=g-bad-import-order
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 320
+LR = 1e-4
+STEPS = 3
+
+
+def texts():
+  return corpus.embedded_documents()[:300]
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('cache'))
+  old = os.environ.get('PRETRAIN_JAX_CACHE')
+  os.environ['PRETRAIN_JAX_CACHE'] = path
+  yield path
+  if old is None:
+    del os.environ['PRETRAIN_JAX_CACHE']
+  else:
+    os.environ['PRETRAIN_JAX_CACHE'] = old
+
+
+def hf_dir(path, family: str) -> str:
+  """A tiny HF `family` model directory with tokenizer files trained on the embedded corpus."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  if family == 'gpt':
+    tok = tokenizers.ByteLevelBPETokenizer()
+    tok.train_from_iterator(texts(), vocab_size=VOCAB, special_tokens=['<|endoftext|>'])
+  else:
+    tok = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    tok.train_from_iterator(texts(), vocab_size=VOCAB)
+  cfg = modeling.tiny(family, vocab_size=tok.get_vocab_size(), max_len=32,
+                      **({'nsp': True} if family == 'bert' else {}))
+  hf.save_hf(str(path), cfg, modeling.init(cfg, seed=7))   # not what a run would draw
+  tok.save_model(str(path))
+  return str(path)
+
+
+def short_run(config: dict) -> dict:
+  """`config` (a workdir's config.json) trimmed to a few steps on the embedded corpus."""
+  config = ml_collections.ConfigDict(config)
+  config.train.update(batch_size=4, steps=STEPS, warmup_steps=1, learning_rate=LR,
+                      log_every=1, eval_every=STEPS, eval_batches=1, checkpoint_every=STEPS)
+  config.data.update(tfds_name='', files='', validation_fraction=0.05)
+  return config
+
+
+def max_change(a, b) -> float:
+  fa, fb = weights.flatten(a), weights.flatten(b)
+  assert sorted(fa) == sorted(fb)
+  return max(float(np.max(np.abs(np.asarray(fa[k]) - np.asarray(fb[k])))) for k in fa)
+
+
+def test_gpt2_bpe_import_pretrains_on_through_train_py(cache, tmp_path):
+  """The README's flow: convert_hf.py import, then scripts/train.py with the printed flags (its
+  data.tokenizer is the workdir's hf_tokenizer/, which the sentencepiece pipeline refused)."""
+  src = hf_dir(tmp_path / 'hf', 'gpt')
+  work = str(tmp_path / 'work')
+  summary = hf_workdir.import_hf(src, work, configs.base_config)
+  assert f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}' in summary['train_flags']
+  run = short_run(json.load(open(os.path.join(work, 'config.json'))))
+  flags = summary['train_flags'] + [
+      f'--config.train.{k}={run.train[k]}' for k in
+      ('batch_size', 'steps', 'warmup_steps', 'learning_rate', 'log_every', 'eval_every',
+       'eval_batches', 'checkpoint_every')] + [
+      "--config.data.tfds_name=", "--config.data.validation_fraction=0.05"]
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
+                         '--config', os.path.join(ROOT, 'configs', 'gpt2_small.py'),
+                         '--workdir', work, *flags], capture_output=True, text=True,
+                        timeout=600, cwd=ROOT, env=dict(os.environ), check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert (result['start_step'], result['step']) == (0, STEPS) and np.isfinite(result['train_loss'])
+
+  # It trained from the imported weights: Adam moves a parameter by about the learning rate per
+  # step, while a fresh initialisation differs from the import by ~0.1.
+  imported = hf.load_hf(src)[1]
+  config, trained, step = ckpt_lib.restore_params(work)
+  assert step == STEPS
+  assert 0 < max_change(imported, trained) < 3 * STEPS * LR
+  # The training-time evaluation and scripts/evaluate.py's way (load_pretrained's tokenizer
+  # into the pipeline) read the same tokens: the same numbers.
+  with open(os.path.join(work, 'metrics.jsonl')) as f:
+    logged = [json.loads(line) for line in f if '"eval"' in line][-1]
+  model = pretrain_jax.load_pretrained(work)
+  assert type(model.tokenizer).__name__ == 'HFTokenizer'
+  batches = data.make_dataset(model.config.data, model.tokenizer, split='validation',
+                              batch_size=run.train.batch_size, repeat=False,
+                              model_max_len=model.model_config.max_len)
+  metrics = model.evaluate(batches, 1)
+  for name in ('loss', 'lm_loss', 'lm_accuracy'):
+    assert metrics[name] == pytest.approx(logged[name], abs=1e-5), name
+  assert config.data.tokenizer == os.path.join(work, 'hf_tokenizer')
+
+
+def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(cache, tmp_path):
+  """In-process (train.py's few lines: hf.workdir.data_tokenizer, then the loop). WordPiece
+  gives word boundaries ('##' continues a word), so whole-word masking needs no sentencepiece
+  model; NSP reads [CLS] / [SEP] from the tokenizer. The import's checkpoint 0 holds weights
+  nothing trained, so the run brings its own optimizer (Adafactor here, where the import wrote
+  AdamW's fresh state); a changed model is still refused."""
+  from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
+  src = hf_dir(tmp_path / 'hf', 'bert')
+  work = str(tmp_path / 'work')
+  hf_workdir.import_hf(src, work, configs.base_config)
+  config = short_run(json.load(open(os.path.join(work, 'config.json'))))
+  config.data.update(whole_word_mask=True, nsp=True)
+  config.train.optimizer = 'adafactor'
+  other = ml_collections.ConfigDict(config.to_dict())
+  other.model.num_layers = 1
+  with pytest.raises(ValueError, match=r'model\.num_layers: 2 -> 1'):
+    train_workdir.check_config(other, work, untrained=True)
+  tokenizer = hf_workdir.data_tokenizer(config, work)
+  assert type(tokenizer).__name__ == 'HFTokenizer'
+  result = loop.train_and_evaluate(config, work, tokenizer=tokenizer)
+  assert (result['start_step'], result['step']) == (0, STEPS) and np.isfinite(result['train_loss'])
+  # From the imported weights: 3 small Adafactor steps move no parameter by 0.01, while the
+  # model's own random initialisation lies >= 0.05 away from them somewhere.
+  imported, trained = hf.load_hf(src)[1], ckpt_lib.restore_params(work)[1]
+  assert 0 < max_change(imported, trained) < 0.01
+  assert max_change(imported, modeling.init(hf.load_hf(src)[0])) > 0.05
+
+
+def test_wordpiece_word_starts_and_whole_words_masked_together(tmp_path):
+  """The WordPiece adapter's word_start is False exactly on '##' pieces; with it, MLM's
+  whole-word selection takes a word's pieces together (never a '##' piece without its head)."""
+  from pretrain_jax.objectives import mlm  # pylint: disable=g-import-not-at-top
+  tok = hf.load_tokenizer(hf_dir(tmp_path / 'hf', 'bert'), 'bert')
+  vocab = tok.tok.get_vocab()
+  starts = data_tok.id_tables(tok).word_start
+  assert starts is not None and starts.shape == (tok.vocab_size,)
+  assert all(starts[i] == (not piece.startswith('##')) for piece, i in vocab.items())
+  assert (~starts).sum() > 20   # the corpus made continuation pieces to test with
+  ids = np.array([tok.encode(t)[:64] for t in texts()[:64] if len(tok.encode(t)) >= 64])
+  tables = data_tok.id_tables(tok)
+  out = mlm.mask_tokens(ids, np.random.default_rng(0), selectable=~tables.special[ids],
+                        random_ids=tables.ordinary_ids, mask_id=tok.mask_id, probability=0.3,
+                        word_starts=tables.word_start[ids])
+  selected = out['selected']
+  continuing = ~tables.word_start[ids]
+  continuing[:, 0] = False
+  # a continuing piece is selected exactly when the piece before it is
+  assert np.array_equal(selected[:, 1:][continuing[:, 1:]], selected[:, :-1][continuing[:, 1:]])
+  assert selected[continuing].sum() > 10
+
+
+def test_bpe_has_no_word_starts_and_encodes_a_batch_as_one_by_one(tmp_path):
+  tok = hf.load_tokenizer(hf_dir(tmp_path / 'hf', 'gpt'), 'gpt')
+  assert data_tok.id_tables(tok).word_start is None
+  assert tok.encode_batch(['the list', 'is sorted']) == [tok.encode('the list'),
+                                                          tok.encode('is sorted')]
