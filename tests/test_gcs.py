@@ -91,6 +91,17 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   assert json.loads(paths.read_text(f'{workdir}/LOCK'))['pid'] == os.getpid()
   second.release()
   assert not paths.exists(f'{workdir}/LOCK')
+  # A SIGTERM between the upload and noting it (the start-up handler calls release()): the
+  # lock it wrote is still removed, and another trainer's is not.
+  third = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  assert third._write(third._new_record(), 0)
+  third.record = None
+  third.release()
+  assert not paths.exists(f'{workdir}/LOCK')
+  assert second._write(second._new_record(), 0)
+  third.release()
+  assert paths.exists(f'{workdir}/LOCK')
+  second.release()
   assert isinstance(workdir_lib.open_lock(workdir), gcs_lock.GcsLock)
 
 

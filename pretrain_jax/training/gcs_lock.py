@@ -57,6 +57,7 @@ class GcsLock(workdir_lib.WorkdirLock):
   def _write(self, record: dict, generation: int) -> bool:
     """Uploads `record` if the object's generation is `generation` (0: absent); False on 412."""
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    self.pending = record
     try:
       self.blob.upload_from_string(json.dumps(record), content_type='application/json',
                                    if_generation_match=generation, timeout=TIMEOUT_SEC)
@@ -113,9 +114,16 @@ class GcsLock(workdir_lib.WorkdirLock):
     if self._thread is not None:
       self._thread.join()
     with self._mutex:
-      if self.record is not None:
+      generation = self.generation
+      if self.lost:
+        generation = None       # another trainer's now
+      elif self.record is None:   # a SIGTERM between our upload and noting it?
+        holder, _, generation = self._holder()
+        if not (holder and workdir_lib.is_record(holder, self.pending)):
+          generation = None
+      if generation is not None:
         try:
-          self.blob.delete(if_generation_match=self.generation, timeout=TIMEOUT_SEC)
+          self.blob.delete(if_generation_match=generation, timeout=TIMEOUT_SEC)
         except (exceptions.NotFound, exceptions.PreconditionFailed):
           pass  # taken over or removed by hand: not ours to delete
       self.record = None

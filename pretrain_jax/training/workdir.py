@@ -66,6 +66,7 @@ class WorkdirLock:
   """
 
   lost = False   # set by refresh() when the lock on storage is another trainer's now
+  pending = None  # the record being written: a SIGTERM before `record` is set still finds it
 
   def acquire(self) -> str:
     raise NotImplementedError
@@ -141,16 +142,33 @@ class LocalLock(WorkdirLock):
     return stale_reason(holder, age, self.stale_sec)
 
   def _create(self) -> bool:
+    """Creates the LOCK with its record in one step (a hard link of a written temporary file:
+    never an empty LOCK). A SIGTERM that lands before `self.record` is set (the start-up
+    handler calls release()) still removes it: release() knows the `pending` record."""
     now = time.time()
     record = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
+    self.pending = record
+    tmp = self._tmp_path()
+    with open(tmp, 'w') as f:
+      f.write(json.dumps(record))
     try:
-      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      os.link(tmp, self.path)
     except FileExistsError:
       return False
-    with os.fdopen(fd, 'w') as f:
-      f.write(json.dumps(record))
+    except OSError:  # no hard links here (e.g. a gcsfuse mount): create, then write
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        return False
+      with os.fdopen(fd, 'w') as f:
+        f.write(json.dumps(record))
+    finally:
+      os.remove(tmp)
     self.record = record
     return True
+
+  def _tmp_path(self) -> str:
+    return f'{self.path}.new-{os.getpid()}'
 
   def acquire(self) -> str:
     """Takes the lock; returns a message ('' or how a stale lock was taken over)."""
@@ -195,10 +213,17 @@ class LocalLock(WorkdirLock):
       self._thread.join()
     with self._mutex:
       holder, _ = self._holder()
-      if self.record and holder and holder.get('pid') == self.record['pid'] and \
-          holder.get('start') == self.record['start']:
+      if holder and not self.lost and is_record(holder, self.record or self.pending):
         os.remove(self.path)
       self.record = None
+      if os.path.exists(self._tmp_path()):   # a SIGTERM inside _create
+        os.remove(self._tmp_path())
+
+
+def is_record(holder: dict, record) -> bool:
+  """Whether the lock `holder` on storage is `record` (the same pid and start time)."""
+  return record is not None and (holder.get('pid'), holder.get('start')) == (record['pid'],
+                                                                           record['start'])
 
 
 def stale_reason(holder: dict, age: float, stale_sec: float) -> str:
