@@ -298,7 +298,8 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   tables = tokenizer_lib.id_tables(tokenizer)
   if data_config.objective == 'mlm' and data_config.whole_word_mask and tables.word_start is None:
     raise ValueError('config.data.whole_word_mask needs word boundaries, which this tokenizer '
-                     f'({type(tokenizer).__name__}) does not provide; use a sentencepiece model')
+                     f'({type(tokenizer).__name__}) does not provide; a sentencepiece model or a '
+                     'WordPiece vocabulary does')
 
   def stream_batches(index, position, stats):
     """(arrays (rows, ...), position) of stream `index` from `position` on."""

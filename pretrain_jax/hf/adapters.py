@@ -1,7 +1,6 @@
 """The tokenizer objects a Hugging Face directory loads into, behind one small interface.
 
-`encode(str) -> list[int]` (no special tokens added), `encode_batch(list[str])`,
-`decode(ids) -> str`, `vocab_size`, `pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT
+`encode(str) -> list[int]` (no special tokens added), `decode(ids) -> str`, `vocab_size`, `pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT
 `cls_id`, `sep_id`, `mask_id` and `word_start`: the attribute names of
 pretrain_jax.data.tokenizer.Tokenizer, so the pre-training pipeline reads these too. `files` lists the files it was read
 from; `num_ids` is the largest id it produces + 1 (the model's vocabulary must hold them).
@@ -117,10 +116,6 @@ class HFTokenizer:
     as in transformers' fill-mask pipeline (the tokenizer splits the text at special tokens)."""
     del word_start
     return self.tok.encode(text, add_special_tokens=False).ids
-
-  def encode_batch(self, texts: list) -> list:
-    """encode() of each text, in one call (the library encodes them in parallel)."""
-    return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
   def id_to_piece(self, i: int) -> str:
     """The token text of id `i`; `<unused_id_i>` for a model row past the vocabulary."""
