@@ -35,18 +35,6 @@ def texts():
   return corpus.embedded_documents()[:300]
 
 
-@pytest.fixture(scope='module')
-def cache(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('cache'))
-  old = os.environ.get('PRETRAIN_JAX_CACHE')
-  os.environ['PRETRAIN_JAX_CACHE'] = path
-  yield path
-  if old is None:
-    del os.environ['PRETRAIN_JAX_CACHE']
-  else:
-    os.environ['PRETRAIN_JAX_CACHE'] = old
-
-
 def hf_dir(path, family: str) -> str:
   """A tiny HF `family` model directory with tokenizer files trained on the embedded corpus."""
   import tokenizers  # pylint: disable=g-import-not-at-top
@@ -78,7 +66,7 @@ def max_change(a, b) -> float:
   return max(float(np.max(np.abs(np.asarray(fa[k]) - np.asarray(fb[k])))) for k in fa)
 
 
-def test_gpt2_bpe_import_pretrains_on_through_train_py(cache, tmp_path):
+def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
   """The README's flow: convert_hf.py import, then scripts/train.py with the printed flags (its
   data.tokenizer is the workdir's hf_tokenizer/, which the sentencepiece pipeline refused)."""
   src = hf_dir(tmp_path / 'hf', 'gpt')
@@ -120,7 +108,7 @@ def test_gpt2_bpe_import_pretrains_on_through_train_py(cache, tmp_path):
   assert config.data.tokenizer == os.path.join(work, 'hf_tokenizer')
 
 
-def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(cache, tmp_path):
+def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_cache, tmp_path):
   """In-process (train.py's few lines: hf.workdir.data_tokenizer, then the loop). WordPiece
   gives word boundaries ('##' continues a word), so whole-word masking needs no sentencepiece
   model; NSP reads [CLS] / [SEP] from the tokenizer. The import's checkpoint 0 holds weights
@@ -172,7 +160,7 @@ def test_wordpiece_word_starts_and_whole_words_masked_together(tmp_path):
   assert selected[continuing].sum() > 10
 
 
-def test_bpe_gives_no_word_starts_and_masked_lm_over_it_is_refused_naming_why(cache, tmp_path):
+def test_bpe_has_no_word_starts_and_mlm_over_it_is_refused_naming_why(module_cache, tmp_path):
   """Byte-level BPE marks word starts with 'Ġ' except at a text's start: no word-start table.
   GPT-2's tokenizer has no [MASK], so BERT's objective over it is one clear error."""
   tok = hf.load_tokenizer(hf_dir(tmp_path / 'hf', 'gpt'), 'gpt')

@@ -1,9 +1,10 @@
 """The tokenizer objects a Hugging Face directory loads into, behind one small interface.
 
-`encode(str) -> list[int]` (no special tokens added), `decode(ids) -> str`, `vocab_size`, `pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT
-`cls_id`, `sep_id`, `mask_id` and `word_start`: the attribute names of
-pretrain_jax.data.tokenizer.Tokenizer, so the pre-training pipeline reads these too. `files` lists the files it was read
-from; `num_ids` is the largest id it produces + 1 (the model's vocabulary must hold them).
+`encode(str) -> list[int]` (no special tokens added), `decode(ids) -> str`, `vocab_size`,
+`pad_id`, `eos_id`, `id_to_piece(id)`, and for BERT `cls_id`, `sep_id`, `mask_id` and
+`word_start`: the attribute names of pretrain_jax.data.tokenizer.Tokenizer, so the pre-training
+pipeline reads these too. `files` lists the files it was read from; `num_ids` is the largest id
+it produces + 1 (the model's vocabulary must hold them).
 Which files make which tokenizer is the family record's business (hf/bert.py, gpt2.py, t5.py).
 """
 import numpy as np
