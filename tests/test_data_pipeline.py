@@ -60,6 +60,10 @@ def test_keys_shapes_and_dtypes(tokenizer, objective, nsp):
     assert v.shape == expected, k
   seg = b.get('segment_ids', b.get('encoder_segment_ids'))
   assert (np.diff((seg > 0).astype(int), axis=1) <= 0).all()  # padding only at the tail
+  # the share of the first batch's positions that are text (T5: encoder and decoder together,
+  # the positions the train loop's tokens/s counts)
+  segs = [b[k] for k in ('segment_ids', 'encoder_segment_ids', 'decoder_segment_ids') if k in b]
+  assert it.real_fraction == sum(np.count_nonzero(x) for x in segs) / sum(x.size for x in segs)
   assert 0 < it.real_fraction <= 1
 
 

@@ -1,9 +1,11 @@
-"""scripts/evaluate.py shows progress over a long split (it printed nothing until the end)."""
+"""Progress lines: scripts/evaluate.py over a long split (it printed nothing until the end) and
+the train loop's."""
 import io
 
 import numpy as np
 
 from pretrain_jax.training import evaluate as eval_lib
+from pretrain_jax.training import metrics as metrics_lib
 
 
 def _step(params, batch):
@@ -33,3 +35,13 @@ def test_a_whole_split_has_no_eta():
   progress = eval_lib.Progress(total=0, every_s=0.0, out=out, clock=iter([0.0, 2.0]).__next__)
   eval_lib.evaluate(_step, None, iter([{'loss_sum': 6.0}]), 0, progress=progress)
   assert out.getvalue() == 'eval 1 batches | loss 1.5000 | 0.5 batches/s\n'
+
+
+def test_train_progress_says_how_much_of_the_throughput_is_padding():
+  scalars = dict(loss=2.5, learning_rate=1e-3, grad_norm=0.5, tokens_per_sec=12345.6, mfu=0.25,
+                 eta_sec=3725, non_padding_fraction=0.4213)
+  assert metrics_lib.progress_line(7, 100, scalars) == (
+      'step 7/100 | loss 2.5000 | lr 1.00e-03 | gnorm 0.50 | 12,346 tok/s (42% not padding) | '
+      'mfu 25.0% | eta 1:02:05')
+  packed = dict(scalars, non_padding_fraction=0.998)
+  assert '12,346 tok/s | mfu' in metrics_lib.progress_line(7, 100, packed)

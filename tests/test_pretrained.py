@@ -278,6 +278,12 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(cache, tmp
   modeling.two_step_finetune(init, ft)
   saved = json.load(open(os.path.join(ft, 'config.json')))
   assert saved['data']['tokenizer'] == os.path.join(ft, 'tokenizer.model')
+  # Short sentences padded to the task's length: tokens/s counts every position, and the log
+  # says how much of it is text (packed pre-training rows are nearly all text).
+  for workdir, low, high in ((ft, 0.0, 0.9), (init, 0.9, 1.0)):
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      timed = [r for r in map(json.loads, f) if 'tokens_per_sec' in r]
+    assert timed and all(low < r['non_padding_fraction'] <= high for r in timed), timed
   shutil.move(init, str(tmp_path / 'moved'))
   assert set(pretrain_jax.load_pretrained(ft).predict(['a b c'])) <= {'original', 'shuffled'}
 

@@ -209,8 +209,11 @@ class DataIterator:
 
   @property
   def real_fraction(self) -> float:
-    """Share of non-padding positions in the batches returned so far (encoder for T5)."""
-    return self.stats['real_tokens'] / max(self.stats['tokens'], 1)
+    """Share of non-padding positions in the batches returned so far (T5: encoder and decoder
+    together, as the train loop counts its tokens); None before the first batch with tokens."""
+    s = self.stats
+    total = s['tokens'] + s['decoder_tokens']
+    return (s['real_tokens'] + s['decoder_real_tokens']) / total if total else None
 
   def _start(self):
     self._queue = queue.Queue(self._prefetch)

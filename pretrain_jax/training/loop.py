@@ -281,6 +281,11 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
           last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
                       mfu=flops_per_step / step_time / peak_flops,
                       eta_sec=(t.steps - step) * step_time)
+          # tokens_per_sec counts every position the step computes (MFU's terms); this
+          # host's share of them that is not padding says how much of it is text
+          real = getattr(train_iter, 'real_fraction', None)
+          if real is not None:
+            last['non_padding_fraction'] = real
         writer.write(step, last)
         writer.line(metrics_lib.progress_line(step, t.steps, last))
       if eval_now:
@@ -316,5 +321,6 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
           'train_loss': last.get('loss'), 'eval_loss': eval_metrics.get('loss'),
           'eval_accuracy': _accuracy(eval_metrics), 'eval_metrics': eval_metrics,
           'tokens_per_sec': tokens_per_step / step_time if step_time else None,
+          'non_padding_fraction': getattr(train_iter, 'real_fraction', None),
           'step_time_sec': step_time, 'params': state_lib.count_params(state.params),
           'checkpoint_steps': checkpointer.all_steps()}

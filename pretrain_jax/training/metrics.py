@@ -205,6 +205,9 @@ def progress_line(step: int, total: int, scalars: dict) -> str:
     parts.append(f'nsp {scalars["nsp_loss"]:.3f}')
   parts += [f'lr {scalars["learning_rate"]:.2e}', f'gnorm {scalars["grad_norm"]:.2f}']
   if 'tokens_per_sec' in scalars:
-    parts += [f'{scalars["tokens_per_sec"]:,.0f} tok/s', f'mfu {100 * scalars["mfu"]:.1f}%',
-              f'eta {format_eta(scalars["eta_sec"])}']
+    tokens = f'{scalars["tokens_per_sec"]:,.0f} tok/s'
+    real = scalars.get('non_padding_fraction', 1.0)
+    if real < 0.995:   # (packed pre-training rows are ~all text: no note)
+      tokens += f' ({100 * real:.0f}% not padding)'
+    parts += [tokens, f'mfu {100 * scalars["mfu"]:.1f}%', f'eta {format_eta(scalars["eta_sec"])}']
   return ' | '.join(parts)
