@@ -126,10 +126,26 @@ def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_
   other.model.num_layers = 1
   with pytest.raises(ValueError, match=r'model\.num_layers: 2 -> 1'):
     train_workdir.check_config(other, work, untrained=True)
+  # how the weights run may change on an import (it writes float32, no remat); what they are
+  # may not (above)
+  config.model.update(remat='full', dropout_rate=0.0)
   tokenizer = hf_workdir.data_tokenizer(config, work)
   assert type(tokenizer).__name__ == 'HFTokenizer'
   result = loop.train_and_evaluate(config, work, tokenizer=tokenizer)
   assert (result['start_step'], result['step']) == (0, STEPS) and np.isfinite(result['train_loss'])
+  history = sorted(os.listdir(os.path.join(work, 'config_history')))
+  assert history == ['0_step0.json', '1_step0.json'], history   # the import's, then the run's
+  first = ckpt_lib.restore_params(work)[1]
+  # The first trained checkpoint damaged: it is moved aside and the run starts again from the
+  # import's weights (the restore once fell back to checkpoint 0 as if it held a training state
+  # and crashed on its missing data position), so it trains the same steps to the same weights.
+  import test_faults  # pylint: disable=g-import-not-at-top
+  test_faults.damage(work, STEPS, 'flip')
+  again = loop.train_and_evaluate(config, work, tokenizer=tokenizer)
+  assert (again['start_step'], again['step']) == (0, STEPS)
+  aside = os.listdir(os.path.join(work, 'checkpoints'))
+  assert any(n.startswith(f'{STEPS}.corrupt-') for n in aside), aside
+  assert max_change(first, ckpt_lib.restore_params(work)[1]) == 0
   # From the imported weights: 3 small Adafactor steps move no parameter by 0.01, while the
   # model's own random initialisation lies >= 0.05 away from them somewhere.
   imported, trained = hf.load_hf(src)[1], ckpt_lib.restore_params(work)[1]
@@ -169,3 +185,35 @@ def test_bpe_has_no_word_starts_and_mlm_over_it_is_refused_naming_why(module_cac
   config.data.update(whole_word_mask=True, seq_len=32)
   with pytest.raises(ValueError, match=r'the gpt tokenizer from .*merges\.txt.* has no mask token'):
     data.make_dataset(config.data, tok, split='train', batch_size=4)
+
+
+def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp_path):
+  """data.tokenizer is a free key (a moved copy of the same files must resume), so the files
+  are compared: another tokenizer directory, or a sentencepiece model instead, is refused; a
+  named hf_tokenizer/ without the family's files is an error, not a fall back to the
+  workdir's own."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  src = hf_dir(tmp_path / 'hf', 'gpt')
+  work = str(tmp_path / 'work')
+  hf_workdir.import_hf(src, work, configs.base_config)
+  config = ml_collections.ConfigDict(json.load(open(os.path.join(work, 'config.json'))))
+  copy = str(tmp_path / 'moved' / 'hf_tokenizer')
+  shutil.copytree(os.path.join(work, 'hf_tokenizer'), copy)
+  config.data.tokenizer = copy
+  assert hf_workdir.data_tokenizer(config, work).encode('the list') == hf.load_tokenizer(
+      src, 'gpt').encode('the list')
+  with open(os.path.join(copy, 'merges.txt'), 'a') as f:
+    f.write('x y\n')
+  with pytest.raises(ValueError, match=r'tokenizer .*moved/hf_tokenizer differs from the one '
+                                       r'this workdir was trained with'):
+    hf_workdir.data_tokenizer(config, work)
+  config.data.tokenizer = ''
+  with pytest.raises(ValueError, match=r'tokenizer \(none: data.tokenizer is empty\) differs'):
+    hf_workdir.data_tokenizer(config, work)
+  other = tmp_path / 'other' / 'hf_tokenizer'
+  other.mkdir(parents=True)
+  (other / 'spiece.model').write_bytes(b'not a gpt tokenizer')
+  config.data.tokenizer = str(other)
+  with pytest.raises(FileNotFoundError, match=r"holds no gpt tokenizer files \(found "
+                                              r"\['spiece.model'\]\); expected tokenizer.json"):
+    hf_workdir.data_tokenizer(config, str(tmp_path / 'fresh'))

@@ -28,6 +28,8 @@ from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.models import ModelConfig
 
 HF_TOKENIZER_DIR = 'hf_tokenizer'
+EXPECTED_FILES = {'t5': 'spiece.model', 'gpt': 'tokenizer.json or vocab.json + merges.txt',
+                  'bert': 'tokenizer.json or vocab.txt'}   # a family's tokenizer files
 
 
 def model_section(cfg: ModelConfig) -> dict:
@@ -109,8 +111,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
 
 def missing_tokenizer_message(hf_dir: str, family: str, workdir: str) -> str:
   """What a workdir imported without tokenizer files lacks, and where to put them."""
-  expected = {'t5': 'spiece.model', 'gpt': 'tokenizer.json or vocab.json + merges.txt',
-              'bert': 'tokenizer.json or vocab.txt'}.get(family, 'tokenizer files')
+  expected = EXPECTED_FILES.get(family, 'tokenizer files')
   return (f'{hf_dir} has no tokenizer files (expected {expected}); the model in {workdir} has no '
           'tokenizer, so generate / fill_mask / evaluate refuse it until its tokenizer files are '
           f'copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
@@ -121,27 +122,56 @@ def data_tokenizer(config, workdir: str):
   sentencepiece model or nothing (pretrain_jax.data.load_tokenizer reads those).
 
   A directory is read as Hugging Face tokenizer files for `config.model.family`: an imported
-  workdir's hf_tokenizer/ (looked for in `workdir` too, as a workdir may have moved) or any
-  HF model or tokenizer directory. One without tokenizer files is a FileNotFoundError naming
-  the files it needs. Pre-training (scripts/train.py), evaluation and loading all read
-  `data.tokenizer` through this, so they tokenize alike.
+  workdir's hf_tokenizer/ (this workdir's own where the named one is gone: the workdir moved)
+  or any HF model or tokenizer directory. Pre-training (scripts/train.py), evaluation and
+  loading all read `data.tokenizer` through this, so they tokenize alike. Refused, naming the
+  files: a directory without the family's tokenizer files, and a tokenizer other than the one
+  the workdir's config.json records (by the files' bytes; a moved copy is the same one).
   """
   name = config.data.get('tokenizer') or ''
   family = config.model.family
-  if paths.basename(name) == HF_TOKENIZER_DIR:
-    for folder in (name, paths.join(workdir, HF_TOKENIZER_DIR)):
-      tokenizer = tok_lib.load_tokenizer(folder, family) if paths.isdir(folder) else None
-      if tokenizer is not None:
-        return tokenizer
-    raise FileNotFoundError(missing_tokenizer_message(
-        'the Hugging Face directory it was imported from', family, workdir))
+  if paths.basename(name) == HF_TOKENIZER_DIR and not paths.isdir(name):
+    name = paths.join(workdir, HF_TOKENIZER_DIR)
+    if not paths.isdir(name):
+      raise FileNotFoundError(missing_tokenizer_message(
+          'the Hugging Face directory it was imported from', family, workdir))
+  _check_recorded_tokenizer(name, workdir)
   if not (name and paths.isdir(name)):
     return None
   tokenizer = tok_lib.load_tokenizer(name, family)
   if tokenizer is None:
-    raise FileNotFoundError(f'{name} (config.data.tokenizer of {workdir}) holds no tokenizer '
-                            f'files; expected one of {list(tok_lib.TOKENIZER_FILES)}')
+    found = sorted(paths.basename(p) for p in tok_lib.tokenizer_files(name))
+    raise FileNotFoundError(f'{name} (config.data.tokenizer) holds no {family} tokenizer files '
+                            f'(found {found or "none"}); expected '
+                            f'{EXPECTED_FILES.get(family, "tokenizer files")}')
   return tokenizer
+
+
+def _tokenizer_bytes(name: str) -> dict:
+  """{file name: bytes} of a Hugging Face tokenizer directory, or of a sentencepiece model."""
+  if paths.isdir(name):
+    return {paths.basename(p): paths.read_bytes(p) for p in tok_lib.tokenizer_files(name)}
+  return {paths.basename(name): paths.read_bytes(name)} if paths.isfile(name) else {}
+
+
+def _check_recorded_tokenizer(name: str, workdir: str) -> None:
+  """Refuses a Hugging Face tokenizer directory other than the one the workdir was trained or
+  imported with, or a switch between such a directory and a sentencepiece model: its ids mean
+  other pieces to the trained embedding. Sentencepiece to sentencepiece is
+  training.workdir.write_config's check (it compares the workdir's copy)."""
+  from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
+  saved = train_workdir.read_config(workdir) if paths.isdir(workdir) else None
+  recorded = ((saved or {}).get('data') or {}).get('tokenizer') or ''
+  if paths.basename(recorded) == HF_TOKENIZER_DIR and not paths.isdir(recorded):
+    recorded = paths.join(workdir, HF_TOKENIZER_DIR)   # the workdir moved
+  if not recorded or not (paths.isdir(name) or paths.isdir(recorded)):
+    return
+  if (name and paths.absolute(name) == paths.absolute(recorded)) or (
+      _tokenizer_bytes(name) == _tokenizer_bytes(recorded)):
+    return
+  raise ValueError(f'tokenizer {name or "(none: data.tokenizer is empty)"} differs from the one '
+                   f'this workdir was trained with ({recorded}); resume with that one or use a '
+                   'new workdir')
 
 
 def classifier_problem(config, where: str):

@@ -42,6 +42,9 @@ TOKENIZER_FILE = 'tokenizer.model'
 COMMIT_SUCCESS_FILE = 'commit_success.txt'  # orbax's marker of a finished step on GCS
 
 
+WEIGHTS_ONLY_STEP = 0   # an import's checkpoint (scripts/convert_hf.py): weights, nothing trained
+
+
 def checkpoint_dir(workdir: str) -> str:
   return paths.join(paths.absolute(workdir), 'checkpoints')
 
@@ -164,8 +167,14 @@ class Checkpointer:
     """(state placed with abstract_state's shardings, this host's data state) at `step`
     (default: the newest checkpoint that restores and verifies; newer damaged ones are moved
     aside to `<step>.corrupt-<time>` with a message). The shardings may differ from the ones
-    the checkpoint was saved with. Raises CheckpointError when none restores."""
-    steps = [step] if step is not None else sorted(self.all_steps(), reverse=True)
+    the checkpoint was saved with. Raises CheckpointError when none restores.
+
+    Step 0 is an import's weights (WEIGHTS_ONLY_STEP: no optimizer or data state of this run;
+    training saves from step 1 on), never restored here: when no later checkpoint restores and
+    step 0 is there, the damaged ones are moved aside and (None, None) returned, and the caller
+    starts from step 0's weights (restore_params)."""
+    steps = [step] if step is not None else sorted(
+        (s for s in self.all_steps() if s != WEIGHTS_ONLY_STEP), reverse=True)
     failures = []
     for s in steps:
       try:
@@ -179,9 +188,11 @@ class Checkpointer:
       if ok:
         failures.append((s, f'checkpoint {s} failed to verify on another process'))
     else:
-      raise CheckpointError('no checkpoint under {} restores: {}. Nothing was moved or deleted; '
-                            'inspect the files, or train in a new workdir'.format(
-                                self.directory, ' | '.join(f for _, f in failures)))
+      if step is not None or WEIGHTS_ONLY_STEP not in self.all_steps():
+        raise CheckpointError('no checkpoint under {} restores: {}. Nothing was moved or '
+                              'deleted; inspect the files, or train in a new workdir'.format(
+                                  self.directory, ' | '.join(f for _, f in failures)))
+      s, state = WEIGHTS_ONLY_STEP, None
     for bad, why in failures:
       aside = f'{paths.join(self.directory, str(bad))}.corrupt-{time.strftime("%Y%m%d-%H%M%S")}'
       if jax.process_index() == 0:
@@ -192,7 +203,7 @@ class Checkpointer:
       if jax.process_count() > 1:
         multihost_utils.sync_global_devices('pretrain_jax: damaged checkpoints moved aside')
       self.manager.reload()
-    return state, host_data_state(data, s)
+    return (state, host_data_state(data, s)) if state is not None else (None, None)
 
   def restore_params(self, abstract_params, step: int):
     """The parameters alone of checkpoint `step`, placed with abstract_params' shardings and

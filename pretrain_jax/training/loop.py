@@ -195,7 +195,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
     check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
   newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
   workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
-                           untrained=newest == 0)
+                           untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
   train_iter, eval_iter, opened = open_datasets(config, datasets, workdir, tokenizer)
   tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state() if eval_iter is not None else None
@@ -211,15 +211,18 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
                                        async_save=t.async_checkpoints,
                                        timeout_sec=t.get('checkpoint_timeout_sec', 1200))
-  if checkpointer.latest_step():
-    state, data_state = checkpointer.restore(steps.abstract_state)
+  state = None
+  if newest not in (None, ckpt_lib.WEIGHTS_ONLY_STEP):
+    state, data_state = checkpointer.restore(steps.abstract_state)   # (None: only step 0 left)
+  if state is not None:
     train_iter.set_state(data_state)
     restored = f'restored step {int(state.step)} from {ckpt_lib.checkpoint_dir(workdir)}'
   else:
     restored = None
     state = steps.create_state(t.seed)
-    if checkpointer.latest_step() == 0:   # weights only (an import): this run's optimizer
-      state = state.replace(params=checkpointer.restore_params(steps.abstract_state.params, 0))
+    if ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():   # an import: its weights, and
+      state = state.replace(params=checkpointer.restore_params(  # this run's optimizer state
+          steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
       restored = (f'starting from the weights of checkpoint 0 in '
                   f'{ckpt_lib.checkpoint_dir(workdir)} with a fresh optimizer state')
     elif init_params is not None:

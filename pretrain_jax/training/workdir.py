@@ -47,6 +47,11 @@ ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
                   'train.final_lr_fraction', 'train.weight_decay', 'train.grad_clip',
                   'train.adam_b1', 'train.adam_b2', 'train.z_loss', 'train.microbatches',
                   'train.seed', 'train.prng_impl')
+# Model keys that say how the weights run, not what they are: a run starting from an import's
+# weights (checkpoint 0) may set them (the import writes float32, reference attention, no
+# remat); a trained checkpoint's resume may not.
+RUN_MODEL_KEYS = ('model.dtype', 'model.attention_impl', 'model.remat', 'model.dropout_rate',
+                  'model.attention_dropout_rate', 'model.mlp_dropout', 'model.embedding_dropout')
 # Every other key (model.*, the data fields that define the token stream, train.optimizer,
 # train.batch_size: each data stream fills a fixed number of rows of every batch; mesh.* is
 # free: checkpoints restore onto any mesh) must match the workdir's config.json.
@@ -364,7 +369,13 @@ def check_config(config, workdir: str, untrained: bool = False):
     lines = config_differences(resolved(saved), resolved(config.to_dict()),
                                config.train.get('allow_config_change'))
     if untrained:
-      lines = [line for line in lines if line.startswith('model.')]
+      lines = [line for line in lines if line.startswith('model.') and
+               line.split(':')[0] not in RUN_MODEL_KEYS]
+      if lines:
+        raise ValueError(f'the model differs from the one imported into {workdir} (checkpoint 0 '
+                         f'holds its weights): {"; ".join(lines)}. Keep the import\'s model '
+                         f'({", ".join(RUN_MODEL_KEYS)} may change), or import again '
+                         '(scripts/convert_hf.py import) into a new workdir')
     if lines:
       raise ValueError(f'the config differs from {paths.join(workdir, CONFIG_FILE)} (the '
                        f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
@@ -391,7 +402,7 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
       raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
                        f'trained with ({copy}); resume with that one or use a new workdir')
     config.data.tokenizer = copy
-  saved = check_config(config, root, untrained=start_step == 0)
+  saved = check_config(config, root, untrained=start_step == 0)   # (an import's step 0)
   if saved is None and start_step is not None:
     raise ValueError(f'{root} holds checkpoints (newest step {start_step}) but no '
                      f'{CONFIG_FILE}; restore it or use a new workdir')
@@ -403,6 +414,10 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
   if saved is None or json.loads(text) != saved:
     history = paths.join(root, HISTORY_DIR)
     n = len([f for f in paths.listdir(history) if f.endswith('.json')])
+    if saved is not None and not n:   # an import's config.json: kept as the first version
+      paths.write_text(paths.join(history, f'0_step{start_step or 0}.json'),
+                       json.dumps(saved, indent=2, sort_keys=True))
+      n = 1
     paths.write_text(paths.join(history, f'{n}_step{start_step or 0}.json'), text)
     paths.write_text(paths.join(root, CONFIG_FILE), text)
   return config
