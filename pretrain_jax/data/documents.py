@@ -3,7 +3,8 @@
 A position is (epoch, doc): `doc` counts every document of the epoch's shuffled sequence
 (including skipped ones), so restarting at (epoch, doc) is `text_dataset(..., skip=doc)` --
 the skip happens on strings, before tokenization. Tokenization runs inside tf.data: documents
-are batched and encoded by sentencepiece in `num_parallel_calls` parallel calls, prefetched.
+are batched and encoded by the tokenizer (sentencepiece, or a Hugging Face adapter) in
+`num_parallel_calls` parallel calls, prefetched.
 
 Documents that are not valid UTF-8 or that tokenize to nothing are skipped, counted in `stats`
 and logged. An epoch that starts at its beginning and yields no token is an error (otherwise a

@@ -113,8 +113,8 @@ def missing_tokenizer_message(hf_dir: str, family: str, workdir: str) -> str:
   """What a workdir imported without tokenizer files lacks, and where to put them."""
   expected = EXPECTED_FILES.get(family, 'tokenizer files')
   return (f'{hf_dir} has no tokenizer files (expected {expected}); the model in {workdir} has no '
-          'tokenizer, so generate / fill_mask / evaluate refuse it until its tokenizer files are '
-          f'copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
+          'tokenizer, so training on, generate / fill_mask / evaluate refuse it until its '
+          f'tokenizer files are copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
 
 
 def data_tokenizer(config, workdir: str):
