@@ -8,7 +8,8 @@ tokenizer files, and writes a workdir with checkpoint 0 (the HF weights, a fresh
 state), config.json and the tokenizer. Evaluation scripts and pretrain_jax.load_pretrained read
 it like any run; the printed `train_flags` turn the family's base config into the imported model
 for scripts/train.py, which pre-trains on from checkpoint 0 with the model's own tokenizer and
-any data / train settings (a fresh optimizer state). export: writes config.json + model.safetensors (+ tokenizer files) that
+any data / train settings (a fresh optimizer state). export: writes config.json +
+model.safetensors (+ tokenizer files) that
 transformers' from_pretrained loads. Neither ever writes into an existing non-empty directory,
 and a failure leaves nothing behind. One JSON line of results goes to stdout; an import without
 tokenizer files also prints a `warning:` line on stderr (the workdir then refuses text use).
