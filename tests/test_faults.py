@@ -344,6 +344,22 @@ def test_damaged_newest_checkpoint_falls_back_and_is_moved_aside(tmp_path, capsy
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+def test_a_damaged_last_checkpoint_trains_its_step_again_without_saying_nothing_to_train(
+    tmp_path, capsys):
+  """The newest checkpoint was at train.steps, so 'nothing to train' was printed, and then it
+  proved damaged and the run fell back and trained: the message follows the restored step."""
+  config = gpt(steps=3, checkpoint_every=2)          # checkpoints 2 and 3 (the final one)
+  train(config, tmp_path)
+  damage(tmp_path, 3, 'truncate')
+  capsys.readouterr()
+  result = train(config, tmp_path)
+  assert (result['start_step'], result['step']) == (2, 3)
+  err = capsys.readouterr().err
+  assert 'checkpoint 3 is damaged' in err and 'nothing to train' not in err, err
+  assert train(config, tmp_path)['start_step'] == 3
+  assert 'is already at train.steps=3: nothing to train' in capsys.readouterr().err
+
+
 def test_a_damaged_checkpoint_is_a_few_lines_naming_the_array_not_thousands(tmp_path):
   """The fallback worked, but orbax's abandoned reads printed ~4,000 lines (Exception ignored in
   <coroutine ...>, Event loop is closed, Future exception was never retrieved) and the one line

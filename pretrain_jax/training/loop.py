@@ -203,9 +203,6 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   # Checked now, recorded once the state and data position restore: a refused resume leaves
   # config.json as it was, so the original command still resumes.
   workdir_lib.write_config(config, workdir, tokenizer_path, newest, is_writer=False)
-  if newest == t.steps and jax.process_index() == 0:   # (after the checks: not if refused)
-    print(f'{workdir} is already at train.steps={t.steps}: nothing to train', file=sys.stderr,
-          flush=True)
 
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
@@ -236,6 +233,8 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   start = int(state.step)
   if restored:
     writer.line(restored)
+  if start == t.steps:   # the restored step, not the newest listed (a damaged one falls back)
+    writer.line(f'{workdir} is already at train.steps={t.steps}: nothing to train')
   note = start and opt_lib.schedule_change(t, ((previous or {}).get('train') or {}).get('steps'),
                                            start)
   if note:
