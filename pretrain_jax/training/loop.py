@@ -7,7 +7,6 @@ import json
 import math
 import os
 import signal
-import sys
 
 import jax
 import numpy as np
