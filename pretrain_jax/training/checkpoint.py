@@ -209,12 +209,7 @@ class Checkpointer:
     """The parameters alone of checkpoint `step`, placed with abstract_params' shardings and
     verified (an imported checkpoint 0 starts a run with that run's own optimizer state).
     Read through a read-only manager: this one's handlers stay the ones saves use."""
-    try:
-      return read_params(self.directory, step, abstract_params)
-    except CheckpointError:
-      raise
-    except Exception as e:  # pylint: disable=broad-exception-caught
-      raise CheckpointError(_restore_failed(paths.join(self.directory, str(step)), e)) from e
+    return read_params(self.directory, step, abstract_params)
 
   def _restore_verified(self, abstract_state, step: int):
     path = paths.join(self.directory, str(step))
@@ -438,7 +433,8 @@ def _reader(directory: str):
 
 def read_params(directory: str, step: int, target, manager=None):
   """The parameters of checkpoint `step` under `directory` (not the optimizer state), placed as
-  `target` (abstract arrays with shardings) and verified against the saved checksums."""
+  `target` (abstract arrays with shardings) and verified against the saved checksums. Any
+  failure is a CheckpointError naming the checkpoint."""
   reader = manager or _reader(directory)
   path = paths.join(directory, str(step))
   try:
@@ -449,6 +445,8 @@ def read_params(directory: str, step: int, target, manager=None):
     if paths.isdir(paths.join(path, 'checksums')):
       sums = reader.restore(step, args=ocp.args.Composite(
           checksums=ocp.args.JsonRestore()))['checksums']
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    raise CheckpointError(_restore_failed(path, e)) from e
   finally:
     if manager is None:
       reader.close()
@@ -479,11 +477,9 @@ def restore_params(workdir: str, step=None):
                         state_lib.abstract_params(model))
   try:
     params = read_params(checkpoint_dir(workdir), step, target, manager)
-  except Exception as e:  # pylint: disable=broad-exception-caught
-    path = paths.join(checkpoint_dir(workdir), str(step))
-    why = str(e) if isinstance(e, CheckpointError) else _restore_failed(path, e)
+  except CheckpointError as e:
     others = [s for s in manager.all_steps() if s != step]
-    raise CheckpointError(f'{why}; load another step (steps there: {others}) or retrain') from e
+    raise CheckpointError(f'{e}; load another step (steps there: {others}) or retrain') from e
   finally:
     manager.close()
   return config, params, step
