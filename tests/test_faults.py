@@ -738,3 +738,28 @@ def test_sigterm_during_startup_releases_the_lock(tmp_path):
   if proc.returncode == 143:
     assert err.strip().splitlines()[-1] == (
         'SIGTERM before training started: stopped, nothing to save'), err[-3000:]
+
+
+def test_train_rows_average_the_steps_since_the_previous_row(tmp_path):
+  """log_every=4 (a save at 3 and 6 in between, and the end at 10): each train row's loss,
+  grad norm and accuracy are the means of the per-step values of the steps it covers (the
+  same run logged every step), its learning rate the logged step's, its perplexity exp of the
+  mean loss. It was the logged step's batch alone."""
+  per_step = _train_rows(tmp_path / 'every', log_every=1)
+  rows = _train_rows(tmp_path / 'four', log_every=4)
+  assert sorted(per_step) == list(range(1, 11)) and sorted(rows) == [4, 8, 10]
+  for step, first in [(4, 1), (8, 5), (10, 9)]:
+    covered = [per_step[s] for s in range(first, step + 1)]
+    for key in ('loss', 'lm_loss', 'lm_accuracy', 'grad_norm'):
+      np.testing.assert_allclose(rows[step][key], np.mean([r[key] for r in covered]),
+                                 rtol=1e-6, err_msg=f'{key} at step {step}')
+    assert rows[step]['learning_rate'] == per_step[step]['learning_rate']
+    np.testing.assert_allclose(rows[step]['lm_perplexity'], np.exp(rows[step]['lm_loss']),
+                               rtol=1e-6)
+  assert rows[8]['loss'] != per_step[8]['loss']
+
+
+def _train_rows(workdir, log_every) -> dict:
+  train(gpt(steps=10, checkpoint_every=3, log_every=log_every), workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return {r['step']: r for r in map(json.loads, f) if r['split'] == 'train'}

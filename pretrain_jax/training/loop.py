@@ -252,7 +252,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
 
   stop = StopRequest()
-  history, last, eval_metrics = [], {}, {}
+  history, window, last, eval_metrics = [], [], {}, {}   # window: the steps since the last row
   clock = metrics_lib.StepClock()
   step = start
   try:
@@ -274,9 +274,10 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
         history = [(s, jax.device_get(m)) for s, m in history]
         check_finite(history)                   # never log or save past a NaN
         checkpointer.check()
-        last = {k: float(v) for k, v in history[-1][1].items()}
+        window += [m for _, m in history]
         history = []
       if log_now:
+        last, window = metrics_lib.interval_mean(window), []
         step_time = clock.lap()                  # None right after the first (compiling) step
         if step_time:
           last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,

@@ -192,6 +192,22 @@ def _json_number(value):
   return value if math.isfinite(value) else str(value)
 
 
+def interval_mean(rows: list) -> dict:
+  """The train metrics of the steps since the previous train row -> one row, as t5x's
+  AveragePerStep and the HF Trainer log them: each metric's mean over the steps (one batch's
+  loss is noisy), except `learning_rate` (the schedule at the logged step), `state_finite`
+  (the worst) and `lm_perplexity` (exp of the mean lm_loss, not a mean of exps)."""
+  if not rows:
+    raise ValueError('interval_mean needs at least one step\'s metrics')
+  out = {k: math.fsum(float(r[k]) for r in rows) / len(rows) for k in rows[-1]}
+  out['learning_rate'] = float(rows[-1]['learning_rate'])
+  if 'state_finite' in out:
+    out['state_finite'] = min(float(r['state_finite']) for r in rows)
+  if 'lm_perplexity' in out:
+    out['lm_perplexity'] = math.exp(out['lm_loss'])
+  return out
+
+
 def format_eta(seconds: float) -> str:
   if not math.isfinite(seconds):
     return '?'
