@@ -86,6 +86,10 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
                                     # workdir.ALLOWABLE_KEYS, e.g. 'train.learning_rate');
                                     # steps and cadences may always change
   t.peak_tflops = 0.0               # per-device peak for the MFU estimate; 0 = guess from device
+  t.profile_steps = 0               # jax.profiler trace of this many steps into
+                                    # <workdir>/tensorboard/plugins/profile (0: none)
+  t.profile_start_step = 0          # ... starting after this step (and never with the run's
+                                    # first, compiling step)
   return t
 
 

@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import signal
+import tempfile
 import time
 
 import jax
@@ -63,6 +64,31 @@ def test_metrics_log_is_rewritten_whole_never_appended(gcs):
   # One event file per run (named by start second and host: the two runs here may share one).
   assert events and all(e.startswith('events.out.tfevents') for e in events)
   assert paths.read_bytes(f'{workdir}/tensorboard/{events[-1]}')  # uploaded, not empty
+
+
+def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
+  """jax.profiler writes local files; on a gs:// workdir the trace lands under its
+  tensorboard/plugins/profile when it stops, and the local copy is removed."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import profiler  # pylint: disable=g-import-not-at-top
+  t = ml_collections.ConfigDict(dict(steps=5, profile_steps=2, profile_start_step=0))
+  tracer = profiler.StepProfiler(t, f'{gcs}/profiled', start=0, line=print)
+  step, x, local, stopped = 0, jax.numpy.ones((64, 64)), set(), []
+  while step < t.steps:
+    tracer.before(step)
+    local.add(tracer.local)
+    x = jax.jit(lambda a: a @ a / 64)(x)
+    step += 1
+    if tracer.after_step(step, x):
+      stopped.append(step)
+  assert stopped == [3] and not tracer.active
+  [local] = local - {None}                      # one local folder, under the temp dir
+  assert local.startswith(tempfile.gettempdir()) and not os.path.exists(local)
+  assert 'profile of steps 2..3 written to gs://bucket/profiled/tensorboard/plugins/profile' in (
+      capsys.readouterr().out)
+  [run] = paths.listdir(f'{gcs}/profiled/tensorboard/plugins/profile')
+  names = paths.listdir(f'{gcs}/profiled/tensorboard/plugins/profile/{run}')
+  assert 'perfetto_trace.json.gz' in names and any(n.endswith('.xplane.pb') for n in names)
 
 
 def test_lock_create_refuse_heartbeat_takeover_release(gcs):

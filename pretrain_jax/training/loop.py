@@ -19,6 +19,7 @@ from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import profiler as profiler_lib
 from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
@@ -154,6 +155,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
   their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's).
   `tokenizer`: one loaded from config.data.tokenizer by the caller (see open_datasets)."""
   workdir_lib.check_cadence(config.train)
+  profiler_lib.check_config(config.train)
   workdir_lib.check_not_foreign(workdir)
   with workdir_lib.hold(workdir, config.train.steps) as check_held:
     return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
@@ -251,6 +253,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   batch_sharding = steps.batch_sharding
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
 
+  profiler = profiler_lib.StepProfiler(t, workdir, start, writer.line)
   stop = StopRequest()
   history, window, last, eval_metrics = [], [], {}, {}   # window: the steps since the last row
   clock = metrics_lib.StepClock()
@@ -261,11 +264,14 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
       if step == start:
         tokens_per_step, flops_per_step = metrics_lib.batch_cost(
             model_cfg, batch, steps.max_predictions)
+      profiler.before(step)
       state, metrics = steps.train_step(state, batch)
       step += 1
       checkpointer.poll(step)                    # a failed background save stops the run now
       history.append((step, metrics))
       clock.stepped(metrics)
+      if profiler.after_step(step, metrics):
+        clock.pause()                            # traced steps are not training throughput
       stopping = stop.agreed()
       log_now = step % t.log_every == 0 or step == t.steps or stopping
       eval_now = t.eval_every > 0 and (step % t.eval_every == 0 or step == t.steps)
@@ -313,6 +319,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
     try:
       checkpointer.close()                       # waits for the last asynchronous save
     finally:
+      profiler.stop()                            # (a run that ended inside the traced steps)
       stop.close()                               # only now: a second SIGTERM must not kill it
       writer.close()
 

@@ -1,0 +1,53 @@
+"""train.profile_steps: a jax.profiler trace of chosen train steps under the workdir's
+tensorboard/plugins/profile (gs:// in test_gcs.py)."""
+import glob
+import os
+
+import pytest
+
+from pretrain_jax.training import loop, synthetic
+from test_train import tiny_config
+
+
+def _gpt(**train):
+  config = tiny_config('gpt', checkpoint_every=100, **train)
+  config.model.num_layers = 1
+  return config
+
+
+def _train(config, workdir):
+  return loop.train_and_evaluate(config, str(workdir),
+                                 datasets=synthetic.synthetic_datasets(config))
+
+
+def _traces(workdir) -> list:
+  """One sorted list of file names per trace folder."""
+  folders = sorted(glob.glob(os.path.join(workdir, 'tensorboard', 'plugins', 'profile', '*')))
+  return [sorted(os.listdir(f)) for f in folders]
+
+
+def test_the_asked_steps_are_traced_and_a_resume_traces_its_own(tmp_path, capsys):
+  _train(_gpt(steps=4, profile_steps=2), tmp_path)       # not step 1: it compiles
+  assert 'profile of steps 2..3 written to ' in capsys.readouterr().err
+  [names] = _traces(tmp_path)
+  assert 'perfetto_trace.json.gz' in names and any(n.endswith('.xplane.pb') for n in names)
+  assert all(os.path.getsize(f) > 0 for f in glob.glob(str(tmp_path / 'tensorboard/**/*.pb'),
+                                                          recursive=True))
+  # Resumed at 4: start after step 4 at the earliest, and the run's end stops a longer trace.
+  _train(_gpt(steps=7, profile_steps=10, profile_start_step=3), tmp_path)
+  assert 'profile of steps 6..7 written to ' in capsys.readouterr().err   # 5 compiles
+  assert len(_traces(tmp_path)) == 2
+
+
+def test_a_trace_that_cannot_start_says_so(tmp_path, capsys):
+  result = _train(_gpt(steps=3, profile_steps=2, profile_start_step=3), tmp_path)
+  assert result['step'] == 3 and _traces(tmp_path) == []
+  assert ('note: train.profile_steps=2 traces nothing: the trace would start after step 3, and '
+          'this run ends at train.steps=3') in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('key,value', [('profile_steps', -1), ('profile_start_step', -2)])
+def test_bad_profile_values_are_refused_before_anything_is_written(tmp_path, key, value):
+  with pytest.raises(ValueError, match=rf'train\.{key}={value!r}; expected a number of steps'):
+    _train(_gpt(steps=2, **{key: value}), tmp_path / 'w')
+  assert not os.path.exists(tmp_path / 'w')
