@@ -131,6 +131,29 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   assert isinstance(workdir_lib.open_lock(workdir), gcs_lock.GcsLock)
 
 
+def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
+  """GCS cannot append, so rows are buffered and rewritten every 30 s: a trainer killed
+  within 30 s of a checkpoint lost the rows before it, which its resume never logs again.
+  Every save now writes them first. (Killed: the writer's exit flush never runs.)"""
+  from test_checkpoint import datasets_with_hook  # pylint: disable=g-import-not-at-top
+  config = _small(tiny_gpt.get_config(), steps=5)
+  config.train.update(checkpoint_every=2, eval_every=0)
+  workdir = f'{gcs}/killed'
+
+  def killed_at_the_fourth_batch(drawn, batch):
+    if drawn == 4:
+      raise SystemExit('killed')
+    return batch
+
+  datasets = datasets_with_hook(config, killed_at_the_fourth_batch)
+  monkeypatch.setattr(metrics.MetricWriter, 'close', lambda self: None)
+  with pytest.raises(SystemExit, match='killed'):
+    loop.train_and_evaluate(config, workdir, datasets=datasets)
+  assert checkpoint.complete_steps(workdir) == [2]
+  rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2]
+
+
 def _small(config, steps):
   config.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
                       max_len=64)

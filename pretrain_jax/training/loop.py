@@ -308,6 +308,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
                     f'accuracy {_accuracy(eval_metrics):.3f}')
       if save_now:
         check_held(step)
+        writer.flush()          # gs:// buffers rows: those up to a checkpoint outlive a kill -9
         checkpointer.save(step, state, train_iter.get_state())
       if eval_now or save_now:
         clock.pause()                            # not training throughput
