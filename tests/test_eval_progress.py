@@ -45,3 +45,23 @@ def test_train_progress_says_how_much_of_the_throughput_is_padding():
       'mfu 25.0% | eta 1:02:05')
   packed = dict(scalars, non_padding_fraction=0.998)
   assert '12,346 tok/s | mfu' in metrics_lib.progress_line(7, 100, packed)
+
+
+def test_train_eta_is_the_runs_wall_pace_with_its_evaluations_and_saves():
+  """Step time leaves evaluations and saves out (throughput); the ETA did too, and so came
+  short by all the evaluations still to run. It is now the wall pace since the first step."""
+  now = [0.0]
+  clock = metrics_lib.StepClock(clock=lambda: now[0])
+  clock.stepped(np.float32(0))          # the first (compiling) step ends at t=0
+  for _ in range(4):                    # 4 steps of 1 s
+    now[0] += 1.0
+    clock.stepped(None)
+  assert clock.lap() == 1.0 and clock.eta(10) == 10.0
+  now[0] += 6.0                         # an evaluation of 6 s
+  clock.pause()
+  for _ in range(4):
+    now[0] += 1.0
+    clock.stepped(None)
+  assert clock.lap() == 1.0             # throughput: steps only
+  assert clock.eta(10) == 10 * 14.0 / 8  # 8 steps took 14 s of wall time
+  assert clock.mean_step_time() == 1.0

@@ -288,7 +288,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
         if step_time:
           last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
                       mfu=flops_per_step / step_time / peak_flops,
-                      eta_sec=(t.steps - step) * step_time)
+                      eta_sec=clock.eta(t.steps - step))
           # tokens_per_sec counts every position the step computes (MFU's terms); this
           # host's share of them that is not padding says how much of it is text
           real = getattr(train_iter, 'real_fraction', None)

@@ -68,24 +68,32 @@ class StepClock:
   `stepped(metrics)` after each step (the first one blocks, then starts the clock); `lap()` at
   a log point returns the mean step time since the last lap (None if no step was timed);
   `pause()` after evaluation or a save so their time is not counted; `mean_step_time()` over
-  the whole run.
+  the whole run. `eta(remaining)` is wall time: the run's pace since its first step, so
+  evaluations and saves are in it.
   """
 
-  def __init__(self):
+  def __init__(self, clock=time.perf_counter):
     self.start, self.steps, self.total_time, self.total_steps = None, 0, 0.0, 0
+    self.clock, self.origin, self.since_origin = clock, None, 0
 
   def stepped(self, metrics) -> None:
     if self.start is None:
       jax.block_until_ready(metrics)
-      self.start = time.perf_counter()
+      self.start = self.origin = self.clock()
     else:
       self.steps += 1
+      self.since_origin += 1
+
+  def eta(self, remaining: int):
+    if not self.since_origin:
+      return None
+    return remaining * (self.clock() - self.origin) / self.since_origin
 
   def lap(self):
     if not self.steps:
       self.pause()
       return None
-    elapsed = time.perf_counter() - self.start
+    elapsed = self.clock() - self.start
     step_time = elapsed / self.steps
     self.total_time, self.total_steps = self.total_time + elapsed, self.total_steps + self.steps
     self.pause()
@@ -93,7 +101,7 @@ class StepClock:
 
   def pause(self) -> None:
     if self.start is not None:
-      self.start, self.steps = time.perf_counter(), 0
+      self.start, self.steps = self.clock(), 0
 
   def mean_step_time(self):
     return self.total_time / self.total_steps if self.total_steps else None
