@@ -2,6 +2,7 @@
 
 Side effects (files, logs, signals, checkpoints) happen here; the step itself is pure.
 """
+import collections
 import functools
 import json
 import math
@@ -10,7 +11,7 @@ import signal
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, family_of
@@ -74,6 +75,23 @@ def global_batch(batch: dict, sharding) -> dict:
           for k, v in batch.items()}
 
 
+@functools.cache
+def _any_of_processes():
+  """(jitted any over one flag per process -> replicated bool, the flags' sharding)."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1),
+                           ('processes', 'local'))
+  return (jax.jit(jax.numpy.any, out_shardings=NamedSharding(mesh, P())),
+          NamedSharding(mesh, P('processes')))
+
+
+def _any_process(flag: bool) -> jax.Array:
+  """Whether `flag` is set on any process, as a replicated array (dispatched, not waited for)."""
+  any_fn, sharding = _any_of_processes()
+  local = np.asarray([flag])
+  return any_fn(jax.make_array_from_single_device_arrays(
+      (jax.process_count(),), sharding, [jax.device_put(local, d) for d in jax.local_devices()]))
+
+
 class StopRequest:
   """SIGTERM (Cloud TPU preemption notice) or Ctrl-C (SIGINT) sets a flag the loop polls after
   each step: it saves that step and stops. A second SIGTERM is ignored until the save is
@@ -81,8 +99,10 @@ class StopRequest:
   being written still completes). A SIGINT the process was started ignoring (`nohup ... &`)
   stays ignored."""
 
+  LAG = 2   # steps between gathering the processes' flags and reading them (several hosts)
+
   def __init__(self):
-    self.requested, self.name = False, None
+    self.requested, self.name, self._gathers = False, None, collections.deque()
     signals = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT)
                                   is not signal.SIG_IGN else [])
     self._previous = {s: signal.signal(s, self._handler) for s in signals}
@@ -101,10 +121,18 @@ class StopRequest:
                   b'without this save)\n')
 
   def agreed(self) -> bool:
-    """True on every process when any process got the signal (a collective if multi-host)."""
+    """True on every process when any process got the signal. Several processes: each step
+    starts an all-gather of the flags and reads the one started LAG steps before (the same one
+    on every process, so all stop after the same step), which the device has long finished: the
+    host never waits for the device here, as it did reading each step's own."""
     if jax.process_count() == 1:
       return self.requested
-    return bool(np.any(multihost_utils.process_allgather(np.asarray(self.requested))))
+    self._gathers.append(_any_process(self.requested))
+    if len(self._gathers) <= self.LAG or not np.asarray(
+        self._gathers.popleft().addressable_data(0)):
+      return False
+    self.requested = True                 # (another process's notice: this one stops too)
+    return True
 
   def close(self):
     for signum, previous in self._previous.items():
