@@ -249,6 +249,11 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
     os._exit(2)  # pylint: disable=protected-access  (JAX's wait cannot be interrupted)
 
   threading.Thread(target=watchdog, name='join_processes_watchdog', daemon=True).start()
+  # JAX's preemption service puts a C-level SIGTERM handler in place that only records the
+  # notice for multihost_utils.reached_preemption_sync_point, which nothing here calls: a
+  # SIGTERM during start-up was lost and the run trained on. The loop's handler (save, stop,
+  # agreed over the processes) and the start-up one (release the lock, exit 143) serve it.
+  jax.config.update('jax_enable_preemption_service', False)
   try:
     jax.distributed.initialize(address, num_processes, process_id,
                                initialization_timeout=int(timeout_s) + 60)

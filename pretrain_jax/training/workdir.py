@@ -476,7 +476,7 @@ def hold(workdir: str, steps: int):
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   lock, error, message = None, '', ''
   held = []                            # the lock, for the start-up SIGTERM handler to release
-  previous = _stop_at_startup(held) if jax.process_count() == 1 else None
+  previous = _stop_at_startup(held)
   try:   # (the finally restores the SIGTERM handler whatever fails, e.g. an unreachable bucket)
     if jax.process_index() == 0:
       taking = open_lock(workdir)
@@ -529,9 +529,9 @@ def _stop_at_startup(held: list):
   releases the lock in `held` and exits 143: it killed the process and left the LOCK (another
   host then waited 10 minutes for it to go stale). The handler leaves with os._exit, not an
   exception: Python may run it inside a garbage-collection callback, where an exception is
-  printed and dropped (the SIGTERM lost). Single-process runs only: with jax.distributed,
-  JAX's own (C-level) handler is in place. Returns the handler it replaced (None: left alone:
-  not the main thread, or a Python handler someone else set)."""
+  printed and dropped (the SIGTERM lost). Multi-process runs too (cli.join_processes turns
+  JAX's own C-level handler off). Returns the handler it replaced (None: left alone: not the
+  main thread, or a Python handler someone else set)."""
   if threading.current_thread() is not threading.main_thread() or (
       signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
     return None
