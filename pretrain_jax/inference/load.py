@@ -19,11 +19,33 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import step as step_lib
+
+
+def check_inputs(cfg, names: dict, batch: dict) -> None:
+  """Refuses what the model would silently get wrong: an id outside the vocabulary (the
+  embedding lookup reads NaN), a token type outside type_vocab_size, and with learned positions
+  a row longer than max_len (positions past the table embed as zeros: no position at all)."""
+  limits = [('input_ids', cfg.vocab_size, 'vocab_size'),
+            ('decoder_input_ids', cfg.vocab_size, 'vocab_size'),
+            ('token_type_ids', cfg.type_vocab_size, 'type_vocab_size')]
+  for name, limit, what in limits:
+    if names.get(name) in batch and batch[names[name]].size:
+      values = np.asarray(batch[names[name]])
+      low, high = int(values.min()), int(values.max())
+      if low < 0 or high >= limit:
+        raise ValueError(f'{name} holds {low if low < 0 else high}; expected values in '
+                         f'[0, {what}={limit})')
+  if cfg.position_embedding == 'learned' and 'positions' in batch and batch['positions'].size:
+    longest = int(np.asarray(batch['positions']).max()) + 1
+    if longest > cfg.max_len:
+      raise ValueError(f'a row of {longest} tokens; the model holds at most max_len='
+                       f'{cfg.max_len} (learned positions)')
 
 
 class BertOutput(NamedTuple):
@@ -91,10 +113,12 @@ class Pretrained:
   def __call__(self, input_ids, decoder_input_ids=None, *, attention_mask=None,
                token_type_ids=None, decoder_attention_mask=None):
     """GPT: logits (B, T, V). BERT: BertOutput(logits, nsp_logits). T5: logits (B, T_dec, V)."""
-    batch = hf_batch(family_of(self.model_config), input_ids=input_ids,
-                     decoder_input_ids=decoder_input_ids, attention_mask=attention_mask,
-                     token_type_ids=token_type_ids,
-                     decoder_attention_mask=decoder_attention_mask)
+    given = dict(input_ids=input_ids, decoder_input_ids=decoder_input_ids,
+                 attention_mask=attention_mask, token_type_ids=token_type_ids,
+                 decoder_attention_mask=decoder_attention_mask)
+    family = family_of(self.model_config)
+    batch = hf_batch(family, **given)
+    check_inputs(self.model_config, dict(family.hf_inputs), batch)
     out = self._apply(self.params, batch)
     return BertOutput(*out) if isinstance(out, tuple) else out
 
