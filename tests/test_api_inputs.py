@@ -52,3 +52,37 @@ def test_ids_outside_their_tables_are_refused(family, kw, message):
   model = _model(family)
   with pytest.raises(ValueError, match=message):
     model(kw.pop('input_ids'), **kw)
+
+
+@pytest.mark.parametrize('kw,message', [
+    (dict(max_new_tokens=True), r'max_new_tokens=True is out of range; expected an integer >= 1'),
+    (dict(max_new_tokens=2.0), r'max_new_tokens=2.0 is out of range'),
+    (dict(top_k=2.5), r'top_k=2.5 is out of range; expected an integer from 0 \(no filter\) '
+                      r'to the vocabulary size 97'),
+    (dict(top_k=98), r'top_k=98 is out of range'),
+    (dict(top_p=0.0), r'top_p=0.0 is out of range'),
+])
+def test_sampling_counts_are_integers_in_range(kw, message):
+  from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
+  args = dict(max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, vocab_size=97)
+  with pytest.raises(ValueError, match=message):
+    text.check_sampling(**dict(args, **kw))
+  text.check_sampling(**dict(args, top_k=np.int64(5)))     # numpy integers are integers
+
+
+def test_generate_without_prompts_and_fill_mask_with_a_fractional_top_k_are_refused():
+  model = _model('gpt')
+  model.tokenizer = _Tokenizer()
+  with pytest.raises(ValueError, match='generate got no prompts; expected a list of at least '
+                                       'one text'):
+    model.generate([])
+  bert = _model('bert')
+  bert.tokenizer = _Tokenizer()
+  with pytest.raises(ValueError, match=r'top_k=2.5 is out of range; expected an integer from 1 '
+                                       r'to the vocabulary size 97'):
+    bert.fill_mask('a [MASK] b', top_k=2.5)
+
+
+class _Tokenizer:
+  """Enough of a tokenizer for the checks before any text is encoded."""
+  vocab_size, eos_id, pad_id, cls_id, sep_id, mask_id = modeling.VOCAB, 1, 0, 2, 3, 4

@@ -33,16 +33,22 @@ def _right_pad(rows, pad_id, width=None):
   return ids, seg
 
 
+def is_int(value) -> bool:
+  """An integer, not a bool (True would be 1 token) or a float."""
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_sampling(max_new_tokens, temperature, top_k, top_p, vocab_size=None) -> None:
   """ValueError naming the first sampling value out of range (top_k against `vocab_size` when
   given; a script checks before loading the model, generate_text again with it)."""
   top_k_max = vocab_size if vocab_size is not None else float('inf')
   for name, value, ok, expected in (
-      ('max_new_tokens', max_new_tokens, isinstance(max_new_tokens, (int, np.integer)) and
-       max_new_tokens >= 1, 'an integer >= 1'),
+      ('max_new_tokens', max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 1,
+       'an integer >= 1'),
       ('temperature', temperature, temperature >= 0, '>= 0 (0 = greedy)'),
-      ('top_k', top_k, 0 <= top_k <= top_k_max,
-       '0 (no filter) to the vocabulary size' + (f' {vocab_size}' if vocab_size else '')),
+      ('top_k', top_k, is_int(top_k) and 0 <= top_k <= top_k_max,
+       'an integer from 0 (no filter) to the vocabulary size' + (
+           f' {vocab_size}' if vocab_size else '')),
       ('top_p', top_p, 0 < top_p <= 1, 'in (0, 1] (1 = no nucleus filter)')):
     if not ok:
       raise ValueError(f'{name}={value!r} is out of range; expected {expected}')
@@ -58,6 +64,9 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
   check_sampling(max_new_tokens, temperature, top_k, top_p, cfg.vocab_size)
   if isinstance(prompts, str):
     raise ValueError('generate takes a list of prompts; expected [text, ...], got one string')
+  prompts = list(prompts)
+  if not prompts:
+    raise ValueError('generate got no prompts; expected a list of at least one text')
   mode = family_of(cfg).generation
   if mode not in GENERATORS:
     raise ValueError(f'generation needs a gpt or t5 model; this one is {cfg.family!r} '
@@ -128,8 +137,8 @@ def fill_mask(model, text: str, top_k: int = 5) -> list:
     raise ValueError(f'fill_mask needs a BERT model; this one is {model.family!r}')
   tok = _language_model(model, 'fill_mask')
   vocab = model.model_config.vocab_size
-  if not 1 <= top_k <= vocab:
-    raise ValueError(f'top_k={top_k!r} is out of range; expected 1 to the '
+  if not (is_int(top_k) and 1 <= top_k <= vocab):
+    raise ValueError(f'top_k={top_k!r} is out of range; expected an integer from 1 to the '
                      f'vocabulary size {vocab}')
   pieces = text.split(MASK_TEXT)
   if len(pieces) < 2:
