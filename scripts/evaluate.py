@@ -4,7 +4,10 @@ Metric names are the train loop's: loss (the training objective: LM + z-loss + N
 lm_perplexity, lm_accuracy, lm_top5_accuracy, z_loss, nsp_loss, nsp_accuracy.
 
   python scripts/evaluate.py --workdir runs/tiny/gpt [--files 'my/*.jsonl'] [--split validation]
-                             [--random_init] [--batches 20] [--step 300]
+                             [--random_init] [--batches N] [--step 300]
+
+--batches defaults to the run's train.eval_batches: with the run's batch size, the numbers of
+its last validation (metrics.jsonl) for that checkpoint.
 
 The masking / span noise uses the config's fixed data seed, so two runs print the same numbers.
 Ends with one JSON line of metrics.
@@ -25,8 +28,9 @@ _FILES = flags.DEFINE_string('files', '', 'evaluate on these C4-format files ins
 _SPLIT = flags.DEFINE_string('split', '', 'split to read (default: config.data.eval_split)')
 _RANDOM = flags.DEFINE_bool('random_init', False, 'evaluate the untrained architecture (the '
                             "workdir's config and tokenizer, fresh parameters; step null)")
-_BATCHES = flags.DEFINE_integer('batches', 20, 'batches to evaluate (0 = the whole split)',
-                                lower_bound=0)
+_BATCHES = flags.DEFINE_integer('batches', None, 'batches to evaluate (0 = the whole split; '
+                                'default: the run\'s train.eval_batches, so the numbers of its '
+                                'last validation)', lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: train batch)',
                                    lower_bound=0)
 _STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)', lower_bound=0)
@@ -57,8 +61,8 @@ def main(argv):
                               repeat=False, model_max_len=model.model_config.max_len)
   params = (eval_lib.random_init_params(model.model_config, config.train.seed)
             if _RANDOM.value else model.params)
-  metrics = model.evaluate(batches, _BATCHES.value, params=params,
-                           progress=eval_lib.Progress(_BATCHES.value))
+  count = _BATCHES.value if _BATCHES.value is not None else config.train.get('eval_batches', 0)
+  metrics = model.evaluate(batches, count, params=params, progress=eval_lib.Progress(count))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
   print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,
                     'split': split, 'random_init': _RANDOM.value, **metrics}))

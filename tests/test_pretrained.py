@@ -222,8 +222,8 @@ def test_training_time_eval_and_evaluate_script_print_the_same_numbers(cache, tm
   loop.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     logged = [json.loads(line) for line in f if '"eval"' in line][-1]
-  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', workdir,
-         '--batches', str(config.train.eval_batches)]
+  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', workdir]
+  # (no --batches: it defaults to the run's train.eval_batches, as a user runs it)
   printed = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
                                       env=dict(os.environ)).stdout.strip().splitlines()[-1])
   names = {'loss', 'lm_loss', 'lm_perplexity', 'lm_accuracy', 'lm_top5_accuracy', 'z_loss',
