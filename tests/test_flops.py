@@ -53,3 +53,24 @@ def test_head_counted_on_max_predictions_positions():
                                                                          head_positions=4)
   assert whole - gathered == 2 * (16 - 4) * (2 * 8 * 1000 + 2 * 8 * 8)   # unembedding + transform
   assert flops.forward_flops(cfg, 2, 16, head_positions=32) == whole
+
+
+def test_a_classification_step_counts_no_lm_head_and_a_linear_probe_no_backward():
+  """Fine-tuning's MFU counted the LM head, which a classification step never runs, and a
+  linear probe's backbone backward, which stop_gradient skips (review K: 80% MFU shown)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  for family in ('gpt', 'bert'):
+    cfg = tiny(family)
+    b, t = 3, 10
+    headless = flops.forward_flops(cfg, b, t) - b * t * 2 * 32 * 97 - (
+        b * t * 2 * 32 * 32 if family == 'bert' else 0)          # unembedding (+ transform)
+    assert flops.train_flops(cfg, b, t, lm_head=False) == 3 * headless
+    assert flops.train_flops(cfg, b, t, lm_head=False, frozen_backbone=True) == headless
+    pretrain = family_of(cfg).init_batch(t)
+    pretrain = {k: np.repeat(v, b, axis=0) for k, v in pretrain.items()}
+    classify = {k: v for k, v in pretrain.items() if k != family_of(cfg).target_key}
+    assert metrics.batch_cost(cfg, pretrain) == (b * t, flops.train_flops(cfg, b, t))
+    assert metrics.batch_cost(cfg, classify) == (b * t, 3 * headless)
+    assert metrics.batch_cost(cfg, classify, frozen_backbone=True) == (b * t, headless)

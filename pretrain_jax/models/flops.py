@@ -24,9 +24,20 @@ def _attention(cfg: ModelConfig, batch: int, q_len: int, kv_len: int, causal: bo
   return flops / 2 if causal else flops
 
 
+NO_LM_HEAD = -1   # head_positions of a step that never runs the LM head (classification)
+
+
 def head_length(length: int, head_positions: int) -> int:
-  """Positions per row the LM head runs on (all, or train.max_predictions_per_seq)."""
+  """Positions per row the LM head runs on (all, or train.max_predictions_per_seq; none for
+  NO_LM_HEAD)."""
+  if head_positions == NO_LM_HEAD:
+    return 0
   return min(head_positions, length) if head_positions > 0 else length
+
+
+def lm_head_flops(cfg: ModelConfig, batch: int, length: int, head_positions: int = 0) -> float:
+  """The unembedding over `length` positions per row (or head_positions of them)."""
+  return batch * head_length(length, head_positions) * 2.0 * cfg.emb_dim * cfg.vocab_size
 
 
 def stack_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool,
@@ -34,7 +45,7 @@ def stack_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool,
   """A single self-attention stack (GPT, BERT) plus its unembedding."""
   total = cfg.num_layers * (batch * seq_len * _block_dense(cfg)
                             + _attention(cfg, batch, seq_len, seq_len, causal))
-  return total + batch * head_length(seq_len, head_positions) * 2 * cfg.emb_dim * cfg.vocab_size
+  return total + lm_head_flops(cfg, batch, seq_len, head_positions)
 
 
 def encoder_decoder_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int,
@@ -51,7 +62,7 @@ def encoder_decoder_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len
   total += cfg.decoder_layers * (dec_dense
                                  + _attention(cfg, batch, target_len, target_len, True)
                                  + _attention(cfg, batch, target_len, seq_len, False))
-  return total + batch * head_length(target_len, head_positions) * 2 * e * v
+  return total + lm_head_flops(cfg, batch, target_len, head_positions)
 
 
 def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int = 0,
@@ -64,6 +75,12 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int = 
 
 
 def train_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int = 0,
-                head_positions: int = 0) -> float:
-  """Model FLOPs of one training step: 3 x forward (rematerialisation is NOT counted)."""
-  return 3.0 * forward_flops(cfg, batch, seq_len, target_len, head_positions)
+                head_positions: int = 0, *, lm_head: bool = True,
+                frozen_backbone: bool = False) -> float:
+  """Model FLOPs of one training step: 3 x forward (rematerialisation is NOT counted).
+  `lm_head=False`: a classification step of GPT / BERT, which never runs the unembedding.
+  `frozen_backbone`: a linear probe, whose backbone runs forward only (1 x; its small head's
+  backward is not counted)."""
+  forward = forward_flops(cfg, batch, seq_len, target_len,
+                          head_positions if lm_head else NO_LM_HEAD)
+  return (1.0 if frozen_backbone else 3.0) * forward

@@ -291,7 +291,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
       batch = global_batch(next(train_iter), batch_sharding)
       if step == start:
         tokens_per_step, flops_per_step = metrics_lib.batch_cost(
-            model_cfg, batch, steps.max_predictions)
+            model_cfg, batch, steps.max_predictions, bool(t.get('freeze_backbone', False)))
       profiler.before(step)
       state, metrics = steps.train_step(state, batch)
       step += 1

@@ -53,13 +53,19 @@ def _cpu_flops_per_cycle() -> int:
     return 32
 
 
-def batch_cost(model_cfg, batch: dict, max_predictions: int = 0) -> tuple:
+def batch_cost(model_cfg, batch: dict, max_predictions: int = 0,
+               frozen_backbone: bool = False) -> tuple:
   """(tokens, model FLOPs) of one train step on `batch`. Tokens are input positions (T5:
   encoder + decoder); FLOPs are pretrain_jax.models.flops' analytic matmul count (PaLM-style
-  MFU), the LM head counted on `max_predictions` positions per row when that is set."""
-  batch_size, length, target_len = family_of(model_cfg).lengths(batch)
+  MFU) of what the step runs: the LM head on `max_predictions` positions per row when that is
+  set, and not at all for a batch without LM targets (classification); a frozen backbone (a
+  linear probe) forward only."""
+  family = family_of(model_cfg)
+  batch_size, length, target_len = family.lengths(batch)
   return (batch_size * (length + target_len),
-          flops.train_flops(model_cfg, batch_size, length, target_len, max_predictions))
+          flops.train_flops(model_cfg, batch_size, length, target_len, max_predictions,
+                            lm_head=family.target_key in batch,
+                            frozen_backbone=frozen_backbone))
 
 
 class StepClock:
