@@ -299,3 +299,14 @@ def test_transfer_runs_share_the_loaded_init_and_each_starts_from_it(cache, tmp_
   rows = transfer.run_transfer(modeling.tiny_finetune_config(init), str(tmp_path / 'tr'),
                                modes=('linear_probe', 'full'), seeds=(0, 1))
   assert [(r['mode'], r['steps']) for r in rows] == [('linear_probe', 2)] * 2 + [('full', 2)] * 2
+
+
+def test_load_pretrained_in_a_notebook_prints_no_orbax_notes(gpt_workdir):
+  """A read-only checkpoint manager logged three warnings that it is read-only on every load
+  (the CLI quiets absl; a notebook does not)."""
+  code = (f'import pretrain_jax; m = pretrain_jax.load_pretrained({gpt_workdir!r}); '
+          'print("step", m.step)')
+  run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ), timeout=300, check=True)
+  assert run.stdout.strip().splitlines()[-1] == 'step 6'
+  assert 'read_only' not in run.stderr and 'read only' not in run.stderr, run.stderr[-2000:]

@@ -23,6 +23,7 @@ holds exactly that shard (same mesh), others are counted as unchecked. Restored 
 arrays must also be finite. The host copy costs one device->host transfer of the state per save.
 """
 import json
+import logging as py_logging
 import sys
 import time
 import zlib
@@ -424,6 +425,19 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
     config.data.tokenizer = copy
   return config
+
+
+class _ReadOnlyNotes(py_logging.Filter):
+  """Drops orbax's warnings that a read-only manager is read-only (three per load_pretrained
+  in a notebook, where cli.quiet does not run)."""
+
+  def filter(self, record) -> bool:
+    message = record.getMessage()
+    return not ('CheckpointManagerOptions.read_only=True, setting' in message
+                or message.startswith('Given directory is read only'))
+
+
+py_logging.getLogger('absl').addFilter(_ReadOnlyNotes())
 
 
 def _reader(directory: str):
