@@ -285,7 +285,18 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(cache, tmp
       timed = [r for r in map(json.loads, f) if 'tokens_per_sec' in r]
     assert timed and all(low < r['non_padding_fraction'] <= high for r in timed), timed
   shutil.move(init, str(tmp_path / 'moved'))
-  assert set(pretrain_jax.load_pretrained(ft).predict(['a b c'])) <= {'original', 'shuffled'}
+  fine_tuned = pretrain_jax.load_pretrained(ft)
+  assert set(fine_tuned.predict(['a b c'])) <= {'original', 'shuffled'}
+  # Single sentences: pairs are refused (they were read as one longer input); and the other way.
+  assert saved['task']['pairs'] is False
+  with pytest.raises(ValueError, match=r"text_pairs given: this model was fine-tuned on task "
+                                       r"'word_order' of single sentences; expected "
+                                       r"predict\(texts\) alone"):
+    fine_tuned.predict(['a b c'], ['d e'])
+  fine_tuned.config.task.pairs = True
+  with pytest.raises(ValueError, match=r'text_pairs missing: .* of sentence pairs; expected '
+                                       r'predict\(texts, text_pairs\)'):
+    fine_tuned.predict(['a b c'])
 
 
 def test_transfer_runs_share_the_loaded_init_and_each_starts_from_it(cache, tmp_path):

@@ -50,6 +50,11 @@ class Task:
   prefix: str = ''             # T5 input prefix, e.g. 'sst2 sentence'
 
   @property
+  def pairs(self) -> bool:
+    """Examples are sentence pairs (text, text_pair)."""
+    return any(e.get('text_pair') is not None for e in self.splits['train'])
+
+  @property
   def text_to_text(self) -> bool:
     return 'targets' in self.splits['train'][0]
 

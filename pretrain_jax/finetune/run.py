@@ -105,6 +105,7 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.task.labels = list(task.labels)
   config.task.metric = task.metric
   config.task.prefix = task.prefix
+  config.task.pairs = task.pairs            # what predict() must be given
   tokenizer_path = init.config.get('data', {}).get('tokenizer', '') or config.init
   config.data.tokenizer = paths.absolute(tokenizer_path)
   if config.data.seq_len > init.model_config.max_len:

@@ -152,6 +152,14 @@ class Pretrained:
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
     if len(pairs) != len(texts):
       raise ValueError(f'{len(texts)} texts but {len(pairs)} text_pairs; expected one each')
+    trained_on_pairs = self.config.task.get('pairs')   # (None: a workdir from before it)
+    if trained_on_pairs is not None and not text_to_text and trained_on_pairs != (
+        text_pairs is not None):
+      raise ValueError(
+          f'text_pairs {"missing" if trained_on_pairs else "given"}: this model was fine-tuned '
+          f'on task {self.config.task.get("name")!r} of '
+          f'{"sentence pairs" if trained_on_pairs else "single sentences"}; expected '
+          f'{"predict(texts, text_pairs)" if trained_on_pairs else "predict(texts) alone"}')
     if text_to_text and text_pairs is not None:
       raise ValueError('text_pairs given to a T5 fine-tuned on inputs -> targets; expected '
                        'the inputs alone')

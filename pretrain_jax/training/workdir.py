@@ -41,7 +41,8 @@ FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_b
              'train.allow_config_change', 'train.loss_chunk_len',
              'train.max_predictions_per_seq', 'data.tokenizer', 'data.tfds_data_dir',
              'data.prepared_dir', 'data.num_parallel_calls', 'data.prefetch', 'data.eval_split',
-             'data.num_streams')   # the data position holds the resolved count, and checks it
+             'data.num_streams',   # the data position holds the resolved count, and checks it
+             'task.pairs')         # derived from the task, whose name and labels are checked
 # Keys a resume may change when named in train.allow_config_change: the optimization changes,
 # the state and data stream keep their meaning.
 ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
