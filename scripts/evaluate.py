@@ -6,8 +6,9 @@ lm_perplexity, lm_accuracy, lm_top5_accuracy, z_loss, nsp_loss, nsp_accuracy.
   python scripts/evaluate.py --workdir runs/tiny/gpt [--files 'my/*.jsonl'] [--split validation]
                              [--random_init] [--batches N] [--step 300]
 
---batches defaults to the run's train.eval_batches: with the run's batch size, the numbers of
-its last validation (metrics.jsonl) for that checkpoint.
+--batches defaults to the run's train.eval_batches: the numbers of its last validation
+(metrics.jsonl) for that checkpoint; with --files, --split or --batch_size, to 20. The JSON
+line says how many batches were read.
 
 The masking / span noise uses the config's fixed data seed, so two runs print the same numbers.
 Ends with one JSON line of metrics.
@@ -30,7 +31,8 @@ _RANDOM = flags.DEFINE_bool('random_init', False, 'evaluate the untrained archit
                             "workdir's config and tokenizer, fresh parameters; step null)")
 _BATCHES = flags.DEFINE_integer('batches', None, 'batches to evaluate (0 = the whole split; '
                                 'default: the run\'s train.eval_batches, so the numbers of its '
-                                'last validation)', lower_bound=0)
+                                'last validation; 20 with --files, --split or --batch_size)',
+                                lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: train batch)',
                                    lower_bound=0)
 _STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)', lower_bound=0)
@@ -61,7 +63,10 @@ def main(argv):
                               repeat=False, model_max_len=model.model_config.max_len)
   params = (eval_lib.random_init_params(model.model_config, config.train.seed)
             if _RANDOM.value else model.params)
-  count = _BATCHES.value if _BATCHES.value is not None else config.train.get('eval_batches', 0)
+  count = _BATCHES.value
+  if count is None:   # the run's own validation, unless other data or batch size are asked for
+    same = not (_FILES.value or _SPLIT.value or _BATCH_SIZE.value)
+    count = config.train.get('eval_batches', 0) if same else 20
   metrics = model.evaluate(batches, count, params=params, progress=eval_lib.Progress(count))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
   print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,

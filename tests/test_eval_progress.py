@@ -3,6 +3,7 @@ the train loop's."""
 import io
 
 import numpy as np
+import pytest
 
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import metrics as metrics_lib
@@ -65,3 +66,14 @@ def test_train_eta_is_the_runs_wall_pace_with_its_evaluations_and_saves():
   assert clock.lap() == 1.0             # throughput: steps only
   assert clock.eta(10) == 10 * 14.0 / 8  # 8 steps took 14 s of wall time
   assert clock.mean_step_time() == 1.0
+
+
+def test_interval_mean_of_a_huge_loss_logs_an_infinite_perplexity():
+  """math.exp overflowed (OverflowError, a crash) where jnp.exp gave inf: a finite but
+  diverging loss must still be logged, and check_finite stop the run when it is not finite."""
+  rows = [dict(loss=1000.0, lm_loss=1000.0, lm_perplexity=float('inf'), learning_rate=0.1,
+               grad_norm=3.0, state_finite=1.0)] * 2
+  out = metrics_lib.interval_mean(rows)
+  assert out['lm_perplexity'] == float('inf') and out['loss'] == 1000.0
+  small = metrics_lib.interval_mean([dict(rows[0], lm_loss=1.0), dict(rows[0], lm_loss=3.0)])
+  assert small['lm_perplexity'] == pytest.approx(np.exp(2.0))

@@ -763,3 +763,21 @@ def _train_rows(workdir, log_every) -> dict:
   train(gpt(steps=10, checkpoint_every=3, log_every=log_every), workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     return {r['step']: r for r in map(json.loads, f) if r['split'] == 'train'}
+
+
+def test_a_metrics_write_that_fails_before_a_save_does_not_stop_the_save(tmp_path, capsys,
+                                                                        monkeypatch):
+  """Rows are written before each checkpoint (gs:// buffers them); a failed write (a GCS
+  blip) must not cost the checkpoint, least of all a preemption's."""
+  flush, calls = metrics_lib.MetricWriter.flush, []
+
+  def blip(self):                                  # the first write fails, later ones work
+    calls.append(1)
+    if len(calls) == 1:
+      raise OSError('503 Service Unavailable')
+    flush(self)
+  monkeypatch.setattr(metrics_lib.MetricWriter, 'flush', blip)
+  result = train(gpt(steps=2, checkpoint_every=1), tmp_path)
+  assert result['checkpoint_steps'] == [1, 2]
+  assert ('warning: metrics not written before saving step 1 (503 Service Unavailable); '
+          'saving') in capsys.readouterr().err

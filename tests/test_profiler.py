@@ -51,3 +51,24 @@ def test_bad_profile_values_are_refused_before_anything_is_written(tmp_path, key
   with pytest.raises(ValueError, match=rf'train\.{key}={value!r}; expected a number of steps'):
     _train(_gpt(steps=2, **{key: value}), tmp_path / 'w')
   assert not os.path.exists(tmp_path / 'w')
+
+
+def test_traced_steps_are_not_throughput_and_a_passed_window_is_not_traced_again(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  _train(_gpt(steps=6, profile_steps=2, profile_start_step=2), tmp_path)   # traces 3..4
+  with open(tmp_path / 'metrics.jsonl') as f:
+    timed = {r['step'] for r in map(json.loads, f) if 'tokens_per_sec' in r}
+  assert timed == {2, 5, 6}, timed  # not 1 (compiling) nor 3..4 (traced)
+  _train(_gpt(steps=8, profile_steps=2, profile_start_step=2), tmp_path)   # resumed at 6
+  assert len(_traces(tmp_path)) == 1
+
+
+def test_a_trace_that_fails_to_start_does_not_stop_the_run(tmp_path, capsys, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def busy(*a, **k):
+    raise RuntimeError('Profile has already been started')
+  monkeypatch.setattr(jax.profiler, 'start_trace', busy)
+  assert _train(_gpt(steps=3, profile_steps=1), tmp_path)['step'] == 3
+  assert ('warning: the profile could not start (RuntimeError: Profile has already been '
+          'started); training on') in capsys.readouterr().err

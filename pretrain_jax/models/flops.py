@@ -51,7 +51,7 @@ def stack_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool,
 def encoder_decoder_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int,
                           head_positions: int = 0) -> float:
   """T5: encoder over seq_len, causal decoder over target_len with cross-attention, head."""
-  e, v = cfg.emb_dim, cfg.vocab_size
+  e = cfg.emb_dim
   enc_tokens, dec_tokens = batch * seq_len, batch * target_len
   total = cfg.num_layers * (enc_tokens * _block_dense(cfg)
                             + _attention(cfg, batch, seq_len, seq_len, False))

@@ -428,13 +428,12 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 class _ReadOnlyNotes(py_logging.Filter):
-  """Drops orbax's warnings that a read-only manager is read-only (three per load_pretrained
-  in a notebook, where cli.quiet does not run)."""
+  """Drops orbax's warning that a read-only manager's directory is read-only (on every
+  load_pretrained in a notebook, where cli.quiet does not run; _reader's options avoid the
+  others)."""
 
   def filter(self, record) -> bool:
-    message = record.getMessage()
-    return not ('CheckpointManagerOptions.read_only=True, setting' in message
-                or message.startswith('Given directory is read only'))
+    return not record.getMessage().startswith('Given directory is read only')
 
 
 py_logging.getLogger('absl').addFilter(_ReadOnlyNotes())
@@ -442,16 +441,18 @@ py_logging.getLogger('absl').addFilter(_ReadOnlyNotes())
 
 def _reader(directory: str):
   return ocp.CheckpointManager(directory, item_names=('state', 'data', 'checksums'),
-                               options=ocp.CheckpointManagerOptions(read_only=True))
+                               options=ocp.CheckpointManagerOptions(
+                                   read_only=True, save_interval_steps=0, create=False))
 
 
 def read_params(directory: str, step: int, target, manager=None):
   """The parameters of checkpoint `step` under `directory` (not the optimizer state), placed as
   `target` (abstract arrays with shardings) and verified against the saved checksums. Any
   failure is a CheckpointError naming the checkpoint."""
-  reader = manager or _reader(directory)
+  reader = manager
   path = paths.join(directory, str(step))
   try:
+    reader = reader or _reader(directory)
     restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
             {'params': target}), partial_restore=True)))
@@ -462,7 +463,7 @@ def read_params(directory: str, step: int, target, manager=None):
   except Exception as e:  # pylint: disable=broad-exception-caught
     raise CheckpointError(_restore_failed(path, e)) from e
   finally:
-    if manager is None:
+    if manager is None and reader is not None:
       reader.close()
   params = restored['state']['params']
   verify({'params': params}, sums, path)

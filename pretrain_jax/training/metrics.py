@@ -218,7 +218,8 @@ def interval_mean(rows: list) -> dict:
   if 'state_finite' in out:
     out['state_finite'] = min(float(r['state_finite']) for r in rows)
   if 'lm_perplexity' in out:
-    out['lm_perplexity'] = math.exp(out['lm_loss'])
+    loss = out['lm_loss']
+    out['lm_perplexity'] = math.exp(loss) if loss < 709.0 else math.inf   # (as jnp.exp)
   return out
 
 
