@@ -293,13 +293,13 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
       if step == start:
         tokens_per_step, flops_per_step = metrics_lib.batch_cost(
             model_cfg, batch, steps.max_predictions, bool(t.get('freeze_backbone', False)))
-      tracing = profiler.before(step)
+      profiler.before(step)
       state, metrics = steps.train_step(state, batch)
       step += 1
       checkpointer.poll(step)                    # a failed background save stops the run now
       history.append((step, metrics))
       clock.stepped(metrics)
-      if profiler.after_step(step, metrics) or tracing:
+      if profiler.after_step(step, metrics) or profiler.active:
         clock.pause()                            # traced steps are not training throughput
       stopping = stop.agreed()
       log_now = step % t.log_every == 0 or step == t.steps or stopping
@@ -313,11 +313,8 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
         history = []
       if log_now:
         last, window = metrics_lib.interval_mean(window), []
-        if profiler.active:                      # traced steps are not training throughput
-          clock.pause()
-          step_time = None
-        else:
-          step_time = clock.lap()                # None right after the first (compiling) step
+        step_time = clock.lap()                  # None after the first (compiling) step, or
+                                                 # traced ones (paused)
         if step_time:
           last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
                       mfu=flops_per_step / step_time / peak_flops,

@@ -48,10 +48,10 @@ class StepProfiler:
   def active(self) -> bool:
     return self.local is not None
 
-  def before(self, step: int) -> bool:
-    """Called with the number of steps done before the next one runs; True if it started."""
+  def before(self, step: int) -> None:
+    """Called with the number of steps done before the next one runs."""
     if not (self.enabled and not self.active and step == self.after):
-      return False
+      return
     self.enabled = False                          # one trace per run
     local = (tempfile.mkdtemp(prefix='pretrain_jax-profile-')
              if paths.is_remote(self.target) else self.target)
@@ -59,9 +59,8 @@ class StepProfiler:
       jax.profiler.start_trace(local, create_perfetto_trace=True)
     except Exception as e:  # pylint: disable=broad-exception-caught  (not worth a run)
       self.line(f'warning: the profile could not start ({type(e).__name__}: {e}); training on')
-      return False
+      return
     self.local = local
-    return True
 
   def after_step(self, step: int, outputs) -> bool:
     """Called with the steps done and the last step's outputs: stops after the last one
