@@ -117,6 +117,10 @@ def test_a_run_that_is_all_warmup_and_a_stretched_decay_are_said():
   assert opt_lib.schedule_change(t, 60, 60) == (
       'note: train.steps 60 -> 100 moves the end of the linear decay: the learning rate at step '
       '60 goes 0 -> 0.4')
+  t.warmup_steps = 80                 # step 60 is in warmup under both horizons
+  assert opt_lib.schedule_change(t, 60, 60).endswith(
+      'the learning rate at step 60 stays 0.75 (still in warmup)')
+  t.warmup_steps = 0
   assert opt_lib.schedule_change(t, 100, 60) is None and opt_lib.schedule_change(t, None, 60) is None
   t.schedule = 'rsqrt'
   assert opt_lib.schedule_change(t, 60, 60) is None   # no horizon: nothing moves

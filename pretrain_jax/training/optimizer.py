@@ -70,9 +70,11 @@ def schedule_change(t, old_steps, step: int):
     return None
   old = t.copy_and_resolve_references()
   old.steps = int(old_steps)
-  before, after = float(make_schedule(old)(step)), float(make_schedule(t)(step))
+  before, after = (f'{float(make_schedule(s)(step)):.3g}' for s in (old, t))
+  change = f'goes {before} -> {after}' if before != after else f'stays {before}' + (
+      ' (still in warmup)' if step < t.warmup_steps else '')
   return (f'note: train.steps {old_steps} -> {t.steps} moves the end of the {t.schedule} decay: '
-          f'the learning rate at step {step} goes {before:.3g} -> {after:.3g}')
+          f'the learning rate at step {step} {change}')
 
 
 def decay_mask(params):
