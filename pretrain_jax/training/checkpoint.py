@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
+from pretrain_jax.training import agreement
 from pretrain_jax.training import state as state_lib
 
 CONFIG_FILE = 'config.json'
@@ -89,6 +90,7 @@ class Checkpointer:
     self.pending = None  # the step of the save that may still be writing
     self.failed = None   # the step of a save reported as failed
     self.step = None     # the last step trained (poll): where a failure stops the run
+    self._poll_error, self._poll_done, self._lagged = None, False, agreement.Lagged()
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -107,6 +109,8 @@ class Checkpointer:
       for name, rows in part.items():
         sums.setdefault(name, []).extend(rows)
     self.pending = int(step)
+    self._poll_error, self._poll_done = None, False
+    self._lagged.reset()
     try:
       self.manager.save(int(step), force=True, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
@@ -121,10 +125,11 @@ class Checkpointer:
 
   def _agreed(self, *calls, flag: bool = True) -> bool:
     """Runs `calls`; raises CheckpointSaveError on every process if one raised on any, else
-    returns `flag` ANDed over the processes (one all-gather for both on several)."""
-    error = None
+    returns `flag` ANDed over the processes (one all-gather for both on several). An error
+    `poll` caught and has not yet agreed on counts (orbax raises each error once)."""
+    error = self._poll_error
     try:
-      for call in calls:
+      for call in calls if error is None else ():
         call()
     except Exception as e:  # pylint: disable=broad-exception-caught
       error = e
@@ -136,17 +141,28 @@ class Checkpointer:
 
   def poll(self, step: int) -> None:
     """Call after every train step: while a background save is writing, raises
-    CheckpointSaveError the first step after it failed (no host thread, which orbax's cleanup
-    does not tolerate). Non-blocking; on several hosts one small all-gather per step, and only
-    while a save is in flight, so every process stops at the same step."""
+    CheckpointSaveError soon after it failed (no host thread, which orbax's cleanup does not
+    tolerate). Non-blocking: on several hosts the processes' (ok, done) flags are agreed
+    agreement.Lagged.LAG steps late, so every process stops at the same step."""
     self.step = step
     if self.pending is None:
       return
-    done = not self.manager.is_saving_in_progress()
-    # Once the finalize thread has ended, joining it is immediate and raises its error.
-    calls = (self.manager.check_for_errors,) + ((self.manager.wait_until_finished,) if done
-                                                else ())
-    if self._agreed(*calls, flag=done):
+    if self._poll_error is None and not self._poll_done:
+      self._poll_done = not self.manager.is_saving_in_progress()
+      try:  # once the finalize thread has ended, joining it is immediate and raises its error
+        self.manager.check_for_errors()
+        if self._poll_done:
+          self.manager.wait_until_finished()
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        self._poll_error = e
+    flags = self._lagged.agree([self._poll_error is None, self._poll_done])
+    if flags is None:
+      return
+    ok, done = flags.all(axis=0)
+    if not ok:
+      error = self._poll_error or RuntimeError('the save failed on another process')
+      raise self._save_error(error) from error
+    if done:
       self.pending = None
 
   def _save_error(self, error) -> CheckpointSaveError:

@@ -2,7 +2,6 @@
 
 Side effects (files, logs, signals, checkpoints) happen here; the step itself is pure.
 """
-import collections
 import functools
 import json
 import math
@@ -11,11 +10,11 @@ import signal
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.models.attention import runnable_implementation
+from pretrain_jax.training import agreement
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
@@ -75,23 +74,6 @@ def global_batch(batch: dict, sharding) -> dict:
           for k, v in batch.items()}
 
 
-@functools.cache
-def _any_of_processes():
-  """(jitted any over one flag per process -> replicated bool, the flags' sharding)."""
-  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1),
-                           ('processes', 'local'))
-  return (jax.jit(jax.numpy.any, out_shardings=NamedSharding(mesh, P())),
-          NamedSharding(mesh, P('processes')))
-
-
-def _any_process(flag: bool) -> jax.Array:
-  """Whether `flag` is set on any process, as a replicated array (dispatched, not waited for)."""
-  any_fn, sharding = _any_of_processes()
-  local = np.asarray([flag])
-  return any_fn(jax.make_array_from_single_device_arrays(
-      (jax.process_count(),), sharding, [jax.device_put(local, d) for d in jax.local_devices()]))
-
-
 class StopRequest:
   """SIGTERM (Cloud TPU preemption notice) or Ctrl-C (SIGINT) sets a flag the loop polls after
   each step: it saves that step and stops. A second SIGTERM is ignored until the save is
@@ -99,10 +81,8 @@ class StopRequest:
   being written still completes). A SIGINT the process was started ignoring (`nohup ... &`)
   stays ignored."""
 
-  LAG = 2   # steps between gathering the processes' flags and reading them (several hosts)
-
   def __init__(self):
-    self.requested, self.name, self._gathers = False, None, collections.deque()
+    self.requested, self.name, self._lagged = False, None, agreement.Lagged()
     signals = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT)
                                   is not signal.SIG_IGN else [])
     self._previous = {s: signal.signal(s, self._handler) for s in signals}
@@ -121,16 +101,10 @@ class StopRequest:
                   b'without this save)\n')
 
   def agreed(self) -> bool:
-    """True on every process when any process got the signal. Several processes: each step
-    starts an all-gather of the flags and reads the one started LAG steps before (the same one
-    on every process, so all stop after the same step): a host runs up to LAG steps ahead of
-    the device instead of waiting for each step's own (2-process CPU run: 7.6-7.9k vs 7.0-7.2k
-    tokens/s)."""
-    if jax.process_count() == 1:
-      return self.requested
-    self._gathers.append(_any_process(self.requested))
-    if len(self._gathers) <= self.LAG or not np.asarray(
-        self._gathers.popleft().addressable_data(0)):
+    """True on every process, after the same step, when any process got the signal (on several,
+    agreement.Lagged.LAG steps after it)."""
+    flags = self._lagged.agree([self.requested])
+    if flags is None or not flags.any():
       return False
     self.requested = True                 # (another process's notice: this one stops too)
     return True
