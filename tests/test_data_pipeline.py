@@ -270,3 +270,25 @@ def test_a_position_in_changed_files_is_refused(tokenizer, tmp_path):
                                        r'position was saved and has 40 documents of [0-9,]+ '
                                        'bytes now'):
     rewritten.set_state(state)
+
+
+def test_a_sentinel_spelled_in_a_document_is_not_the_objectives_sentinel(tokenizer, tmp_path):
+  """'<extra_id_0>' in a document is a piece of a tokenizer trained here (and of T5's Hugging
+  Face tokenizer); kept, span corruption's inputs held two <extra_id_0> and the target could
+  not say which span it fills. Pre-training text maps it to <unk>, or drops it where the
+  tokenizer has none (seqio spells it out as plain text)."""
+  doc = 'T5 writes a masked span as <extra_id_0> in its inputs.'
+  raw = tokenizer.encode_batch([doc])[0]
+  sentinel = tokenizer.sentinel_id(0)
+  assert raw.count(sentinel) == 1
+  (tmp_path / 'd.jsonl').write_text(json.dumps({'text': doc}) + '\n')
+  dc = config('clm', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0, num_streams=1)
+  for tok, expected in [(tokenizer, [tokenizer.unk_id if i == sentinel else i for i in raw]),
+                        (MinimalTokenizer(tokenizer), [i for i in raw if i != sentinel])]:
+    b = next(data.make_dataset(dc, tok, split='train', batch_size=1, repeat=False))
+    assert list(b['inputs'][0][b['segment_ids'][0] == 1]) == expected
+  dc = config('span_corruption', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0,
+              num_streams=1)
+  b = next(data.make_dataset(dc, tokenizer, split='train', batch_size=1, repeat=False))
+  assert (b['encoder_input_tokens'][0] == sentinel).sum() == 1    # the one span corruption put
+  assert (b['decoder_target_tokens'][0] == sentinel).sum() == 1

@@ -232,6 +232,36 @@ def test_one_process_refusing_stops_the_other_at_once_with_one_line(tmp_path):
   assert 'Check failure' not in err0 + err1
 
 
+LAGGED = """
+import json, sys
+from pretrain_jax import cli
+cli.join_processes(f'127.0.0.1:{sys.argv[1]}', 2, int(sys.argv[2]), 60)
+from pretrain_jax.training import agreement
+lagged, me, seen = agreement.Lagged(), int(sys.argv[2]), []
+for step in range(7):
+  if step == 4:
+    lagged.reset()
+  agreed = lagged.agree([step == 1 and me == 1, me == 0])
+  seen.append(None if agreed is None else agreed.tolist())
+print(json.dumps(seen))
+"""
+
+
+def test_lagged_agreement_answers_two_calls_late_with_every_process_flags(tmp_path):
+  """The stop and save-poll agreement: call n answers with every process's flags of call n - 2
+  (process 1's notice at call 1 reaches both at call 3), and a reset starts over."""
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, '-c', LAGGED, str(port), str(i)], cwd=ROOT,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+  quiet, noticed = [[False, True], [False, False]], [[False, True], [True, False]]
+  for out, _ in outs:   # a reset at call 4: calls 4 and 5 answer nothing yet
+    assert json.loads(out.strip().splitlines()[-1]) == [None, None, quiet, noticed, None, None,
+                                                        quiet]
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_process_saves_one_step_on_both_and_the_resume_continues(tmp_path):
   """A preemption notice may reach one worker of a slice first: both processes stop after the

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from pretrain_jax.data import sources
+from pretrain_jax.data import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
@@ -26,10 +27,22 @@ CHAIN_BELOW_DOCS = 100_000  # stream shares smaller than this chain epochs in on
 MAX_CHAINED_EPOCHS = 32     # ...up to this many (~2 ms each for an in-memory share)
 
 
+def _unk_id(tokenizer):
+  try:
+    return tokenizer.unk_id
+  except (AttributeError, ValueError):   # GPT-2's byte-level BPE has none
+    return None
+
+
 def _encoder(tokenizer):
   # The project's Tokenizer encodes a list in one sentencepiece call; others one by one.
   encode_list = getattr(tokenizer, 'encode_batch', None) or (
       lambda strings: [tokenizer.encode(t) for t in strings])
+  # Ids the objectives put in themselves (EOS, [CLS]/[SEP]/[MASK], T5's sentinels) that a
+  # document's text spells out ('<extra_id_0>' is a piece of a tokenizer trained here and of
+  # T5's Hugging Face tokenizer): as <unk>, or dropped where there is none. Kept, a literal
+  # sentinel is a second <extra_id_0> in span corruption's inputs that the target cannot name.
+  special, unk = tokenizer_lib.id_tables(tokenizer).special, _unk_id(tokenizer)
 
   def encode(texts):
     """(n,) bytes -> flat ids, lengths (n,), status (n,) 0 ok / 1 invalid UTF-8."""
@@ -43,6 +56,14 @@ def _encoder(tokenizer):
     ids = encode_list(strings)
     lengths = np.fromiter(map(len, ids), np.int32, len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+    spelled = special[flat]
+    if spelled.any():
+      if unk is not None:
+        flat[spelled] = unk
+      else:
+        doc = np.repeat(np.arange(len(ids)), lengths)
+        lengths -= np.bincount(doc[spelled], minlength=len(ids)).astype(np.int32)
+        flat = flat[~spelled]
     return flat, lengths, status
 
   return encode
