@@ -77,3 +77,22 @@ def test_interval_mean_of_a_huge_loss_logs_an_infinite_perplexity():
   assert out['lm_perplexity'] == float('inf') and out['loss'] == 1000.0
   small = metrics_lib.interval_mean([dict(rows[0], lm_loss=1.0), dict(rows[0], lm_loss=3.0)])
   assert small['lm_perplexity'] == pytest.approx(np.exp(2.0))
+
+
+def test_interval_rows_compute_mcc_and_f1_from_the_summed_confusion():
+  """Two steps, each of one class only (their own MCC 0, as evaluation defines it): the row's
+  MCC is that of the interval's counts, here every example right (1.0), not the steps' mean."""
+  base = dict(loss=0.5, learning_rate=0.1, grad_norm=1.0, state_finite=1.0, class_loss=0.5,
+              class_accuracy=1.0, class_mcc=0.0, class_f1=0.0)
+  rows = [dict(base, class_confusion=np.array([[3.0, 0.0], [0.0, 0.0]], np.float32)),
+          dict(base, class_confusion=np.array([[0.0, 0.0], [0.0, 5.0]], np.float32))]
+  out = metrics_lib.interval_mean(rows)
+  assert out['class_mcc'] == pytest.approx(1.0) and out['class_f1'] == pytest.approx(1.0)
+  assert 'class_confusion' not in out and out['class_accuracy'] == 1.0
+  # Against a reference: sklearn's formulas on 3 right of class 0, 1 wrong and 4 right of 1.
+  rows[1]['class_confusion'] = np.array([[0.0, 1.0], [0.0, 4.0]], np.float32)
+  out = metrics_lib.interval_mean(rows)
+  tp, tn, fp, fn = 4.0, 3.0, 1.0, 0.0
+  mcc = (tp * tn - fp * fn) / np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+  assert out['class_mcc'] == pytest.approx(mcc, rel=1e-6)
+  assert out['class_f1'] == pytest.approx(2 * tp / (2 * tp + fp + fn), rel=1e-6)

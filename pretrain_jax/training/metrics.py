@@ -20,9 +20,11 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 
 from pretrain_jax import paths
 from pretrain_jax.models import family_of, flops
+from pretrain_jax.training import task
 
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
 PEAK_TFLOPS = {'tpu v2': 45.0, 'tpu v3': 123.0, 'tpu v4': 275.0, 'tpu v5 lite': 197.0,
@@ -210,10 +212,18 @@ def interval_mean(rows: list) -> dict:
   """The train metrics of the steps since the previous train row -> one row, as t5x's
   AveragePerStep and the HF Trainer log them: each metric's mean over the steps (one batch's
   loss is noisy), except `learning_rate` (the schedule at the logged step), `state_finite`
-  (the worst) and `lm_perplexity` (exp of the mean lm_loss, not a mean of exps)."""
+  (the worst), `lm_perplexity` (exp of the mean lm_loss, not a mean of exps) and a head's
+  `{head}_mcc` / `{head}_f1`: of the interval's summed `{head}_confusion` counts (which the
+  row leaves out), as evaluation computes them (a batch's MCC is often 0: one class only)."""
   if not rows:
     raise ValueError('interval_mean needs at least one step\'s metrics')
-  out = {k: math.fsum(float(r[k]) for r in rows) / len(rows) for k in rows[-1]}
+  confusions = [k for k in rows[-1] if k.endswith('_confusion')]
+  out = {k: math.fsum(float(r[k]) for r in rows) / len(rows) for k in rows[-1]
+         if k not in confusions}
+  for key in confusions:
+    counts = np.sum([np.asarray(r[key], np.float64) for r in rows], axis=0)
+    out.update({f'{key[:-len("confusion")]}{name}': float(value) for name, value in
+                task.confusion_metrics(counts).items()})
   out['learning_rate'] = float(rows[-1]['learning_rate'])
   if 'state_finite' in out:
     out['state_finite'] = min(float(r['state_finite']) for r in rows)

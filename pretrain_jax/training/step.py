@@ -143,6 +143,8 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = task.metrics_from_sums(sums, denoms)
+    # (the counts too: a logged row's MCC / F1 are of its steps' summed counts)
+    metrics.update({k: v for k, v in sums.items() if k.endswith('_confusion')})
     metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
                    state_finite=all_finite((params, opt_state)))
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
