@@ -110,7 +110,8 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
                                        r"model\.dtype=bfloat16"):
     dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), implementation='cudnn')
   with pytest.raises(ValueError, match=r"attention implementation 'cudnn' has no attention "
-                                       r"dropout \(rate 0\.1\)"):
+                                       r"dropout \(rate 0\.1\); set model\.attention_impl="
+                                       r"'reference'"):
     dot_product_attention(q, k, v, implementation='cudnn', deterministic=False,
                           dropout_rate=0.1, dropout_rng=jax.random.key(0))
 

@@ -446,11 +446,14 @@ def test_leftover_temporary_folders_are_removed_at_start(tmp_path, capsys):
 
 # 7. Cadence errors and a run asked to go backwards.
 
-@pytest.mark.parametrize('key,value', [('checkpoint_every', 0), ('log_every', 0),
-                                       ('keep_checkpoints', -1)])
-def test_bad_cadence_is_refused(tmp_path, key, value):
-  with pytest.raises(ValueError, match=f'train.{key}={value}'):
+@pytest.mark.parametrize('key,value,hint', [
+    ('checkpoint_every', 0, 'a final checkpoint is always saved'),
+    ('log_every', 0, 'train.log_every >= train.steps logs only the last step'),
+    ('keep_checkpoints', -1, '')])
+def test_bad_cadence_is_refused(tmp_path, key, value, hint):
+  with pytest.raises(ValueError, match=f'train.{key}={value}') as raised:
     train(gpt(**{key: value}), tmp_path)
+  assert hint in str(raised.value)    # (the log_every error gave checkpoint_every's hint)
   assert not os.path.exists(tmp_path / 'config.json')
 
 

@@ -109,7 +109,7 @@ def test_a_run_that_is_all_warmup_and_a_stretched_decay_are_said():
   t = tiny_config('gpt', steps=4, warmup_steps=30, learning_rate=3e-3).train
   assert opt_lib.warmup_warning(t) == (
       'warning: train.warmup_steps=30 >= train.steps=4: the whole run is warmup and the learning '
-      'rate peaks at 0.0003, not train.learning_rate=0.003 (lower --config.train.warmup_steps)')
+      'rate peaks at 0.0003, not the configured 0.003 (lower --config.train.warmup_steps)')
   t.warmup_steps = 3
   assert opt_lib.warmup_warning(t) is None
   t = tiny_config('gpt', steps=100, warmup_steps=0, learning_rate=1.0, schedule='linear',

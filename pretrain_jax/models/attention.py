@@ -53,8 +53,9 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
   else:
     if use_dropout:
       raise ValueError(f'attention implementation {requested!r} has no attention '
-                       f'dropout (rate {dropout_rate}); use implementation="reference" or '
-                       'attention_dropout_rate=0')
+                       f'dropout (rate {dropout_rate}); set model.attention_impl=\'reference\' '
+                       '(implementation=\'reference\' in a direct call) or '
+                       'model.attention_dropout_rate=0')
     if bias is not None:
       bias = bias.astype(query.dtype)
     # cuDNN skips the blocks above the diagonal when told the mask is causal; XLA's path

@@ -58,7 +58,7 @@ def warmup_warning(t):
   if t.warmup_steps >= t.steps > 0:
     return (f'warning: train.warmup_steps={t.warmup_steps} >= train.steps={t.steps}: the whole '
             'run is warmup and the learning rate peaks at '
-            f'{float(make_schedule(t)(t.steps - 1)):.3g}, not train.learning_rate='
+            f'{float(make_schedule(t)(t.steps - 1)):.3g}, not the configured '
             f'{t.learning_rate} (lower --config.train.warmup_steps)')
   return None
 

@@ -295,9 +295,10 @@ def check_cadence(t) -> None:
   """Refuses train.* cadence values the loop cannot use."""
   for key in ('log_every', 'checkpoint_every'):
     if not isinstance(t[key], int) or t[key] <= 0:
-      raise ValueError(f'train.{key}={t[key]!r}; expected a positive number of steps (a '
-                       'final checkpoint is always saved: train.checkpoint_every >= '
-                       'train.steps saves only at the end)')
+      hint = ('train.log_every >= train.steps logs only the last step' if key == 'log_every' else
+              'a final checkpoint is always saved: train.checkpoint_every >= train.steps '
+              'saves only at the end')
+      raise ValueError(f'train.{key}={t[key]!r}; expected a positive number of steps ({hint})')
   eval_batches = t.get('eval_batches', 0)
   if not isinstance(eval_batches, int) or isinstance(eval_batches, bool) or eval_batches < 0:
     raise ValueError(f'train.eval_batches={eval_batches!r}; expected >= 0 batches per '
