@@ -102,6 +102,18 @@ def one_line(error: BaseException) -> str:
   return f'error: {text}'
 
 
+def argument_parser(description: str, **kw):
+  """argparse.ArgumentParser whose errors are one `error: ...; see --help` line (exit 2), as
+  absl's flags are here, not argparse's usage lines first."""
+  import argparse  # pylint: disable=g-import-not-at-top
+
+  class Parser(argparse.ArgumentParser):
+    def error(self, message):
+      print(f'error: {message}; see --help', file=sys.stderr)
+      sys.exit(2)
+  return Parser(description=description, **kw)
+
+
 def quiet(verbose: bool) -> None:
   """absl (orbax, tfds) and Python warnings at ERROR unless verbose."""
   import logging as py_logging  # pylint: disable=g-import-not-at-top
@@ -191,6 +203,22 @@ def define(define_flags):
     sys.exit(2)
 
 
+_CONFIG_TRACEBACK = 'Error whilst parsing config file:'
+
+
+def config_variant_error(text: str) -> str:
+  """ml_collections' 'flag --config=FILE:ARG: Error whilst parsing config file: Traceback ...
+  TypeError: ...' -> one line: the flag and the last line of the traceback (the error)."""
+  flag = text.split(': ' + _CONFIG_TRACEBACK)[0].removeprefix('flag ')
+  error = [line.strip() for line in text.splitlines() if line.strip()][-1]
+  if 'get_config() takes 0 positional arguments' in error:
+    error = ("this config file takes no ':variant'; expected "
+             f"{flag.split('=', 1)[0]}={flag.split('=', 1)[-1].rsplit(':', 1)[0]}")
+  else:
+    error = error.split(': ', 1)[-1] if re.match(r'\w+(Error|Exception): ', error) else error
+  return f'error: {flag}: {error}'
+
+
 def parse_flags(argv):
   """absl's flag parsing, with a parse error as one `error:` line and exit 2."""
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -200,6 +228,9 @@ def parse_flags(argv):
     asked = {'--help', '-h', '-?', '--helpshort', '--helpfull', '--helpxml'} & set(argv[1:])
     sys.exit(0 if asked and e.code == 1 else e.code)
   except flags.Error as e:
+    if _CONFIG_TRACEBACK in str(e) and 'Traceback' in str(e):   # get_config's, in the text
+      print(config_variant_error(str(e)), file=sys.stderr)
+      sys.exit(2)
     cause = e.__cause__ or e.__context__
     detail = f' ({one_line(cause)[7:]})' if cause and str(cause) not in str(e) else ''
     print(f'{one_line(e)}{detail}; see --helpshort', file=sys.stderr)
@@ -227,6 +258,34 @@ def parse_flags(argv):
               'configs/tiny_gpt.py (the configs/ directory lists them)', file=sys.stderr)
         sys.exit(2)
   return rest
+
+
+CONFIG_KINDS = {   # a config file's kind: (the keys that mark it, the commands that read it)
+    'fine-tuning': (('init', 'mode', 'task'), 'finetune, transfer'),   # (has model/data/train)
+    'chapter experiment': (('corpus', 'gpt', 'bert'), 'shakespeare'),
+    'pre-training': (('model', 'data', 'train'), 'train, describe, benchmark'),
+}
+
+
+def _a(kind: str) -> str:
+  return f'{"an" if kind[0] in "aeiou" else "a"} {kind}'
+
+
+def config_of(holder, kind: str):
+  """The config a DEFINE_config_file flag loaded, refused (ValueError: one `error:` line) when
+  it is another kind than the command reads, e.g. `describe --config configs/finetune.py`."""
+  config = holder.value
+  actual = next((k for k, (keys, _) in CONFIG_KINDS.items() if all(x in config for x in keys)),
+                None)
+  if actual == kind:
+    return config
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  path = getattr(flags.FLAGS[holder.name], 'config_filename', None) or '?'
+  what = (f'{_a(actual)} config (read by {CONFIG_KINDS[actual][1]})' if actual else
+          'not a config of any command (no ' + ', '.join(
+              k for k in CONFIG_KINDS[kind][0] if k not in config) + ' section)')
+  raise ValueError(f'--{holder.name}={path} is {what}; expected {_a(kind)} config (read by '
+                   f'{CONFIG_KINDS[kind][1]}; the README\'s configs/ table lists them)')
 
 
 def join_processes(address, num_processes, process_id, timeout_s: float) -> None:

@@ -29,7 +29,7 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
 def main(argv):
   del argv
   from pretrain_jax.perf import benchmark
-  config = _CONFIG.value
+  config = cli.config_of(_CONFIG, 'pre-training')
   bench = config.get('benchmark') or {}
   record = benchmark.benchmark_train_step(
       config, steps=_STEPS.value if _STEPS.value is not None else bench.get('steps', 10),

@@ -8,7 +8,6 @@ Each line: objective, tokens_per_s (positions of the encoder/input rows per seco
 real_tokens_per_s (non-padding ones), real_fraction, batches, seconds, warmup_s (start-up:
 opening the source, the first sentencepiece calls). Warm-up batches are not timed.
 """
-import argparse
 import json
 import os
 import time
@@ -18,7 +17,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p = cli.argument_parser(__doc__.split('\n')[0])
   p.add_argument('--seq_len', type=int, default=128)
   p.add_argument('--batch_size', type=int, default=16, help='rows per host')
   p.add_argument('--batches', type=int, default=1000, help='timed batches per objective')
@@ -34,6 +33,12 @@ def main(argv=None):
   for name, least in (('seq_len', 2), ('batch_size', 1), ('batches', 1), ('warmup', 0)):
     if getattr(args, name) < least:
       p.error(f'--{name}={getattr(args, name)}; expected an integer >= {least}')
+
+  known = ('clm', 'mlm', 'nsp', 'span_corruption')
+  unknown = [name for name in args.objectives.split(',') if name not in known]
+  if unknown:
+    p.error(f'--objectives={args.objectives}: {", ".join(map(repr, unknown))}; expected a '
+            f'comma-separated list of {", ".join(known)}')
 
   from configs import common
   from pretrain_jax import data

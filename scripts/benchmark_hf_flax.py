@@ -123,7 +123,7 @@ def patch_hf_t5(modeling):
 
 
 def parse_args():
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p = cli.argument_parser(__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument('--family', choices=FAMILIES, default='t5')
   p.add_argument('--rounds', type=int, default=20)
   p.add_argument('--steps', type=int, default=1, help='timed steps per model per round')

@@ -19,7 +19,7 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', loc
 
 def main(argv):
   del argv
-  cfg = ModelConfig.from_config(_CONFIG.value.model)
+  cfg = ModelConfig.from_config(cli.config_of(_CONFIG, 'pre-training').model)
   rows, total = describe.parameter_table(cfg)
   width = max(len(r[0]) for r in rows)
   for path, shape, axes, count in rows:

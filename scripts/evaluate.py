@@ -19,6 +19,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 from absl import flags
 
 from pretrain_jax import data
+from pretrain_jax.data import local_builder
 from pretrain_jax import hf
 from pretrain_jax.inference import load_pretrained
 from pretrain_jax.training import evaluate as eval_lib
@@ -56,6 +57,7 @@ def main(argv):
                      'fine-tune is evaluated on its task by scripts/finetune.py: the workdir\'s '
                      'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
   if _FILES.value:
+    local_builder.expand_files(_FILES.value, name='--files')   # errors name the flag
     config.data.update(files=_FILES.value, tfds_name='')
   split = _SPLIT.value or config.data.eval_split
   batches = data.make_dataset(config.data, model.tokenizer, split=split,

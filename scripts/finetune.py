@@ -30,7 +30,7 @@ _MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], '
 def main(argv):
   del argv
   from pretrain_jax import finetune  # pylint: disable=g-import-not-at-top
-  config = _CONFIG.value
+  config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name, config.mode = _INIT.value, _TASK.value, _MODE.value
   result = finetune.finetune(config, _WORKDIR.value)

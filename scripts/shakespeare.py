@@ -23,7 +23,7 @@ _CORPUS = flags.DEFINE_string('corpus', None, 'path of tinyshakespeare.txt', req
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config = cli.config_of(_CONFIG, 'chapter experiment')
   config.corpus = _CORPUS.value
   if not os.path.isfile(config.corpus):
     raise app.UsageError(f'--corpus={config.corpus!r} is not a file')

@@ -74,7 +74,7 @@ def main(argv):
   from pretrain_jax.hf import workdir as hf_workdir
   from pretrain_jax.models import ModelConfig
   from pretrain_jax.training import loop, synthetic
-  config = _CONFIG.value
+  config = cli.config_of(_CONFIG, 'pre-training')
   if jax.process_index() == 0:
     for problem in hf_config.export_problems(ModelConfig.from_config(config.model)):
       print(f'warning: trains, but cannot be exported to Hugging Face: {problem}',

@@ -9,7 +9,6 @@ Layout: 0 <pad>, 1 </s>, 2 <unk>, 3 [CLS], 4 [SEP], 5 [MASK], learned pieces, fi
 ▁<extra_id_99> ... ▁<extra_id_0> (the last id). Point config.data.tokenizer at the output.
 Prints one JSON line: path, vocab_size, pieces learned, characters read, seconds.
 """
-import argparse
 import json
 import sys
 import time
@@ -18,7 +17,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p = cli.argument_parser(__doc__.split('\n')[0])
   p.add_argument('--output', required=True, help='path of the .model file to write')
   p.add_argument('--type', default='unigram', choices=['unigram', 'bpe', 'char'])
   p.add_argument('--vocab_size', type=int, default=2048,
@@ -34,7 +33,9 @@ def main(argv=None):
   args = p.parse_args(argv)
 
   from configs import common
-  from pretrain_jax.data import sources, tokenizer
+  from pretrain_jax.data import local_builder, sources, tokenizer
+  if args.files:
+    local_builder.expand_files(args.files, name='--files')   # errors name the flag
   dc = common.data_config('clm', 128)
   dc.update(files=args.files, tfds_name=args.tfds_name, tfds_data_dir=args.tfds_data_dir,
             text_key=args.text_key)

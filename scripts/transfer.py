@@ -31,7 +31,7 @@ _SEEDS = flags.DEFINE_list('seeds', [], 'train.seed of each repeat of every run 
 def main(argv):
   del argv
   from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
-  config = _CONFIG.value
+  config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name = _INIT.value, _TASK.value
   sizes = _integers('sizes', _SIZES.value, 'integers (0 = all examples)')

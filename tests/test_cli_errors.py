@@ -70,6 +70,28 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      "error: unexpected arguments ['[--sizes', '200,0]']; expected only flags"),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', 'config.train.steps=3'],
      "error: unexpected arguments ['config.train.steps=3']; expected only flags"),
+    # a config of another command: AttributeError / TypeError tracebacks from inside before
+    ('describe.py', ['--config', 'configs/finetune.py'],
+     'error: --config=configs/finetune.py is a fine-tuning config (read by finetune, transfer); '
+     'expected a pre-training config (read by train, describe, benchmark;'),
+    ('train.py', ['--config', 'configs/shakespeare_char.py', '--workdir', 'W'],
+     'is a chapter experiment config (read by shakespeare); expected a pre-training config'),
+    ('finetune.py', ['--config', 'configs/tiny_gpt.py', '--init', 'W', '--task', 'word_order',
+                     '--workdir', 'W'],
+     'is a pre-training config (read by train, describe, benchmark); expected a fine-tuning'),
+    # a config file's own error: was one line with ml_collections' traceback flattened in it
+    ('describe.py', ['--config', 'configs/tiny_gpt.py:foo'],
+     "error: --config=configs/tiny_gpt.py:foo: this config file takes no ':variant'; expected "
+     '--config=configs/tiny_gpt.py'),
+    ('shakespeare.py', ['--corpus', 'x', '--config=configs/shakespeare_char.py:prodct'],
+     "error: --config=configs/shakespeare_char.py:prodct: shakespeare_char variant 'prodct'; "
+     "expected one of ('chapter', 'product')"),
+    # argparse scripts: one line, naming the flag the user typed
+    ('benchmark_data.py', ['--objectives', 'clm,clmm'],
+     "error: --objectives=clm,clmm: 'clmm'; expected a comma-separated list of clm, mlm, nsp, "
+     'span_corruption; see --help'),
+    ('train_tokenizer.py', ['--output', 'W', '--files', 'nomatch/*.jsonl'],
+     "error: --files: 'nomatch/*.jsonl' matches no file"),
 ])
 def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]

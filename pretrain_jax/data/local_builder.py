@@ -37,25 +37,25 @@ EXTENSIONS = ('.jsonl.gz', '.json.gz', '.jsonl', '.json', '.txt.gz', '.txt')
 FORMAT_VERSION = 1  # bump when the parsing below changes, so cached datasets are rebuilt
 
 
-def expand_files(pattern: str) -> list:
+def expand_files(pattern: str, name: str = 'config.data.files') -> list:
   """Paths matching a glob, sorted, or comma-separated globs' in their order; a file two globs
   match is read once (twice, its documents would be trained on twice, and could be in both
-  splits). Errors name what is wrong."""
+  splits). Errors name what is wrong, and `name` (a script's flag, e.g. --files)."""
   paths = {}   # (a dict: insertion order, and one entry per file)
   for part in [p.strip() for p in pattern.split(',') if p.strip()]:
     matched = paths_lib.glob(part)
     if not matched:
-      raise FileNotFoundError(f'config.data.files: {part!r} matches no file')
+      raise FileNotFoundError(f'{name}: {part!r} matches no file')
     paths.update(dict.fromkeys(matched))
   paths = list(paths)
   if not paths:
-    raise FileNotFoundError(f'config.data.files={pattern!r} names no file')
+    raise FileNotFoundError(f'{name}={pattern!r} names no file')
   for p in paths:
     if not p.endswith(EXTENSIONS) and paths_lib.isdir(p):   # (one stat only where it fails)
-      raise ValueError(f'config.data.files: {p!r} is a directory; expected files or a glob '
+      raise ValueError(f'{name}: {p!r} is a directory; expected files or a glob '
                        f'such as {paths_lib.join(p, "*.jsonl")!r}')
     if not p.endswith(EXTENSIONS):
-      raise ValueError(f'config.data.files: {p!r} has an unsupported extension; expected one of '
+      raise ValueError(f'{name}: {p!r} has an unsupported extension; expected one of '
                        f'{", ".join(EXTENSIONS)}')
   return paths
 
