@@ -34,14 +34,14 @@ def main(argv=None):
     if getattr(args, name) < least:
       p.error(f'--{name}={getattr(args, name)}; expected an integer >= {least}')
 
-  known = ('clm', 'mlm', 'nsp', 'span_corruption')
+  from configs import common
+  from pretrain_jax import data
+  from pretrain_jax.data import pipeline
+  known = sorted(pipeline.OBJECTIVES + ('nsp',))   # nsp: mlm with next-sentence pairs
   unknown = [name for name in args.objectives.split(',') if name not in known]
   if unknown:
     p.error(f'--objectives={args.objectives}: {", ".join(map(repr, unknown))}; expected a '
             f'comma-separated list of {", ".join(known)}')
-
-  from configs import common
-  from pretrain_jax import data
   for name in args.objectives.split(','):
     objective = 'mlm' if name == 'nsp' else name
     dc = common.data_config(objective, args.seq_len)
