@@ -276,15 +276,18 @@ def test_a_sentinel_spelled_in_a_document_is_not_the_objectives_sentinel(tokeniz
   """'<extra_id_0>' in a document is a piece of a tokenizer trained here (and of T5's Hugging
   Face tokenizer); kept, span corruption's inputs held two <extra_id_0> and the target could
   not say which span it fills. Pre-training text maps it to <unk>, or drops it where the
-  tokenizer has none (seqio spells it out as plain text)."""
+  tokenizer has none or its <unk> is itself special (seqio spells it out as plain text)."""
   doc = 'T5 writes a masked span as <extra_id_0> in its inputs.'
   raw = tokenizer.encode_batch([doc])[0]
   sentinel = tokenizer.sentinel_id(0)
   assert raw.count(sentinel) == 1
   (tmp_path / 'd.jsonl').write_text(json.dumps({'text': doc}) + '\n')
   dc = config('clm', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0, num_streams=1)
+  unk_is_eos = MinimalTokenizer(tokenizer)   # GPT-2 folders saved by transformers: unk = EOS
+  unk_is_eos.unk_id = tokenizer.eos_id
   for tok, expected in [(tokenizer, [tokenizer.unk_id if i == sentinel else i for i in raw]),
-                        (MinimalTokenizer(tokenizer), [i for i in raw if i != sentinel])]:
+                        (MinimalTokenizer(tokenizer), [i for i in raw if i != sentinel]),
+                        (unk_is_eos, [i for i in raw if i != sentinel])]:
     b = next(data.make_dataset(dc, tok, split='train', batch_size=1, repeat=False))
     assert list(b['inputs'][0][b['segment_ids'][0] == 1]) == expected
   dc = config('span_corruption', files=str(tmp_path / 'd.jsonl'), validation_fraction=0.0,

@@ -43,6 +43,8 @@ def _encoder(tokenizer):
   # T5's Hugging Face tokenizer): as <unk>, or dropped where there is none. Kept, a literal
   # sentinel is a second <extra_id_0> in span corruption's inputs that the target cannot name.
   special, unk = tokenizer_lib.id_tables(tokenizer).special, _unk_id(tokenizer)
+  if unk is not None and special[unk]:  # GPT-2 folders saved by transformers: unk = EOS
+    unk = None
 
   def encode(texts):
     """(n,) bytes -> flat ids, lengths (n,), status (n,) 0 ok / 1 invalid UTF-8."""
