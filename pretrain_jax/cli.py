@@ -215,7 +215,7 @@ def config_variant_error(text: str) -> str:
     error = ("this config file takes no ':variant'; expected "
              f"{flag.split('=', 1)[0]}={flag.split('=', 1)[-1].rsplit(':', 1)[0]}")
   else:
-    error = error.split(': ', 1)[-1] if re.match(r'\w+(Error|Exception): ', error) else error
+    error = error.split(': ', 1)[-1] if re.match(r'[\w.]+(Error|Exception): ', error) else error
   return f'error: {flag}: {error}'
 
 

@@ -36,7 +36,9 @@ def main(argv=None):
 
   from configs import common
   from pretrain_jax import data
-  from pretrain_jax.data import pipeline
+  from pretrain_jax.data import local_builder, pipeline
+  if args.files:
+    local_builder.expand_files(args.files, name='--files')   # errors name the flag
   known = sorted(pipeline.OBJECTIVES + ('nsp',))   # nsp: mlm with next-sentence pairs
   unknown = [name for name in args.objectives.split(',') if name not in known]
   if unknown:

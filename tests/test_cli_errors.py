@@ -92,6 +92,8 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      'span_corruption; see --help'),
     ('train_tokenizer.py', ['--output', 'W', '--files', 'nomatch/*.jsonl'],
      "error: --files: 'nomatch/*.jsonl' matches no file"),
+    ('benchmark_data.py', ['--files', 'nomatch/*.jsonl'],
+     "error: --files: 'nomatch/*.jsonl' matches no file"),
 ])
 def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
@@ -180,3 +182,13 @@ def test_a_process_whose_peers_never_join_exits_with_one_line(tmp_path):
       f'error: --multihost: not all 2 processes joined the coordinator {address} within 3 s '
       '(--init_timeout)'), done.stderr[-3000:]
   assert 'Check failure' not in done.stderr and not os.path.exists(tmp_path / 'w')
+
+
+def test_a_config_files_own_error_drops_a_module_qualified_exception_name():
+  from pretrain_jax import cli  # pylint: disable=g-import-not-at-top
+  text = ('flag --config=configs/x.py:a: Error whilst parsing config file: Traceback (most '
+          'recent call last):\n  File "configs/x.py", line 3, in get_config\n'
+          'module.sub.CustomError: bad value')
+  assert cli.config_variant_error(text) == 'error: --config=configs/x.py:a: bad value'
+  assert cli.config_variant_error(text.replace('module.sub.CustomError', 'ValueError')) == \
+      'error: --config=configs/x.py:a: bad value'

@@ -449,7 +449,7 @@ def test_leftover_temporary_folders_are_removed_at_start(tmp_path, capsys):
 @pytest.mark.parametrize('key,value,hint', [
     ('checkpoint_every', 0, 'a final checkpoint is always saved'),
     ('log_every', 0, 'train.log_every >= train.steps logs only the last step'),
-    ('keep_checkpoints', -1, '')])
+    ('keep_checkpoints', -1, '0 keeps all')])
 def test_bad_cadence_is_refused(tmp_path, key, value, hint):
   with pytest.raises(ValueError, match=f'train.{key}={value}') as raised:
     train(gpt(**{key: value}), tmp_path)
