@@ -85,6 +85,8 @@ def get_config(variant: str = 'chapter') -> ml_collections.ConfigDict:
   c.heldout_chars = (80_000, 100_000)  # BERT held-out masked-LM characters
   c.mlm_probability = 0.15          # BERT: selected share (80% [MASK] / 10% random / 10% kept)
   c.eval_seed = 1234                # fixed masking of the held-out windows
+  c.eval_draws = 20                 # BERT: also the mean over this many maskings (seeds
+                                    # eval_seed, eval_seed + 1, ...) and its spread
   c.seed = 0                        # added to every seed (data, masking, init, dropout)
   if variant == 'chapter':
     c.gpt = ml_collections.ConfigDict({'train': _train(600)})

@@ -36,6 +36,7 @@ def main(argv):
         f"{b['heldout_top1']:.3f} top-5 {b['heldout_top5']:.3f} (published 0.569 / 0.857; "
         f"random init {b['random_init_top1']:.3f} / {b['random_init_top5']:.3f})",
         file=sys.stderr)
+  print(char_lm.draws_line(b), file=sys.stderr)
   print(json.dumps(result))
 
 

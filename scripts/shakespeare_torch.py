@@ -10,7 +10,8 @@ seed) and evaluation batches are the project's (`pretrain_jax.experiments.char_l
 scripts differ only in the framework. Needs torch (the `test` extra). Prints a summary on
 stderr and one JSON line whose shared keys mean what scripts/shakespeare.py's do: seed;
 gpt.train_seconds, final_train_loss, valid_perplexity; bert.train_seconds, final_train_loss,
-heldout_top1, heldout_top5 (plus framework and threads; no random-init baselines).
+heldout_top1, heldout_top5 and the means over config.eval_draws maskings (heldout_top1_mean,
+...; char_lm.mlm_draws), plus framework and threads; no random-init baselines.
 """
 import argparse
 import json
@@ -106,10 +107,9 @@ def evaluate_gpt(model, ids, length):
 
 
 @torch.no_grad()
-def evaluate_bert(model, ids, length, vocab, seed, probability):
-  b = char_lm.mlm_eval_batch(ids, length, vocab, seed, probability)
-  logits = model(torch.from_numpy(b['inputs']).long()).numpy()
-  return char_lm.topk_accuracy(logits, b)
+def evaluate_bert(model, ids, length, vocab, seed, probability, draws):
+  logits_of = lambda inputs: model(torch.from_numpy(inputs).long()).numpy()
+  return char_lm.mlm_draws(logits_of, ids, length, vocab, seed, probability, draws)
 
 
 def main():
@@ -130,16 +130,19 @@ def main():
   bert, bert_s, bert_loss = train(config.bert, splits['train'], len(vocab), args.seed,
                                   config.mlm_probability)
   acc = evaluate_bert(bert, splits['heldout'], config.bert.model.max_len, len(vocab),
-                      config.eval_seed, config.mlm_probability)
+                      config.eval_seed, config.mlm_probability, config.eval_draws)
   print(f'torch GPT  {config.gpt.train.steps} steps in {gpt_s:.1f}s: validation perplexity '
         f'{ppl:.2f}', file=sys.stderr)
   print(f"torch BERT {config.bert.train.steps} steps in {bert_s:.1f}s: held-out top-1 "
         f"{acc['top1']:.3f} top-5 {acc['top5']:.3f}", file=sys.stderr)
+  draws = {f'heldout_{k}': acc[k] for k in char_lm.DRAW_KEYS}
+  print(char_lm.draws_line(draws), file=sys.stderr)
   print(json.dumps({'framework': 'torch', 'threads': torch.get_num_threads(), 'seed': args.seed,
                     'gpt': {'train_seconds': round(gpt_s, 2), 'final_train_loss': gpt_loss,
                             'valid_perplexity': ppl},
                     'bert': {'train_seconds': round(bert_s, 2), 'final_train_loss': bert_loss,
-                             'heldout_top1': acc['top1'], 'heldout_top5': acc['top5']}}))
+                             'heldout_top1': acc['top1'], 'heldout_top5': acc['top5'],
+                             **draws}}))
 
 
 if __name__ == '__main__':

@@ -35,6 +35,8 @@ def test_short_protocol_learns(tmp_path):
   bert = result['bert']
   assert bert['heldout_top1'] > bert['random_init_top1'] + 0.1
   assert bert['heldout_top5'] > bert['heldout_top1']
+  assert bert['heldout_draws'] == config.eval_draws > 1
+  assert bert['heldout_top1_mean'] > bert['random_init_top1'] + 0.1
   with pytest.raises(ValueError, match='needs at least'):
     config.heldout_chars = (10_000, 1_000_000)
     char_lm.run(config)
@@ -96,3 +98,31 @@ def test_scan_steps_are_the_same_steps():
   bound = 2 * family.train.learning_rate * 3
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=bound),
                scanned.params, one.params)
+
+
+def test_mlm_draws_summarise_separate_maskings():
+  """draws=K: the first draw is the protocol's single masking; the mean and spread are those of
+  K evaluations masked with seeds s .. s + K - 1, scored one by one."""
+  vocab_size, length, seed = 9, 6, 5
+  ids = np.random.default_rng(0).integers(0, vocab_size - 1, 300).astype(np.int32)
+  weights = np.random.default_rng(1).standard_normal((vocab_size, vocab_size))
+  logits_of = lambda inputs: weights[inputs]                       # a fixed toy "model"
+  got = char_lm.mlm_draws(logits_of, ids, length, vocab_size, seed, 0.15, draws=4)
+  one_by_one = []
+  for i in range(4):
+    batch = char_lm.mlm_eval_batch(ids, length, vocab_size, seed + i, 0.15)
+    one_by_one.append(char_lm.topk_accuracy(logits_of(batch['inputs']), batch))
+  assert len({r['top1'] for r in one_by_one}) > 1          # the maskings do differ
+  for key in ('top1', 'top5', 'masked_positions'):
+    assert got[key] == one_by_one[0][key]
+  for key in ('top1', 'top5'):
+    values = [r[key] for r in one_by_one]
+    np.testing.assert_allclose(got[f'{key}_mean'], np.mean(values), rtol=1e-12)
+    np.testing.assert_allclose(got[f'{key}_draw_std'], np.std(values, ddof=1), rtol=1e-12)
+    np.testing.assert_allclose(got[f'{key}_se'], np.std(values, ddof=1) / 2, rtol=1e-12)
+  single = char_lm.mlm_draws(logits_of, ids, length, vocab_size, seed, 0.15)
+  assert single['top1'] == single['top1_mean'] == one_by_one[0]['top1']
+  assert single['top1_se'] == 0.0
+  for bad in (0, -1, 2.5, True):
+    with pytest.raises(ValueError, match=f'eval_draws={bad!r}; expected a positive'):
+      char_lm.mlm_draws(logits_of, ids, length, vocab_size, seed, 0.15, draws=bad)

@@ -16,6 +16,8 @@ from pretrain_jax.objectives import mlm
 from pretrain_jax.training import mesh as mesh_lib, state as state_lib, step as step_lib, task
 
 MASK = '[MASK]'
+DRAW_KEYS = ('draws', 'top1_mean', 'top1_draw_std', 'top1_se', 'top5_mean', 'top5_draw_std',
+             'top5_se')
 
 
 def char_vocab(text: str) -> list:
@@ -145,10 +147,47 @@ def topk_accuracy(logits, batch) -> dict:
           'masked_positions': int(selected.sum())}
 
 
-def evaluate_bert(cfg, params, ids, seed, probability) -> dict:
-  batch = mlm_eval_batch(ids, cfg.max_len, cfg.vocab_size, seed, probability)
-  logits = jax.jit(lambda p, x: _lm_logits(cfg, p, x))(params, batch['inputs'])
-  return topk_accuracy(logits, batch)
+def check_draws(draws):
+  if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+    raise ValueError(f'eval_draws={draws!r}; expected a positive number of maskings')
+
+
+def mlm_draws(logits_of, ids, length, vocab_size, seed, probability, draws=1) -> dict:
+  """Held-out top-1 / top-5 over `draws` maskings of the same windows (seeds seed, seed + 1,
+  ...). `logits_of(inputs (W, T)) -> (W, T, V)` is the model, any framework.
+
+  Returns the first draw's numbers (top1, top5, masked_positions: the protocol's one fixed
+  masking) and, over all draws, their means (top1_mean, top5_mean), the draw-to-draw standard
+  deviation (top1_draw_std, top5_draw_std: how far one masking's number may sit from the
+  mean) and the mean's standard error (top1_se, top5_se).
+  """
+  check_draws(draws)
+  results = []
+  for i in range(draws):
+    batch = mlm_eval_batch(ids, length, vocab_size, seed + i, probability)
+    results.append(topk_accuracy(logits_of(batch['inputs']), batch))
+  out = dict(results[0], draws=draws)
+  for key in ('top1', 'top5'):
+    values = np.array([r[key] for r in results])
+    std = float(values.std(ddof=1)) if draws > 1 else 0.0
+    out.update({f'{key}_mean': float(values.mean()), f'{key}_draw_std': std,
+                f'{key}_se': std / np.sqrt(draws)})
+  return out
+
+
+def draws_line(result) -> str:
+  """One line on how much the held-out numbers move with the masking drawn."""
+  r = {k: result[f'heldout_{k}'] for k in DRAW_KEYS}
+  return (f"     over {r['draws']} maskings of the held-out windows: top-1 "
+          f"{r['top1_mean']:.3f} +- {r['top1_se']:.3f} (one masking's spread "
+          f"{r['top1_draw_std']:.3f}), top-5 {r['top5_mean']:.3f} +- {r['top5_se']:.3f} "
+          f"({r['top5_draw_std']:.3f})")
+
+
+def evaluate_bert(cfg, params, ids, seed, probability, draws=1) -> dict:
+  logits = jax.jit(lambda p, x: _lm_logits(cfg, p, x))
+  return mlm_draws(lambda inputs: logits(params, inputs), ids, cfg.max_len, cfg.vocab_size,
+                   seed, probability, draws)
 
 
 def _lm_logits(cfg, params, inputs):
@@ -180,6 +219,7 @@ def _with_seed(family_config, seed):
 def run(config) -> dict:
   """The whole protocol; returns the numbers the script prints. `config.seed` shifts every
   seed (data windows, masking, initialisation, dropout) for a run-to-run spread."""
+  check_draws(config.get('eval_draws', 1))
   vocab, ids = load_splits(config)
   seed = int(config.get('seed', 0))
   gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,
@@ -192,7 +232,9 @@ def run(config) -> dict:
       mlm_probability=config.mlm_probability)
   eval_cfg = bert_cfg.replace(deterministic=True)
   heldout = ids['heldout']
-  bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability)
+  draws = config.get('eval_draws', 1)
+  bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability,
+                       draws)
   random_params = state_lib.run_once(lambda key: build(eval_cfg).init(key, heldout[None, :48]),
                                      jax.random.key(1))['params']
   random_init = evaluate_bert(eval_cfg, nn.unbox(random_params), heldout, config.eval_seed,
@@ -205,6 +247,9 @@ def run(config) -> dict:
                   'valid_perplexity_full_context': gpt_full['perplexity']},
           'bert': {'steps': config.bert.train.steps, 'train_seconds': round(bert_s, 2),
                    'final_train_loss': bert_train_loss, 'heldout_top1': bert['top1'],
-                   'heldout_top5': bert['top5'], 'random_init_top1': random_init['top1'],
+                   'heldout_top5': bert['top5'],
+                   # the same windows masked `draws` times: means, spread of one draw, SE
+                   **{f'heldout_{k}': bert[k] for k in DRAW_KEYS},
+                   'random_init_top1': random_init['top1'],
                    'random_init_top5': random_init['top5'],
                    'masked_positions': bert['masked_positions']}}
