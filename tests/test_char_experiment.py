@@ -126,3 +126,7 @@ def test_mlm_draws_summarise_separate_maskings():
   for bad in (0, -1, 2.5, True):
     with pytest.raises(ValueError, match=f'eval_draws={bad!r}; expected a positive'):
       char_lm.mlm_draws(logits_of, ids, length, vocab_size, seed, 0.15, draws=bad)
+  config = shakespeare_char.get_config()   # refused before the corpus is read or a step runs
+  config.eval_draws = 0
+  with pytest.raises(ValueError, match='eval_draws=0; expected a positive'):
+    char_lm.run(config)

@@ -219,7 +219,8 @@ def _with_seed(family_config, seed):
 def run(config) -> dict:
   """The whole protocol; returns the numbers the script prints. `config.seed` shifts every
   seed (data windows, masking, initialisation, dropout) for a run-to-run spread."""
-  check_draws(config.get('eval_draws', 1))
+  draws = config.get('eval_draws', 1)
+  check_draws(draws)                   # before minutes of training, not after
   vocab, ids = load_splits(config)
   seed = int(config.get('seed', 0))
   gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,
@@ -232,7 +233,6 @@ def run(config) -> dict:
       mlm_probability=config.mlm_probability)
   eval_cfg = bert_cfg.replace(deterministic=True)
   heldout = ids['heldout']
-  draws = config.get('eval_draws', 1)
   bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability,
                        draws)
   random_params = state_lib.run_once(lambda key: build(eval_cfg).init(key, heldout[None, :48]),
