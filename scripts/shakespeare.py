@@ -8,17 +8,39 @@ and the training wall time of each; ends with one JSON line.
 import json
 import os
 import sys
+import time
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import app, flags
+import numpy as np
 from ml_collections import config_flags
 
 from pretrain_jax.experiments import char_lm
+from pretrain_jax.training import metrics as metrics_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs',
                            'shakespeare_char.py'), 'experiment config')
 _CORPUS = flags.DEFINE_string('corpus', None, 'path of tinyshakespeare.txt', required=True)
+
+
+def progress(name: str, steps: int, chars_per_step: int):
+  """A train() callback printing step, loss, characters/s and ETA on stderr after every jitted
+  call; the pace counts from the end of the first call (which compiles)."""
+  first = []
+
+  def report(done, metrics):
+    loss = float(np.ravel(metrics['loss'])[-1])
+    now = time.perf_counter()
+    line = f'{name} step {done}/{steps} | loss {loss:.4f}'
+    if first and done > first[1]:
+      seconds_per_step = (now - first[0]) / (done - first[1])
+      line += (f' | {chars_per_step / seconds_per_step:,.0f} chars/s | eta '
+               f'{metrics_lib.format_eta((steps - done) * seconds_per_step)}')
+    else:
+      first.extend([now, done])
+    print(line, file=sys.stderr, flush=True)
+  return report
 
 
 def main(argv):
@@ -28,7 +50,7 @@ def main(argv):
   if not os.path.isfile(config.corpus):
     raise app.UsageError(f'--corpus={config.corpus!r} is not a file')
   cli.use_cpu_devices(config.cpu_devices)
-  result = char_lm.run(config)
+  result = char_lm.run(config, progress)
   g, b = result['gpt'], result['bert']
   print(f"GPT  {g['steps']} steps in {g['train_seconds']:.1f}s: validation perplexity "
         f"{g['valid_perplexity']:.2f} (published 5.69)", file=sys.stderr)

@@ -130,3 +130,20 @@ def test_mlm_draws_summarise_separate_maskings():
   config.eval_draws = 0
   with pytest.raises(ValueError, match='eval_draws=0; expected a positive'):
     char_lm.run(config)
+
+
+def test_progress_reports_every_call_and_ends_on_the_last_step():
+  """train(progress=...) hears of every jitted call, one call late, and of the last when
+  training ends: the steps done and that call's metrics (its last step's loss is returned)."""
+  config = shakespeare_char.get_config()
+  family = config.gpt
+  family.model.max_len = 12
+  family.train.update(steps=5, steps_per_call=2, batch_size=4)
+  heard = []
+  ids = (np.arange(400) % 29).astype(np.int32)
+  _, _, _, final_loss = char_lm.train(
+      family, config.mesh, ids, 30,
+      progress=lambda done, metrics: heard.append((done, np.ravel(metrics['loss']).copy())))
+  assert [done for done, _ in heard] == [2, 4, 5]
+  assert [len(losses) for _, losses in heard] == [2, 2, 1]
+  assert float(heard[-1][1][-1]) == final_loss

@@ -68,11 +68,15 @@ def _stacked(make, k):
   return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
 
 
-def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probability=0.15):
+def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probability=0.15,
+          progress=None):
   """Train one model; returns (ModelConfig, params, seconds, final train loss).
 
   `train.steps_per_call` K > 1 runs K steps per jitted call (a lax.scan over K pre-drawn
   batches): the same steps, one dispatch and one set of step buffers per K of them.
+  `progress(steps_done, metrics)`, if given, is called once per call with that call's metrics
+  (the last step's loss is `metrics['loss'][-1]`), one call late so that reading them never
+  holds up the next dispatch; the last call's when training ends.
   """
   cfg = ModelConfig.from_config({**family_config.model.to_dict(), 'vocab_size': vocab_size})
   t = family_config.train
@@ -86,15 +90,20 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
                      np.random.default_rng(seed), mlm_probability)
   start = time.perf_counter()
   state = trainer.create_state(t.seed)
-  done = 0
+  done, unreported = 0, None
   while done < t.steps:
     n = min(k, t.steps - done)
     if n == 1:
       state, metrics = trainer.train_step(state, make())
     else:
       state, metrics = trainer.scan_steps(state, _stacked(make, n))
+    if progress is not None and unreported is not None:
+      progress(*unreported)
     done += n
+    unreported = (done, metrics)
   jax.block_until_ready(state)
+  if progress is not None:
+    progress(*unreported)
   return cfg, state.params, time.perf_counter() - start, float(np.ravel(metrics['loss'])[-1])
 
 
@@ -216,21 +225,26 @@ def _with_seed(family_config, seed):
   return out
 
 
-def run(config) -> dict:
+def run(config, progress=None) -> dict:
   """The whole protocol; returns the numbers the script prints. `config.seed` shifts every
-  seed (data windows, masking, initialisation, dropout) for a run-to-run spread."""
+  seed (data windows, masking, initialisation, dropout) for a run-to-run spread.
+  `progress(name, steps, characters_per_step)`, if given, returns train()'s progress callback
+  for the model named 'GPT' or 'BERT'."""
   draws = config.get('eval_draws', 1)
   check_draws(draws)                   # before minutes of training, not after
   vocab, ids = load_splits(config)
   seed = int(config.get('seed', 0))
+  report = lambda name, family: progress and progress(
+      name, family.train.steps, family.train.batch_size * family.model.max_len)
   gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,
-                                                     ids['train'], len(vocab), seed)
+                                                     ids['train'], len(vocab), seed,
+                                                     progress=report('GPT', config.gpt))
   gpt_eval_cfg = gpt_cfg.replace(deterministic=True)
   gpt = evaluate_gpt(gpt_eval_cfg, gpt_params, ids['valid'])
   gpt_full = evaluate_gpt(gpt_eval_cfg, gpt_params, ids['valid'], stride=1)
   bert_cfg, bert_params, bert_s, bert_train_loss = train(
       _with_seed(config.bert, seed), config.mesh, ids['train'], len(vocab), seed,
-      mlm_probability=config.mlm_probability)
+      mlm_probability=config.mlm_probability, progress=report('BERT', config.bert))
   eval_cfg = bert_cfg.replace(deterministic=True)
   heldout = ids['heldout']
   bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability,
