@@ -1,4 +1,4 @@
-"""The CPU benchmark shape for BERT (scripts/benchmark.py): 4 layers, 512 wide, 32128 vocab,
+"""The CPU benchmark shape for BERT (pretrain-jax benchmark): 4 layers, 512 wide, 32128 vocab,
 batch 8 x 256 tokens, fp32, MLM only."""
 from configs import bert_base
 from configs.bench_common import bench_section

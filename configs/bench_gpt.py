@@ -1,4 +1,4 @@
-"""The CPU benchmark shape for GPT (scripts/benchmark.py): 4 layers, 512 wide, 32128 vocab,
+"""The CPU benchmark shape for GPT (pretrain-jax benchmark): 4 layers, 512 wide, 32128 vocab,
 batch 8 x 256 tokens, fp32."""
 from configs import gpt2_small
 from configs.bench_common import bench_section

@@ -1,4 +1,4 @@
-"""The CPU benchmark shape for T5 (scripts/benchmark.py): 4 + 4 layers, 512 wide, 32128 vocab,
+"""The CPU benchmark shape for T5 (pretrain-jax benchmark): 4 + 4 layers, 512 wide, 32128 vocab,
 batch 8, 256 encoder and 64 decoder tokens, fp32."""
 from configs import t5_small
 from configs.bench_common import bench_section

@@ -1,4 +1,4 @@
-"""Fine-tuning a checkpoint on a labelled task (scripts/finetune.py, scripts/transfer.py).
+"""Fine-tuning a checkpoint on a labelled task (pretrain-jax finetune, pretrain-jax transfer).
 
 The model section comes from the checkpoint (`init`), plus `num_classes` for BERT/GPT and any
 `model.dropout_rate` / `model.attention_dropout_rate` given here; the rest is here. Override
@@ -22,7 +22,7 @@ def get_config():
                                     # 'train=FILE,validation=FILE'
   c.task.tfds_data_dir = ''         # tfds data_dir for named datasets (may be gs://)
   c.task.max_train_examples = 0     # use the first N training examples (0 = all): the
-                                    # labelled-set size of scripts/transfer.py --sizes
+                                    # labelled-set size of pretrain-jax transfer --sizes
   c.task.max_eval_examples = 0      # the first N validation examples (0 = all)
   c.task.labels = []                # filled in: the label set collected from train
   c.task.metric = ''                # filled in: the headline metric (accuracy, mcc, f1)

@@ -1,7 +1,7 @@
 """The chapter-41 experiment: BERT vs GPT on character-level tiny Shakespeare.
 
-  python scripts/shakespeare.py --corpus PATH/tinyshakespeare.txt
-  python scripts/shakespeare.py --corpus ... --config=configs/shakespeare_char.py:product
+  pretrain-jax shakespeare --corpus PATH/tinyshakespeare.txt
+  pretrain-jax shakespeare --corpus ... --config=configs/shakespeare_char.py:product
 
 Train on characters [0, 72000), validate GPT on [72000, 80000), hold out [80000, 100000) for
 BERT's masked-LM accuracy (against a random-init encoder). Published reference: GPT validation
@@ -100,6 +100,6 @@ def get_config(variant: str = 'chapter') -> ml_collections.ConfigDict:
     c.bert = ml_collections.ConfigDict({'model': _product_model('bert'), 'train': _train(1500)})
     c.bert.train.warmup_steps = 100   # post-LN BERT at 3e-3 needs it (top-1 0.537 vs 0.514)
   c.mesh = common.mesh_config()
-  c.cpu_devices = 2                 # scripts/shakespeare.py splits the host CPU into this many
+  c.cpu_devices = 2                 # pretrain-jax shakespeare splits the host CPU into this many
                                     # XLA devices (data parallel); 0 = leave JAX's default
   return c

@@ -1,5 +1,5 @@
 """A BERT (MLM only, packed rows) that trains on the embedded corpus on a 2-core CPU in about a
-minute (the main job, scripts/train_tiny.py).
+minute (the main job, pretrain-jax train_tiny).
 
 Chosen for a 400-step budget, each measured on this machine (held-out MLM loss after 400
 steps): a 1,024-piece vocabulary (the softmax is a third of the FLOPs at 2,048, and the

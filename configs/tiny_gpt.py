@@ -1,5 +1,5 @@
 """A GPT that trains on the embedded corpus on a 2-core CPU in about a minute and a half (the
-main job, scripts/train_tiny.py): a 1,024-piece vocabulary and no dropout, chosen for a 400-step
+main job, pretrain-jax train_tiny): a 1,024-piece vocabulary and no dropout, chosen for a 400-step
 budget (see tiny_bert.py)."""
 from configs import gpt2_small
 

@@ -58,7 +58,7 @@ def keep_freed_memory(cpu_devices: int = 1) -> bool:
   - one device: ONE arena. A thread arena's heap holds at most 64 MB and glibc (2.36) mmaps
     anything larger from a thread arena whatever M_MMAP_MAX says; tiny_gpt's step needs 98 MB,
     so only the main heap can keep it (68-72 vs 94-101 ms per step with glibc's arenas).
-  - several devices (scripts/shakespeare.py's cpu_devices=2): glibc's default arena count. Their
+  - several devices (pretrain-jax shakespeare's cpu_devices=2): glibc's default arena count. Their
     threads allocate at the same time; with one arena, XLA's compilation and the steps after
     it spent ~10% more of the time in malloc and its lock (chapter-41 BERT: compile 4.3-5.3 vs
     3.1-3.5 s, 100 steps 4.2-4.8 vs 3.7-3.9 s). Each device's buffers (40 MB there) still fit
@@ -374,11 +374,12 @@ def call(fn, *args, verbose: bool = False):
     _exit(2)
 
 
-def run(main, positional: bool = False) -> None:
-  """absl.app.run(main) with quiet logs, `--verbose`, and one-line user errors (exit 2).
-  Arguments that are not flags are refused unless `positional` (main reads them): absl hands
-  them to main, where `del argv` dropped them without a word (`[--sizes 200,0]` pasted from a
-  usage line, a flag without its dashes)."""
+def run(main, argv=None, positional: bool = False) -> None:
+  """absl.app.run(main) on argv (default sys.argv) with quiet logs, `--verbose`, named configs
+  (`--config gpt2_small`) and one-line user errors (exit 2). Arguments that are not flags are
+  refused unless `positional` (main reads them): absl hands them to main, where `del argv`
+  dropped them without a word (`[--sizes 200,0]` pasted from a usage line, a flag without its
+  dashes)."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   if 'verbose' not in flags.FLAGS:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
@@ -391,4 +392,51 @@ def run(main, positional: bool = False) -> None:
             'see --helpshort', file=sys.stderr)
       sys.exit(2)
     return rest
-  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose), flags_parser=parse)
+  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose),
+          argv=named_configs(sys.argv if argv is None else list(argv)), flags_parser=parse)
+
+
+CONFIG_FLAGS = ('--config',)   # the flags that take a config file (or a packaged config's name)
+CONFIG_HELP = 'a config name (gpt2_small) or file (configs/NAME.py)'
+
+
+def config_names() -> list:
+  """The configs this install ships (configs/<name>.py), by name."""
+  import configs  # pylint: disable=g-import-not-at-top
+  folder = os.path.dirname(configs.__file__)
+  return sorted(f[:-3] for f in os.listdir(folder)
+                if f.endswith('.py') and not f.startswith('_') and 'common' not in f)
+
+
+def config_path(name: str) -> str:
+  """configs/<name>.py of this install (a wheel ships them inside the package set)."""
+  import configs  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(configs.__file__), f'{name}.py')
+  if not os.path.isfile(path):
+    raise ValueError(f'no config named {name!r}; expected a config file path or one of '
+                     f'{", ".join(config_names())}')
+  return path
+
+
+def named_configs(argv: list) -> list:
+  """argv with `--config NAME[:variant]` (no such file, a bare name) as the packaged config's
+  path, so `--config gpt2_small` and `--config configs/gpt2_small.py` both work anywhere."""
+  out = list(argv)
+  for i, arg in enumerate(out):
+    flag, eq, value = arg.partition('=')
+    if flag not in CONFIG_FLAGS:
+      continue
+    j = i if eq else i + 1
+    if not eq and j >= len(out):
+      break
+    value = value if eq else out[j]
+    name, colon, variant = value.partition(':')
+    if os.path.exists(name) or not re.fullmatch(r'[A-Za-z_]\w*', name):
+      continue
+    try:
+      path = config_path(name) + colon + variant
+    except ValueError as e:
+      print(one_line(e).replace('error: ', f'error: {flag}={value}: '), file=sys.stderr)
+      sys.exit(2)
+    out[j] = f'{flag}={path}' if eq else path
+  return out

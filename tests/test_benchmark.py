@@ -42,7 +42,7 @@ def test_measured_peak_is_positive():
 
 def test_script_prints_json_last_line():
   out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'benchmark.py'),
+      [sys.executable, '-m', 'pretrain_jax.commands.benchmark',
        '--config', os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--steps', '2',
        '--warmup', '0', '--peak_flops', '1e9', '--config.model.num_layers=1',
        '--config.train.batch_size=2', '--config.data.seq_len=16',

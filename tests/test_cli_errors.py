@@ -10,7 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_script(script, *args, cwd=ROOT):
-  return subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', script), *args],
+  command = f'pretrain_jax.commands.{script.removesuffix(".py")}'
+  return subprocess.run([sys.executable, '-m', command, *args],
                         capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
 
 

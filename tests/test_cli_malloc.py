@@ -71,7 +71,7 @@ print(json.dumps({'devices': jax.local_device_count(),
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 def test_arenas_follow_cpu_devices():
   """One device: one arena (the main heap keeps its >64 MB step buffers); several devices
-  (cli.use_cpu_devices, as scripts/shakespeare.py): several, so their threads do not queue on
+  (cli.use_cpu_devices, as pretrain-jax shakespeare): several, so their threads do not queue on
   one lock."""
   def arenas(count):
     env = {**os.environ, 'XLA_FLAGS': ''}

@@ -1,5 +1,5 @@
-"""scripts/train_tokenizer.py and scripts/benchmark_data.py run and print their JSON lines."""
-import importlib.util
+"""pretrain-jax train_tokenizer and pretrain-jax benchmark_data run and print their JSON lines."""
+import importlib
 import json
 import os
 
@@ -9,10 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'scripts', f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(f'pretrain_jax.commands.{name}')
 
 
 @pytest.fixture()
@@ -27,7 +24,7 @@ def corpus_file(tmp_path, monkeypatch):
 
 def test_train_tokenizer_script(tmp_path, corpus_file, capsys):
   out = str(tmp_path / 'char.model')
-  load('train_tokenizer').main(['--output', out, '--files', corpus_file, '--type', 'char',
+  load('train_tokenizer').main(['pretrain-jax train_tokenizer', '--output', out, '--files', corpus_file, '--type', 'char',
                                 '--vocab_size', '300'])
   line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert line['path'] == out and line['vocab_size'] == 384 and line['type'] == 'char'
@@ -35,7 +32,7 @@ def test_train_tokenizer_script(tmp_path, corpus_file, capsys):
 
 
 def test_benchmark_script(tmp_path, corpus_file, capsys):
-  load('benchmark_data').main(['--files', corpus_file, '--seq_len', '32', '--batch_size', '2',
+  load('benchmark_data').main(['pretrain-jax benchmark_data', '--files', corpus_file, '--seq_len', '32', '--batch_size', '2',
                                '--batches', '3', '--warmup', '1',
                                '--objectives', 'clm,nsp,span_corruption'])
   lines = [json.loads(l) for l in capsys.readouterr().out.strip().splitlines()]

@@ -1,4 +1,4 @@
-"""Progress lines: scripts/evaluate.py over a long split (it printed nothing until the end) and
+"""Progress lines: pretrain-jax evaluate over a long split (it printed nothing until the end) and
 the train loop's."""
 import io
 

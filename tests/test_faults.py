@@ -365,7 +365,7 @@ def test_a_damaged_checkpoint_is_a_few_lines_naming_the_array_not_thousands(tmp_
   <coroutine ...>, Event loop is closed, Future exception was never retrieved) and the one line
   was cut inside a TensorStore repr, naming no array."""
   run = lambda steps: subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'), '--config',
+      [sys.executable, '-m', 'pretrain_jax.commands.train', '--config',
        os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--workdir', str(tmp_path),
        f'--config.train.steps={steps}', '--config.train.checkpoint_every=2',
        '--config.train.eval_every=0'], capture_output=True, text=True, timeout=600, check=False)
@@ -725,7 +725,7 @@ def test_sigterm_during_startup_releases_the_lock(tmp_path):
   """Before the loop's handler (save, stop) is installed, SIGTERM killed the process and left
   the LOCK: a run from another host waited 10 minutes for it to go stale."""
   proc = subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'), '--config',
+      [sys.executable, '-m', 'pretrain_jax.commands.train', '--config',
        os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--workdir', str(tmp_path),
        '--config.train.steps=50'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   lock = tmp_path / workdir_lib.LOCK_FILE

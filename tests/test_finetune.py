@@ -192,7 +192,7 @@ def test_transfer_script_refuses_bad_seeds_and_sizes(flag, value, tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run(
-      [sys.executable, os.path.join(root, 'scripts', 'transfer.py'), '--init', str(tmp_path),
+      [sys.executable, '-m', 'pretrain_jax.commands.transfer', '--init', str(tmp_path),
        '--task', 'word_order', '--workdir', str(tmp_path / 'out'), f'--{flag}={value}'],
       capture_output=True, text=True, timeout=300, cwd=root, check=False)
   assert done.returncode == 2, done.stderr[-2000:]
@@ -347,7 +347,7 @@ def test_iterator_resumes_and_pads_the_last_eval_batch():
 # ---- end to end: a short pre-training, then fine-tuning (heavier) --------------------------
 
 def _pretrain(tmp_path_factory, config, name):
-  """A model of the main job, as scripts/train_tiny.py trains it (~60 s)."""
+  """A model of the main job, as pretrain-jax train_tiny trains it (~60 s)."""
   workdir = str(tmp_path_factory.mktemp(name))
   loop.train_and_evaluate(config, workdir)
   return workdir
@@ -451,7 +451,7 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(gpt_init, tmp_path, m
   # The fine-tuned workdir is not a pre-training one: evaluate.py says so in one line.
   import subprocess  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  done = subprocess.run([sys.executable, os.path.join(root, 'scripts', 'evaluate.py'),
+  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.evaluate',
                          '--workdir', str(tmp_path / 'whole')], capture_output=True, text=True,
                         timeout=300, cwd=root, check=False)
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]

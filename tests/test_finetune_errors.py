@@ -193,13 +193,13 @@ def test_a_rare_label_is_warned_about_and_still_trains(capsys):
 
 def test_help_lists_the_required_shared_flags():
   runs = {script: subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, 'scripts', script), '--help'], cwd=ROOT,
+      [sys.executable, '-m', f'pretrain_jax.commands.{script[:-3]}', '--help'], cwd=ROOT,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
           for script in ('finetune.py', 'transfer.py')}
   for script, proc in runs.items():
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
-    shown = out[out.index(f'scripts/{script}:'):]
+    shown = out[out.index(f'commands/{script}:'):]
     for flag in ('--config:', '--init:', '--task:', '--workdir:'):
       assert flag in shown, (script, flag, out)
 

@@ -1,4 +1,4 @@
-"""HF directory <-> training workdir (pretrain_jax.hf.workdir, scripts/convert_hf.py)."""
+"""HF directory <-> training workdir (pretrain_jax.hf.workdir, pretrain-jax convert_hf)."""
 import json
 import os
 import subprocess
@@ -78,7 +78,7 @@ def modeling_count(params) -> int:
 
 
 def test_train_flags_rebuild_the_imported_model(tmp_path):
-  """The printed scripts/train.py flags applied to the base config give the imported model."""
+  """The printed pretrain-jax train flags applied to the base config give the imported model."""
   src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
   summary = workdir_lib.import_hf(src, str(tmp_path / 'work'), configs.base_config)
   from configs import gpt2_small  # pylint: disable=g-import-not-at-top
@@ -119,7 +119,7 @@ def test_cli_import_scan_layers_and_export(tmp_path):
   params = modeling.init(cfg)
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, params)
   run = lambda *args: subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'convert_hf.py'), *args],
+      [sys.executable, '-m', 'pretrain_jax.commands.convert_hf', *args],
       capture_output=True, text=True, check=False, cwd=ROOT)
   done = run('import', f'--hf_dir={src}', f'--workdir={tmp_path / "work"}', '--scan_layers')
   assert done.returncode == 0, done.stderr[-2000:]

@@ -1,5 +1,5 @@
 """Pre-training on from an imported Hugging Face model with its own tokenizer (GPT-2's byte-level
-BPE, BERT's WordPiece): scripts/train.py reads the workdir's hf_tokenizer/, the run starts from
+BPE, BERT's WordPiece): pretrain-jax train reads the workdir's hf_tokenizer/, the run starts from
 the imported weights, and evaluation reads the data the way training did.
 
 Tiny random models written by our exporter; tokenizers trained here by `tokenizers` on the
@@ -67,7 +67,7 @@ def max_change(a, b) -> float:
 
 
 def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
-  """The README's flow: convert_hf.py import, then scripts/train.py with the printed flags (its
+  """The README's flow: convert_hf.py import, then pretrain-jax train with the printed flags (its
   data.tokenizer is the workdir's hf_tokenizer/, which the sentencepiece pipeline refused)."""
   src = hf_dir(tmp_path / 'hf', 'gpt')
   work = str(tmp_path / 'work')
@@ -79,7 +79,7 @@ def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
       ('batch_size', 'steps', 'warmup_steps', 'learning_rate', 'log_every', 'eval_every',
        'eval_batches', 'checkpoint_every')] + [
       "--config.data.tfds_name=", "--config.data.validation_fraction=0.05"]
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
+  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.train',
                          '--config', os.path.join(ROOT, 'configs', 'gpt2_small.py'),
                          '--workdir', work, *flags], capture_output=True, text=True,
                         timeout=600, cwd=ROOT, env=dict(os.environ), check=False)
@@ -93,7 +93,7 @@ def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
   config, trained, step = ckpt_lib.restore_params(work)
   assert step == STEPS
   assert 0 < max_change(imported, trained) < 3 * STEPS * LR
-  # The training-time evaluation and scripts/evaluate.py's way (load_pretrained's tokenizer
+  # The training-time evaluation and pretrain-jax evaluate's way (load_pretrained's tokenizer
   # into the pipeline) read the same tokens: the same numbers.
   with open(os.path.join(work, 'metrics.jsonl')) as f:
     logged = [json.loads(line) for line in f if '"eval"' in line][-1]

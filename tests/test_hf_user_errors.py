@@ -43,7 +43,7 @@ def dirs(tmp_path_factory):
 
 
 def classifier_workdir(root) -> str:
-  """A workdir as scripts/finetune.py leaves it: model.num_classes, task.labels, GPT's `score`."""
+  """A workdir as pretrain-jax finetune leaves it: model.num_classes, task.labels, GPT's `score`."""
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
@@ -79,7 +79,7 @@ def test_fill_mask_on_hf_bert_dir_and_its_import(dirs, tmp_path):
 
 def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   """An imported BERT keeps its WordPiece files in hf_tokenizer/; the import's train flags name
-  that directory as data.tokenizer. scripts/train.py reads it (hf.workdir.data_tokenizer,
+  that directory as data.tokenizer. pretrain-jax train reads it (hf.workdir.data_tokenizer,
   tests/test_hf_pretrain.py); data.load_tokenizer, which reads sentencepiece models only, says
   where it is read instead of that the directory 'does not exist'."""
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
@@ -186,7 +186,7 @@ def test_missing_hf_dir_local_and_gcs(tmp_path):
     workdir_lib.import_hf(str(tmp_path / 'nowhere'), str(tmp_path / 'w'), configs.base_config)
   with gcs_emulator.serve() as env:
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'scripts', 'convert_hf.py'), 'import',
+        [sys.executable, '-m', 'pretrain_jax.commands.convert_hf', 'import',
          '--hf_dir=gs://bucket/hf/none', f'--workdir={tmp_path / "x"}'],
         capture_output=True, text=True, check=False, cwd=ROOT, env=dict(os.environ, **env),
         timeout=120)
@@ -198,7 +198,7 @@ def test_missing_hf_dir_local_and_gcs(tmp_path):
 
 def test_evaluate_script_on_an_hf_dir_is_one_clear_error(dirs):
   """It named no data to read: an AttributeError "'data'" from inside the script."""
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'),
+  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.evaluate',
                          '--workdir', dirs['bert']], capture_output=True, text=True,
                         check=False, timeout=300)
   assert done.returncode != 0 and 'Traceback' not in done.stderr, done.stderr

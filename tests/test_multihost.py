@@ -1,5 +1,5 @@
 """Two local processes on JAX's multi-controller runtime (gloo collectives) simulate a 2-host
-slice: scripts/train.py trains with each host producing its data streams' rows from the one
+slice: pretrain-jax train trains with each host producing its data streams' rows from the one
 copy of the data process 0 prepared in the workdir, process 0 alone writes logs, the checkpoint
 is one global checkpoint, and a single process resumes from it with the losses and batches of
 an uninterrupted run."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, 'scripts', 'train.py')
+TRAIN = ['-m', 'pretrain_jax.commands.train']
 SMALL = ['--config', os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--config.train.batch_size=4',
          '--config.data.seq_len=32', '--config.model.num_layers=1', '--config.train.log_every=1',
          '--config.train.eval_every=0', '--config.train.checkpoint_every=100']
@@ -35,7 +35,7 @@ def _env():
 def _two_processes(workdir: str, steps: int, extra=()):
   port = _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, TRAIN, *SMALL, *extra, '--workdir', workdir,
+      [sys.executable, *TRAIN, *SMALL, *extra, '--workdir', workdir,
        f'--config.train.steps={steps}', '--multihost',
        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
       cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -50,7 +50,7 @@ def _two_processes(workdir: str, steps: int, extra=()):
 
 def _one_process(workdir: str, steps: int, extra=()):
   run = subprocess.run(
-      [sys.executable, TRAIN, *SMALL, *extra, '--workdir', workdir,
+      [sys.executable, *TRAIN, *SMALL, *extra, '--workdir', workdir,
        f'--config.train.steps={steps}'], cwd=ROOT, env=_env(), capture_output=True, text=True,
       timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
@@ -88,7 +88,7 @@ def test_two_processes_train_resume_and_a_single_process_evaluates(tmp_path):
 
   # ... but any single process loads the global checkpoint for evaluation.
   evaluated = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', workdir],
+      [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', workdir],
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   record = json.loads(evaluated.stdout.strip().splitlines()[-1])
@@ -150,7 +150,7 @@ async def disk_full(self, x, directory):
 if process_id == 0:       # process 0 writes the JSON items: only its save fails
   json_checkpoint_handler.JsonCheckpointHandler._save_fn = disk_full
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
+runpy.run_module('pretrain_jax.commands.train', run_name='__main__')
 """
 
 
@@ -161,7 +161,7 @@ def test_a_save_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
   one-line error (agreed checks), instead of one training on alone or both hanging."""
   workdir, port = str(tmp_path / 'run'), _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, '-c', FAILING_SAVE, TRAIN, *SMALL, '--workdir', workdir,
+      [sys.executable, '-c', FAILING_SAVE, 'pretrain-jax train', *SMALL, '--workdir', workdir,
        '--config.train.steps=40', '--config.train.checkpoint_every=2',
        '--config.train.log_every=100', '--config.train.checkpoint_timeout_sec=20',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
@@ -189,7 +189,7 @@ def _two_processes_failing(workdir: str, extra1=()):
   """Both processes' (return code, stderr); process 1 gets `extra1` on top of the same flags."""
   port = _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=4',
+      [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=4',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}', *(extra1 if i else ())],
       cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -272,7 +272,7 @@ def test_sigterm_to_one_process_saves_one_step_on_both_and_the_resume_continues(
   import threading  # pylint: disable=g-import-not-at-top
   workdir, port = str(tmp_path / 'cut'), _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=100000',
+      [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=100000',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}'],
       cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -319,7 +319,7 @@ def test_sigterm_during_a_multi_process_start_up_stops_it(tmp_path):
   import time  # pylint: disable=g-import-not-at-top
   workdir, port = tmp_path / 'run', _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, TRAIN, *SMALL, '--workdir', str(workdir), '--config.train.steps=300',
+      [sys.executable, *TRAIN, *SMALL, '--workdir', str(workdir), '--config.train.steps=300',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}'],
       cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -19,9 +19,13 @@ ALLOWED = {
     # Not user paths: the launcher runs on the user's machine with local files only.
     ('cloud/launcher.py', ''): 'the TPU launcher: local repo, tarball and gcloud binary',
     ('cloud/gcloud.py', ''): 'the TPU launcher: local gcloud state',
-    ('__main__.py', ''): 'pretrain-jax: the checkout\'s own scripts/ beside the package',
+    ('commands/tpu.py', ''): 'the TPU launcher: the local clone and its configs',
     ('cli.py', 'os.path.exists(path.split'): 'config files are Python modules: local only',
-    ('finetune/flags.py', ''): 'the default config file inside the checkout',
+    ('cli.py', 'configs.__file__'): 'the packaged configs: Python modules, local only',
+    ('cli.py', 'os.listdir(folder)'): 'the packaged configs: Python modules, local only',
+    ('cli.py', 'if not os.path.isfile(path)'): 'the packaged configs: Python modules, local only',
+    ('cli.py', 'os.path.exists(name)'): 'config files are Python modules: local only',
+    ('commands/shakespeare.py', 'config.corpus'): 'the experiment\'s local corpus file',
     ('training/metrics.py', "open('/proc/cpuinfo')"): 'CPU flags of this machine',
     ('training/metrics.py', "open(self.path, 'a')"):
         'the local branch of metrics.jsonl (is_remote checked); gs:// rewrites the object',

@@ -72,7 +72,7 @@ def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_w
   w = batch['loss_weights']
   assert float((nll * w).sum() / w.sum()) == pytest.approx(metrics['loss'], abs=1e-4)
   # The CLI prints the same numbers, twice.
-  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', gpt_workdir,
+  cmd = [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', gpt_workdir,
          '--batches', '1']
   runs = [json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
                                     env=dict(os.environ)).stdout.strip().splitlines()[-1])
@@ -112,7 +112,7 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
       inference.generate_text(model, ['The list'], **bad)
   with pytest.raises(ValueError, match='a list of prompts'):
     inference.generate_text(model, 'The list')
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'generate.py'),
+  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.generate',
                          '--workdir', str(tmp_path / 'not_loaded'), '--prompt', 'The',
                          '--temperature=-1'],   # checked before the checkpoint is looked for
                         capture_output=True, text=True, check=False)
@@ -222,7 +222,7 @@ def test_training_time_eval_and_evaluate_script_print_the_same_numbers(cache, tm
   loop.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     logged = [json.loads(line) for line in f if '"eval"' in line][-1]
-  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'evaluate.py'), '--workdir', workdir]
+  cmd = [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', workdir]
   # (no --batches: it defaults to the run's train.eval_batches, as a user runs it)
   printed = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
                                       env=dict(os.environ)).stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""scripts/tpu.py and pretrain_jax/cloud: argv builders against literals, and a slice's whole life
+"""pretrain-jax tpu and pretrain_jax/cloud: argv builders against literals, and a slice's whole life
 (create, setup, run, preemption, re-creation, rerun) against a fake `gcloud` on PATH.
 
 Nothing here reaches the network or the real gcloud: the fake is first on PATH, and the
@@ -17,7 +17,7 @@ import pytest
 from pretrain_jax.cloud import gcloud, launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TPU_PY = os.path.join(ROOT, 'scripts', 'tpu.py')
+TPU_PY = ['-m', 'pretrain_jax.commands.tpu']
 ZONE = 'us-west4-a'
 VM = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot')
 QR = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot', queued=True)
@@ -132,7 +132,7 @@ def short(argv):
 
 
 def tpu_py(args, env, timeout=60):
-  return subprocess.run([sys.executable, TPU_PY] + args, env=env, capture_output=True, text=True,
+  return subprocess.run([sys.executable, *TPU_PY] + args, env=env, capture_output=True, text=True,
                         timeout=timeout, check=False)
 
 
@@ -224,27 +224,31 @@ def test_worker_commands():
   assert command.count('--multihost') == 1
   assert gcloud.train_command(TRAIN_ARGS + ['--multihost']) == command
   assert 'nohup bash -c ' in command and command.endswith('< /dev/null &')
-  assert ('scripts/train.py --config configs/gpt2_small.py --workdir gs://bkt/runs/gpt2 '
-          '--multihost >> "$HOME/pretrain_jax_logs/worker.log" 2>&1') in command
+  assert ('.venv/bin/python -m pretrain_jax.commands.train --config configs/gpt2_small.py '
+          '--workdir gs://bkt/runs/gpt2 --multihost >> "$HOME/pretrain_jax_logs/worker.log" 2>&1') in command
   assert 'gcloud storage cp "$HOME/pretrain_jax_logs/worker.log" ' \
          'gs://bkt/runs/gpt2/logs/worker_$W.log' in command
   assert 'gcloud storage' not in gcloud.train_command(['--config', 'c.py', '--workdir', '/tmp/w'])
   # pkill -f / pgrep -f must not match the ssh shell that runs them (it would kill itself).
   for own in (gcloud.stop_command(), gcloud.probe_command()):
-    assert not re.search(r'scripts/train\.py', own)
-    assert re.search(gcloud.TRAIN_PATTERN, '.venv/bin/python scripts/train.py --multihost')
-    assert not re.search(gcloud.TRAIN_PATTERN, 'bash -c W=1; .venv/bin/python scripts/train.py')
+    assert 'pretrain_jax.commands.train' not in own
+    assert re.search(gcloud.TRAIN_PATTERN,
+                     '.venv/bin/python -m pretrain_jax.commands.train --multihost')
+    assert not re.search(gcloud.TRAIN_PATTERN,
+                         'bash -c W=1; .venv/bin/python -m pretrain_jax.commands.train --x')
 
 
 def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):
   """On a worker (here: this machine, in a scratch HOME): stop_command's pkill reaches the
   trainer, not the nohup wrapper that train_command starts, which then writes EXIT (the log
-  shipping runs there too). The wrapper's own command line holds 'scripts/train.py'."""
+  shipping runs there too). The wrapper's own command line holds 'pretrain_jax.commands.train'."""
   home, code = tmp_path / 'home', tmp_path / 'home' / gcloud.CODE_DIR
-  (code / 'scripts').mkdir(parents=True)
+  (code / 'pretrain_jax' / 'commands').mkdir(parents=True)
   (code / '.venv' / 'bin').mkdir(parents=True)
   os.symlink(sys.executable, code / '.venv' / 'bin' / 'python')
-  (code / 'scripts' / 'train.py').write_text(
+  for package in ('pretrain_jax', 'pretrain_jax/commands'):   # the shipped code's stand-in
+    (code / package / '__init__.py').write_text('')
+  (code / 'pretrain_jax' / 'commands' / 'train.py').write_text(
       'import signal, sys, time\n'
       'signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))\n'
       'print("training", flush=True)\ntime.sleep(60)\n')
@@ -452,10 +456,10 @@ def test_worker_commands_parse_and_the_train_command_runs_detached(tmp_path):
     subprocess.run(['sleep', '0.1'], check=True)
   assert exit_file.read_text() == '0\n'
   log = (home / 'pretrain_jax_logs' / 'worker.log').read_text()
-  assert 'worker 3: train.py starts' in log and log.endswith('step 1 of 1\n')
+  assert 'worker 3: training starts' in log and log.endswith('step 1 of 1\n')
   assert record.read_text().splitlines() == [
-      'python scripts/train.py --config configs/gpt2_small.py --workdir gs://bkt/runs/gpt2 '
-      '--multihost',
+      'python -m pretrain_jax.commands.train --config configs/gpt2_small.py --workdir '
+      'gs://bkt/runs/gpt2 --multihost',
       f'gcloud storage cp {home}/pretrain_jax_logs/worker.log '
       'gs://bkt/runs/gpt2/logs/worker_3.log']
 
@@ -541,15 +545,15 @@ def test_bad_tpu_flags_are_one_line_before_any_gcloud_command(fake, flag, messag
      "error: --workdir gs://BUCKET/runs/gpt2: 'BUCKET' is not a valid Cloud Storage bucket "
      "name; expected 3-222 lowercase letters"),
     (TRAIN_ARGS + ['--config.model.vocab_sise=50304'],
-     "error: train.py refuses these arguments: --config.model.vocab_sise=50304: the config has "
+     "error: pretrain-jax train refuses these arguments: --config.model.vocab_sise=50304: the config has "
      "no field 'vocab_sise' (did you mean 'vocab_size'?)"),
     (TRAIN_ARGS + ['--config.train.steps=abc'],
-     'error: train.py refuses these arguments: flag --config.train.steps=abc:'),
+     'error: pretrain-jax train refuses these arguments: flag --config.train.steps=abc:'),
     (TRAIN_ARGS + ['--nosuchflag=1'],
-     "error: train.py refuses these arguments: Unknown command line flag 'nosuchflag'"),
+     "error: pretrain-jax train refuses these arguments: Unknown command line flag 'nosuchflag'"),
     (TRAIN_ARGS + ['--watch', '--max_retries=2', '--nospot'],
-     "error: --max_retries, --nospot, --watch after -- would go to train.py; expected tpu.py's "
-     'own flags before --'),
+     "error: --max_retries, --nospot, --watch after -- would go to pretrain-jax train; expected "
+     "tpu's own flags before --"),
     (['--workdir', 'gs://bkt/r'], 'need --config and --workdir'),
 ])
 def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train_args, message):
@@ -565,10 +569,7 @@ def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train
 def test_run_refuses_a_committed_config_with_uncommitted_edits(tmp_path, monkeypatch):
   """The workers would run the committed version of an edited config: refused, naming it. A
   scratch repository stands in for the project's, so no tracked file of this one is touched."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location('tpu_script', TPU_PY)
-  tpu = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tpu)
+  from pretrain_jax.commands import tpu
   repo = tmp_path / 'repo'
   (repo / 'configs').mkdir(parents=True)
   config = repo / 'configs' / 'mine.py'

@@ -41,10 +41,11 @@ CODE_DIR = 'pretrain_jax'  # on every worker, relative to the ssh user's home
 LOG_DIR = 'pretrain_jax_logs'
 TARBALL = 'pretrain_jax.tar.gz'
 LIBTPU_RELEASES = 'https://storage.googleapis.com/jax-releases/libtpu_releases.html'
-# The regex matches the trainer's command line (.venv/bin/python scripts/train.py ...) but not
+# The regex matches the trainer's command line (.venv/bin/python -m pretrain_jax.commands.train
+# ...) but not
 # a shell whose command line holds it: train_command's wrapper, which must live on to record the
 # exit code and ship the log, nor the ssh shell running pkill.
-TRAIN_PATTERN = '^[^ ]*python[^ ]* scripts/train[.]py'
+TRAIN_PATTERN = '^[^ ]*python[^ ]* -m pretrain_jax[.]commands[.]train '
 WORKER_NUMBER_URL = ('http://metadata.google.internal/computeMetadata/v1/instance/attributes/'
                      'agent-worker-number')
 
@@ -221,12 +222,12 @@ def stop_command(grace_s=60) -> str:
 
 
 def workdir_of(train_args) -> str:
-  """The value of --workdir in train.py's arguments ('' when absent)."""
+  """The value of --workdir in the train command's arguments ('' when absent)."""
   return flag_of(train_args, 'workdir')
 
 
 def flag_of(train_args, name: str) -> str:
-  """The value of --name (`--name V` or `--name=V`) in train.py's arguments ('' when absent)."""
+  """The value of --name (`--name V` or `--name=V`) in the train command's arguments ('' when absent)."""
   for i, arg in enumerate(train_args):
     if arg.startswith(f'--{name}='):
       return arg.split('=', 1)[1]
@@ -236,7 +237,7 @@ def flag_of(train_args, name: str) -> str:
 
 
 def train_command(train_args) -> str:
-  """Start train.py --multihost detached (nohup: survives the ssh session).
+  """Start `pretrain-jax train --multihost` detached (nohup: survives the ssh session).
 
   Its output goes to ~/pretrain_jax_logs/worker.log, its exit code to .../EXIT. With a gs://
   --workdir, the log is also copied to <workdir>/logs/worker_<i>.log every minute and at exit.
@@ -251,8 +252,9 @@ def train_command(train_args) -> str:
     ship = f'( while sleep 60; do {copy}; done ) & SHIP=$!; '
   script = (
       f'W=$(curl -sf -H Metadata-Flavor:Google {WORKER_NUMBER_URL} || echo 0); {ship}'
-      f'echo "== $(date -u) worker $W: train.py starts" >> "{log}"; '
-      f'PYTHONUNBUFFERED=1 .venv/bin/python scripts/train.py {shlex.join(args)} >> "{log}" 2>&1; '
+      f'echo "== $(date -u) worker $W: training starts" >> "{log}"; '
+      f'PYTHONUNBUFFERED=1 .venv/bin/python -m pretrain_jax.commands.train {shlex.join(args)} '
+      f'>> "{log}" 2>&1; '
       'CODE=$?; ' + (f'pkill -P $SHIP; kill $SHIP 2> /dev/null; {copy}; ' if ship else '') + f'echo $CODE > "{exit_file}"')
   return (f'mkdir -p ~/{LOG_DIR} && cd ~/{CODE_DIR} && rm -f ~/{LOG_DIR}/EXIT && '
           f'nohup bash -c {shlex.quote(script)} > /dev/null 2>&1 < /dev/null &')

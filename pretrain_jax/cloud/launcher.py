@@ -136,6 +136,10 @@ class Launcher:
 
   def setup(self) -> dict:
     """Ships HEAD as a tarball to every worker, makes a venv, installs the pinned jax[tpu]."""
+    if not os.path.exists(os.path.join(self.repo_root, '.git')):
+      raise LaunchError(f'setup ships the committed HEAD of a git clone, and {self.repo_root} is '
+                        'not one; expected pretrain-jax installed from a clone (pip install -e '
+                        'CLONE), whose code and configs the workers then run')
     with open(os.path.join(self.repo_root, 'requirements.txt')) as f:
       try:
         jax_version = gcloud.pinned_jax_version(f.read())
@@ -158,7 +162,7 @@ class Launcher:
                'the committed HEAD')
 
   def launch(self, train_args):
-    """Frees the TPU on every worker, then starts train.py --multihost detached on each."""
+    """Frees the TPU on every worker, then starts training (--multihost) detached on each."""
     self._call(gcloud.ssh_argv(self.tpu, gcloud.stop_command()))
     self._call(gcloud.ssh_argv(self.tpu, gcloud.train_command(train_args)))
 
@@ -166,9 +170,9 @@ class Launcher:
     return gcloud.parse_probe(self._call(gcloud.ssh_argv(self.tpu, gcloud.probe_command())))
 
   def run(self, train_args, watch=False) -> dict:
-    """Starts train.py on every worker; with watch, also recovers it until it finishes."""
+    """Starts training on every worker; with watch, also recovers it until it finishes."""
     if not train_args:
-      raise LaunchError('run needs train.py arguments after --, e.g. -- --config '
+      raise LaunchError('run needs the arguments of pretrain-jax train after --, e.g. -- --config '
                         'configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
     state, description = self.describe()
     if not self.dry_run and state not in gcloud.READY_STATES and not (
@@ -226,7 +230,7 @@ class Launcher:
                f'{" ".join(err.strip().splitlines()[-1:])[-200:]}')
 
   def watch(self, train_args, result) -> dict:
-    """Polls until train.py exits on every worker; re-creates the slice when it is lost.
+    """Polls until training exits on every worker; re-creates the slice when it is lost.
 
     Failed describes and probes (a flaky API or ssh) are retried; MAX_PROBE_FAILURES in a row
     end the watch.
@@ -260,8 +264,8 @@ class Launcher:
         continue
       if all(code == 0 for code in found):
         return dict(result, status='finished')
-      raise LaunchError(f'train.py stopped on a healthy slice (per worker: {found}; IDLE = '
-                        'killed without an exit code); not rerunning it, see `tpu.py logs`')
+      raise LaunchError(f'training stopped on a healthy slice (per worker: {found}; IDLE = '
+                        'killed without an exit code); not rerunning it, see `pretrain-jax tpu logs`')
 
   def status(self) -> dict:
     state, description = self.describe()

@@ -1,6 +1,6 @@
 """SentencePiece tokenizer with the special ids every family needs.
 
-Layout of a tokenizer trained here (scripts/train_tokenizer.py, or `load_tokenizer` without
+Layout of a tokenizer trained here (pretrain-jax train_tokenizer, or `load_tokenizer` without
 `config.data.tokenizer`), T5's conventions first:
 
     0 <pad> (the [PAD] of every family; also T5's decoder start)   1 </s> (EOS)   2 <unk>
@@ -77,8 +77,8 @@ class Tokenizer:
     if paths.isdir(path):
       raise ValueError(f'tokenizer {path!r} is a directory; expected a sentencepiece .model '
                        'file here (a Hugging Face tokenizer directory, such as the '
-                       'hf_tokenizer/ of a workdir scripts/convert_hf.py imported, is loaded by '
-                       'pretrain_jax.hf.workdir.data_tokenizer: scripts/train.py does so and '
+                       'hf_tokenizer/ of a workdir pretrain-jax convert_hf imported, is loaded by '
+                       'pretrain_jax.hf.workdir.data_tokenizer: pretrain-jax train does so and '
                        'passes it to train_and_evaluate(tokenizer=...))')
     if not paths.isfile(path):
       raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
@@ -93,7 +93,7 @@ class Tokenizer:
     self.pad_id, self.eos_id, self.unk_id = self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()
     if self.pad_id != 0:
       raise ValueError(f'tokenizer {path!r} has pad id {self.pad_id}; the pipeline and T5\'s '
-                       'decoder start need pad id 0 (train one with scripts/train_tokenizer.py)')
+                       'decoder start need pad id 0 (train one with pretrain-jax train_tokenizer)')
     if self.eos_id < 0:
       raise ValueError(f'tokenizer {path!r} has no EOS piece; CLM and span corruption need one')
     pieces = [self.sp.id_to_piece(i) for i in range(n)]
@@ -128,7 +128,7 @@ class Tokenizer:
   def _special(self, name: str) -> int:
     if name not in self._specials:
       raise ValueError(f'tokenizer {self.path!r} has no {name} piece, which BERT needs; '
-                       'train one with scripts/train_tokenizer.py (it adds [CLS] [SEP] [MASK])')
+                       'train one with pretrain-jax train_tokenizer (it adds [CLS] [SEP] [MASK])')
     return self._specials[name]
 
   cls_id = property(lambda self: self._special('[CLS]'))

@@ -70,7 +70,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
   `base_config(model_config, base) -> (name, ConfigDict)` gives the config whose data, train
   and mesh sections the workdir starts from (scripts pass configs.base_config: the library
   never imports configs/). Returns a summary: family, parameter count, tokenizer, and the
-  scripts/train.py flags that reproduce the imported model from its base config.
+  pretrain-jax train flags that reproduce the imported model from its base config.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -123,7 +123,7 @@ def data_tokenizer(config, workdir: str):
 
   A directory is read as Hugging Face tokenizer files for `config.model.family`: an imported
   workdir's hf_tokenizer/ (this workdir's own where the named one is gone: the workdir moved)
-  or any HF model or tokenizer directory. Pre-training (scripts/train.py), evaluation and
+  or any HF model or tokenizer directory. Pre-training (pretrain-jax train), evaluation and
   loading all read `data.tokenizer` through this, so they tokenize alike. Refused, naming the
   files: a directory without the family's tokenizer files, and a tokenizer other than the one
   the workdir's config.json records (by the files' bytes; a moved copy is the same one).
@@ -218,7 +218,7 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   if hf.is_hf_dir(workdir):
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
                      'a Hugging Face config); export reads a training workdir: load the directory as it '
-                     'is, or import it first (convert_hf.py import)')
+                     'is, or import it first (pretrain-jax convert_hf import)')
   problem = classifier_problem(ckpt_lib.load_config(workdir), workdir)
   if problem:
     raise ValueError(f'{problem}; export supports pretrained LM checkpoints only (the head and '

@@ -146,7 +146,7 @@ class Pretrained:
     text_to_text = self.family == 't5' and not labels and 'task' in self.config
     if not labels and not text_to_text:
       raise ValueError('predict needs a fine-tuned checkpoint (config.task.labels); this one '
-                       'has none (train one with scripts/finetune.py)')
+                       'has none (train one with pretrain-jax finetune)')
     if isinstance(texts, str):
       raise ValueError('predict takes a list of texts; expected [text, ...], got one string')
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)

@@ -6,7 +6,7 @@ beside it on TPU/GPU); the probe runs after every timed step and MFU is the medi
 per-step ratios.
 `benchmark_train_step` compiles the real train step (pretrain_jax.training.step, donated state)
 and times it on a device-resident synthetic batch of the configured shapes; the input pipeline
-is benchmarked separately (scripts/benchmark_data.py).
+is benchmarked separately (pretrain-jax benchmark_data).
 """
 import statistics
 import time

@@ -44,7 +44,7 @@ TOKENIZER_FILE = 'tokenizer.model'
 COMMIT_SUCCESS_FILE = 'commit_success.txt'  # orbax's marker of a finished step on GCS
 
 
-WEIGHTS_ONLY_STEP = 0   # an import's checkpoint (scripts/convert_hf.py): weights, nothing trained
+WEIGHTS_ONLY_STEP = 0   # an import's checkpoint (pretrain-jax convert_hf): weights, nothing trained
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -435,7 +435,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   was moved) is pointed at the workdir's copy."""
   path = paths.join(workdir, CONFIG_FILE)
   if not paths.isfile(path):
-    raise FileNotFoundError(f'{path} not found; expected a workdir written by scripts/train.py')
+    raise FileNotFoundError(f'{path} not found; expected a workdir written by pretrain-jax train')
   config = ml_collections.ConfigDict(paths.read_json(path))
   copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
   if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):

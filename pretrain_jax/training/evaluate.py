@@ -1,6 +1,6 @@
 """The one evaluator: metric sums over a stream of batches, for the train loop and any checkpoint.
 
-Training-time validation (training/loop.py) and scripts/evaluate.py call `evaluate` with the
+Training-time validation (training/loop.py) and pretrain-jax evaluate call `evaluate` with the
 same jitted eval step (training/step.make_eval_step), so the same checkpoint and batches give
 the same numbers under the same names (training/task.metrics_from_sums): `loss` is the
 training objective (LM + z-loss + NSP), `lm_loss`, `lm_perplexity`, `lm_accuracy`,

@@ -33,7 +33,7 @@ def open_datasets(config, datasets=None, workdir=None, tokenizer=None):
   tokenizer loaded (with a `workdir`: the run's one prepared copy and, with no data.tokenizer,
   the workdir's one tokenizer: workdir_lib.shared_source / shared_tokenizer) and checked
   against the model's vocabulary. A `tokenizer` given is used as it is: the caller loaded it
-  from `config.data.tokenizer` and checked that its ids fit the model (scripts/train.py: a
+  from `config.data.tokenizer` and checked that its ids fit the model (pretrain-jax train: a
   Hugging Face tokenizer directory, which this layer does not read).
   """
   tokenizer_path = ''
@@ -52,7 +52,7 @@ def open_datasets(config, datasets=None, workdir=None, tokenizer=None):
   host_batch = config.train.batch_size // jax.process_count()
   kw = dict(batch_size=host_batch, process_index=jax.process_index(),
             process_count=jax.process_count(), model_max_len=config.model.max_len)
-  # Validation reads the split once, in order, as scripts/evaluate.py does (the same batches,
+  # Validation reads the split once, in order, as pretrain-jax evaluate does (the same batches,
   # so the same numbers): with data streams a repeating small split would carry documents of
   # its next epoch into the first batches.
   # No evaluation (train.eval_every <= 0): no validation split is opened, so a corpus without

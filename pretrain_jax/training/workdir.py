@@ -267,7 +267,7 @@ def open_lock(workdir: str) -> WorkdirLock:
 def is_hf_config(saved) -> bool:
   """True for a Hugging Face config.json's contents: a `model_type` (or `architectures`) and no
   `train` section, which every training workdir's config.json has. The one rule for "is this a
-  Hugging Face directory" (hf.is_hf_dir, check_not_foreign, scripts/evaluate.py)."""
+  Hugging Face directory" (hf.is_hf_dir, check_not_foreign, pretrain-jax evaluate)."""
   return isinstance(saved, dict) and 'train' not in saved and (
       'model_type' in saved or 'architectures' in saved)
 
@@ -287,7 +287,7 @@ def check_not_foreign(workdir: str) -> None:
             else f'architectures {saved.get("architectures")!r}')
     raise ValueError(f'{workdir} is a Hugging Face model directory (config.json has '
                      f'{kind}); expected a training workdir: '
-                     f'import it first (scripts/convert_hf.py import --hf_dir {workdir} '
+                     f'import it first (pretrain-jax convert_hf import --hf_dir {workdir} '
                      '--workdir NEW_DIR) and train there')
 
 
@@ -365,7 +365,7 @@ def check_config(config, workdir: str, untrained: bool = False):
   change (config_differences); returns the saved config (None: none yet). The train loop calls
   it before the data are opened, so a changed `data.files` is refused before it is prepared.
   `untrained`: the newest checkpoint is step 0, weights no step of this workdir trained (an
-  import, scripts/convert_hf.py), so only the model must match: the run starts from them with
+  import, pretrain-jax convert_hf), so only the model must match: the run starts from them with
   its own train, data and optimizer settings."""
   saved = read_config(workdir)
   if saved is not None:
@@ -378,7 +378,7 @@ def check_config(config, workdir: str, untrained: bool = False):
         raise ValueError(f'the model differs from the one imported into {workdir} (checkpoint 0 '
                          f'holds its weights): {"; ".join(lines)}. Keep the import\'s model '
                          f'({", ".join(RUN_MODEL_KEYS)} may change), or import again '
-                         '(scripts/convert_hf.py import) into a new workdir')
+                         '(pretrain-jax convert_hf import) into a new workdir')
     if lines:
       raise ValueError(f'the config differs from {paths.join(workdir, CONFIG_FILE)} (the '
                        f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
@@ -499,7 +499,7 @@ def hold(workdir: str, steps: int):
     if done and done[-1] > steps:
       raise ValueError(f'train.steps={steps} but {ckpt_lib.checkpoint_dir(workdir)} holds step '
                        f'{done[-1]}: nothing to train. Pass --config.train.steps > {done[-1]} '
-                       'to train on, or evaluate the checkpoint with scripts/evaluate.py')
+                       'to train on, or evaluate the checkpoint with pretrain-jax evaluate')
     if jax.process_index() == 0:
       ckpt_lib.remove_temporary(workdir)
 

@@ -1,8 +1,8 @@
 r"""Fine-tune or probe a checkpoint on a labelled task, on the pre-training loop.
 
-  python scripts/finetune.py --init runs/tiny/gpt --task word_order --workdir runs/ft/gpt_full \
+  pretrain-jax finetune --init runs/tiny/gpt --task word_order --workdir runs/ft/gpt_full \
       --mode full [--config.train.steps=300 --config.train.learning_rate=1e-3 ...]
-  python scripts/finetune.py --init bert-base-uncased/ --task glue/sst2 \
+  pretrain-jax finetune --init bert-base-uncased/ --task glue/sst2 \
       --config.task.tfds_data_dir=gs://BUCKET/tfds --workdir runs/sst2 --mode linear_probe
 
 --init: a training workdir, one of its checkpoints/<step> directories, or a Hugging Face model
@@ -10,7 +10,7 @@ directory. --task: 'word_order' (embedded, no download), a tfds name (glue/sst2,
 glue/mrpc, glue/qnli, glue/rte, glue/qqp, super_glue/boolq), a directory with train.* and
 validation.* (.jsonl/.json/.csv/.tsv with text [, text_pair], label or inputs, targets), or
 'train=FILE,validation=FILE'. --mode: full | linear_probe | scratch (pretrain_jax/finetune).
-Checkpoints, SIGTERM and resuming work as in scripts/train.py (rerun the command to resume).
+Checkpoints, SIGTERM and resuming work as in pretrain-jax train (rerun the command to resume).
 Progress goes to stderr, metrics.jsonl and TensorBoard; stdout gets one JSON line. Predict
 with `pretrain_jax.load_pretrained(WORKDIR).predict(['a sentence', ...])`.
 """
@@ -19,7 +19,7 @@ import json
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
-from pretrain_jax.finetune import flags as ft_flags
+from pretrain_jax.commands import finetune_flags as ft_flags
 
 _CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
@@ -27,7 +27,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.js
 _MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], 'what trains')
 
 
-def main(argv):
+def _run(argv):
   del argv
   from pretrain_jax import finetune  # pylint: disable=g-import-not-at-top
   config = cli.config_of(_CONFIG, 'fine-tuning')
@@ -37,6 +37,10 @@ def main(argv):
   print(json.dumps(result), flush=True)
 
 
-if __name__ == '__main__':
+def main(argv=None) -> None:
   flags.mark_flags_as_required(['init', 'task', 'workdir'])
-  cli.run(main)
+  cli.run(_run, argv)
+
+
+if __name__ == '__main__':
+  main()

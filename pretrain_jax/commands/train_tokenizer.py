@@ -1,9 +1,9 @@
 r"""Train a SentencePiece tokenizer (T5 sentinels last, BERT specials, size a multiple of 128).
 
-  python scripts/train_tokenizer.py --output /tmp/pydoc.model               # embedded corpus
-  python scripts/train_tokenizer.py --output c4.model --vocab_size 32000 \
+  pretrain-jax train_tokenizer --output /tmp/pydoc.model               # embedded corpus
+  pretrain-jax train_tokenizer --output c4.model --vocab_size 32000 \
       --tfds_name c4/en:3.1.0 --tfds_data_dir gs://BUCKET/tensorflow_datasets
-  python scripts/train_tokenizer.py --output mine.model --files 'data/*.jsonl.gz' --type bpe
+  pretrain-jax train_tokenizer --output mine.model --files 'data/*.jsonl.gz' --type bpe
 
 Layout: 0 <pad>, 1 </s>, 2 <unk>, 3 [CLS], 4 [SEP], 5 [MASK], learned pieces, filler, then
 ▁<extra_id_99> ... ▁<extra_id_0> (the last id). Point config.data.tokenizer at the output.
@@ -16,7 +16,7 @@ import time
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 
 
-def main(argv=None):
+def _run(argv=None):
   p = cli.argument_parser(__doc__.split('\n')[0])
   p.add_argument('--output', required=True, help='path of the .model file to write')
   p.add_argument('--type', default='unigram', choices=['unigram', 'bpe', 'char'])
@@ -30,7 +30,7 @@ def main(argv=None):
   p.add_argument('--max_chars', type=int, default=20_000_000,
                  help='characters of text read at most (sentencepiece holds them in memory)')
   p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
-  args = p.parse_args(argv)
+  args = p.parse_args(None if argv is None else argv[1:])
 
   from configs import common
   from pretrain_jax.data import local_builder, sources, tokenizer
@@ -54,5 +54,10 @@ def main(argv=None):
                     'seconds': round(time.time() - start, 2)}), flush=True)
 
 
+def main(argv=None) -> None:
+  argv = sys.argv if argv is None else argv
+  cli.call(_run, argv, verbose='--verbose' in argv)
+
+
 if __name__ == '__main__':
-  cli.call(main, verbose='--verbose' in sys.argv)
+  main()

@@ -1,6 +1,6 @@
 """Benchmark the real train step of a config; the last stdout line is one JSON record.
 
-  python scripts/benchmark.py --config configs/bench_gpt.py [--config.model.KEY=VALUE ...]
+  pretrain-jax benchmark --config bench_gpt [--config.model.KEY=VALUE ...]
       [--steps 10] [--peak_flops 0]
 
 Compiles the train step (donated state, the configured mesh), times `--steps` steps on a
@@ -17,7 +17,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=False)
+_CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=False)
 _STEPS = flags.DEFINE_integer('steps', None, 'timed steps (default: config.benchmark.steps '
                               'or 10)', lower_bound=1)
 _WARMUP = flags.DEFINE_integer('warmup', None, 'untimed steps after compiling (default 2)',
@@ -26,7 +26,7 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
                            '(0: measure)', lower_bound=0.0)
 
 
-def main(argv):
+def _run(argv):
   del argv
   from pretrain_jax.perf import benchmark
   config = cli.config_of(_CONFIG, 'pre-training')
@@ -38,6 +38,10 @@ def main(argv):
   print(json.dumps(record), flush=True)
 
 
-if __name__ == '__main__':
+def main(argv=None) -> None:
   flags.mark_flags_as_required(['config'])
-  cli.run(main)
+  cli.run(_run, argv)
+
+
+if __name__ == '__main__':
+  main()

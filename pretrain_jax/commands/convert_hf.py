@@ -1,13 +1,13 @@
 """Hugging Face model directory <-> training workdir (BERT, GPT-2, T5 v1.0 / v1.1).
 
-  python scripts/convert_hf.py import --hf_dir ~/hf/gpt2 --workdir runs/gpt2 [--scan_layers]
-  python scripts/convert_hf.py export --workdir runs/gpt2 --hf_dir /tmp/gpt2_out [--step 300]
+  pretrain-jax convert_hf import --hf_dir ~/hf/gpt2 --workdir runs/gpt2 [--scan_layers]
+  pretrain-jax convert_hf export --workdir runs/gpt2 --hf_dir /tmp/gpt2_out [--step 300]
 
 import: reads config.json + model.safetensors (or pytorch_model.bin, needs torch) and the
 tokenizer files, and writes a workdir with checkpoint 0 (the HF weights, a fresh optimizer
 state), config.json and the tokenizer. Evaluation scripts and pretrain_jax.load_pretrained read
 it like any run; the printed `train_flags` turn the family's base config into the imported model
-for scripts/train.py, which pre-trains on from checkpoint 0 with the model's own tokenizer and
+for pretrain-jax train, which pre-trains on from checkpoint 0 with the model's own tokenizer and
 any data / train settings (a fresh optimizer state). export: writes config.json +
 model.safetensors (+ tokenizer files) that
 transformers' from_pretrained loads. Neither ever writes into an existing non-empty directory,
@@ -30,7 +30,7 @@ _BASE = flags.DEFINE_string('base_config', None, 'import: configs/ module name f
 COMMANDS = ('import', 'export')
 
 
-def main(argv):
+def _run(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise app.UsageError(f'expected one command, {" or ".join(COMMANDS)}; got {argv[1:]}')
   if not _HF_DIR.value or not _WORKDIR.value:
@@ -47,5 +47,9 @@ def main(argv):
   print(json.dumps(result), flush=True)
 
 
+def main(argv=None) -> None:
+  cli.run(_run, argv, positional=True)
+
+
 if __name__ == '__main__':
-  cli.run(main, positional=True)
+  main()

@@ -4,7 +4,7 @@ that they learned: trained vs random-init metrics on held-out text, and outputs 
   pretrain-jax train_tiny [--workdir runs/tiny] [--models tiny_gpt,...] [--steps 300]
 
 Each model trains in <workdir>/<family> (bert, gpt, t5) with checkpoints, TensorBoard and
-metrics.jsonl, exactly as `pretrain-jax train --config configs/<name>.py --workdir
+metrics.jsonl, exactly as `pretrain-jax train --config <name> --workdir
 <workdir>/<family>` would (rerunning resumes; pick a new --workdir to start over). Then each
 checkpoint is loaded as a user would (`pretrain_jax.load_pretrained`) and probed on sentences of
 the held-out split (pretrain_jax.inference.demo): BERT fills one masked word per sentence, GPT
@@ -13,7 +13,6 @@ stderr; stdout gets one JSON line with every number.
 """
 import importlib
 import json
-import os
 import sys
 import time
 
@@ -26,7 +25,7 @@ DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
 EXPECTED = 'about 3-4.5 minutes on 2 idle cores (2m59s measured; 2m17s on a rerun)'
 
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/tiny', 'one subdirectory per model')
-_MODELS = flags.DEFINE_list('models', DEFAULT_MODELS, 'configs/<name>.py')
+_MODELS = flags.DEFINE_list('models', DEFAULT_MODELS, 'config names (configs/<name>.py)')
 _STEPS = flags.DEFINE_integer('steps', 0, 'train steps per model (0 = the config\'s)',
                               lower_bound=0)
 _PROBES = flags.DEFINE_integer('probe_sentences', 40, 'held-out sentences per probe (0 = none)',
@@ -108,18 +107,16 @@ def report(family: str, result: dict) -> None:
     say(f'  {e["input"]!r}: <extra_id_0> = {e["filled"]!r} (was {e["answer"]!r})')
 
 
-def main(argv):
+def _run(argv):
   del argv
+  from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
   from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top
   from pretrain_jax.inference import demo  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
   results, start_all = [], time.perf_counter()
   if _MODELS.value == DEFAULT_MODELS and not _STEPS.value:
     say(f'the main job: tiny BERT, GPT and T5, then held-out probes; {EXPECTED}')
-  import configs  # pylint: disable=g-import-not-at-top
-  known = sorted(f[:-3] for f in os.listdir(os.path.dirname(configs.__file__))
-                 if f.endswith('.py')
-                 and f not in ('__init__.py', 'common.py', 'bench_common.py'))
+  known = cli.config_names()
   unknown = [name for name in _MODELS.value if name not in known]
   if unknown:
     raise ValueError(f'--models names {unknown}; expected configs/<name>.py names such as '
@@ -133,7 +130,7 @@ def main(argv):
     say(f'== {name}: {config.train.steps} steps of {config.train.batch_size} x '
         f'{config.data.seq_len} tokens')
     start = time.perf_counter()
-    workdir = os.path.join(_WORKDIR.value, config.model.family)
+    workdir = paths.join(_WORKDIR.value, config.model.family)
     result = loop.train_and_evaluate(config, workdir)
     result.update(name=name, wall_sec=time.perf_counter() - start)
     texts = []
@@ -162,5 +159,9 @@ def main(argv):
         flush=True)
 
 
+def main(argv=None) -> None:
+  cli.run(_run, argv)
+
+
 if __name__ == '__main__':
-  cli.run(main)
+  main()

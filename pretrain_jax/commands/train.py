@@ -1,6 +1,6 @@
 r"""Train a BERT, GPT or T5 from a config, resuming from the workdir's latest checkpoint.
 
-  python scripts/train.py --config configs/tiny_gpt.py --workdir /tmp/tiny_gpt \
+  pretrain-jax train --config tiny_gpt --workdir /tmp/tiny_gpt \
       [--config.train.steps=100 --config.mesh.fsdp=4 ...]
 
 The same command runs on CPU, GPU and TPU. On a multi-host TPU VM slice run it on every host
@@ -16,7 +16,7 @@ handlers), so the others' collectives fail at once instead of JAX's 5-minute exi
 Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one JSON line of
 results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
 --config.data.tokenizer takes a sentencepiece .model or a Hugging Face tokenizer directory
-(the hf_tokenizer/ of a workdir scripts/convert_hf.py imported: GPT-2's BPE, BERT's WordPiece).
+(the hf_tokenizer/ of a workdir pretrain-jax convert_hf imported: GPT-2's BPE, BERT's WordPiece).
 """
 import json
 import re
@@ -26,7 +26,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
 _MULTIHOST = flags.DEFINE_bool('multihost', False,
                                'call jax.distributed.initialize() (multi-process runs)')
@@ -39,10 +39,10 @@ _INIT_TIMEOUT = flags.DEFINE_float('init_timeout', 300.0, 'with --multihost: sec
 _SYNTHETIC = flags.DEFINE_bool('synthetic_data', False,
                                'random token batches instead of pretrain_jax.data')
 _CHECK_ARGS = flags.DEFINE_bool('check_args', False, 'parse the flags and load the config, '
-                                'then exit (tpu.py run does this before launching)')
+                                'then exit (pretrain-jax tpu run does this first)')
 
 
-def main(argv):
+def _run(argv):
   del argv
   given = [f'--{f.name}' for f in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)
            if f.value is not None]
@@ -91,6 +91,10 @@ def main(argv):
     print(json.dumps(results), flush=True)
 
 
-if __name__ == '__main__':
+def main(argv=None) -> None:
   flags.mark_flags_as_required(['config', 'workdir'])
-  cli.run(main)
+  cli.run(_run, argv)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,7 +1,7 @@
 """Generate from a GPT (continuation) or T5 (span filling) checkpoint, with the KV cache.
 
-  python scripts/generate.py --workdir runs/tiny/gpt --prompt 'The list' --prompt 'A module'
-  python scripts/generate.py --workdir runs/tiny/t5 --prompt 'The <extra_id_0> of a list.'
+  pretrain-jax generate --workdir runs/tiny/gpt --prompt 'The list' --prompt 'A module'
+  pretrain-jax generate --workdir runs/tiny/t5 --prompt 'The <extra_id_0> of a list.'
       [--max_new_tokens 32] [--temperature 0.8] [--top_k 40] [--top_p 0.95] [--seed 0]
 
 Greedy by default (temperature 0); the seed makes sampling reproducible. Stops at EOS or
@@ -26,7 +26,7 @@ _TOP_P = flags.DEFINE_float('top_p', 1.0, 'nucleus sampling mass (1 = all)')
 _SEED = flags.DEFINE_integer('seed', 0, 'sampling seed')
 
 
-def main(argv):
+def _run(argv):
   del argv
   text.check_sampling(_MAX.value, _TEMPERATURE.value, _TOP_K.value, _TOP_P.value)  # before load
   model = load_pretrained(_WORKDIR.value)
@@ -38,5 +38,9 @@ def main(argv):
   print(json.dumps({'family': model.family, 'step': model.step, 'results': results}))
 
 
+def main(argv=None) -> None:
+  cli.run(_run, argv)
+
+
 if __name__ == '__main__':
-  cli.run(main)
+  main()

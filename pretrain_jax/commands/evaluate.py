@@ -3,7 +3,7 @@
 Metric names are the train loop's: loss (the training objective: LM + z-loss + NSP), lm_loss,
 lm_perplexity, lm_accuracy, lm_top5_accuracy, z_loss, nsp_loss, nsp_accuracy.
 
-  python scripts/evaluate.py --workdir runs/tiny/gpt [--files 'my/*.jsonl'] [--split validation]
+  pretrain-jax evaluate --workdir runs/tiny/gpt [--files 'my/*.jsonl'] [--split validation]
                              [--random_init] [--batches N] [--step 300]
 
 --batches defaults to the run's train.eval_batches: the numbers of its last validation
@@ -39,7 +39,7 @@ _BATCH_SIZE = flags.DEFINE_integer('batch_size', 0, 'rows per batch (default: tr
 _STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)', lower_bound=0)
 
 
-def main(argv):
+def _run(argv):
   del argv
   if _RANDOM.value and _STEP.value is not None:
     raise ValueError(f'--random_init with --step {_STEP.value}: a random init has no step; '
@@ -47,14 +47,14 @@ def main(argv):
   if hf.is_hf_dir(_WORKDIR.value):   # no data or training settings to evaluate with
     raise ValueError(f'{_WORKDIR.value} is a Hugging Face model directory, which names no '
                      'data to evaluate on; expected a training workdir (import it first: '
-                     f'scripts/convert_hf.py import --hf_dir {_WORKDIR.value} --workdir DIR, '
-                     'then evaluate.py --workdir DIR [--files ...])')
+                     f'pretrain-jax convert_hf import --hf_dir {_WORKDIR.value} --workdir DIR, '
+                     'then pretrain-jax evaluate --workdir DIR [--files ...])')
   model = load_pretrained(_WORKDIR.value, _STEP.value)
   config = model.config
   if 'task' in config:   # a fine-tuning workdir: its task's metrics are in metrics.jsonl
     raise ValueError(f'{_WORKDIR.value} holds a model fine-tuned on task '
                      f'{config.task.get("name")!r}; expected a pre-training workdir (a '
-                     'fine-tune is evaluated on its task by scripts/finetune.py: the workdir\'s '
+                     'fine-tune is evaluated on its task by pretrain-jax finetune: the workdir\'s '
                      'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
   if _FILES.value:
     local_builder.expand_files(_FILES.value, name='--files')   # errors name the flag
@@ -75,5 +75,9 @@ def main(argv):
                     'split': split, 'random_init': _RANDOM.value, **metrics}))
 
 
+def main(argv=None) -> None:
+  cli.run(_run, argv)
+
+
 if __name__ == '__main__':
-  cli.run(main)
+  main()

@@ -1,6 +1,6 @@
 """The classic BERT-vs-GPT pre-training experiment on character-level tiny Shakespeare.
 
-  python scripts/shakespeare.py --corpus tinyshakespeare.txt [--config.gpt.train.steps=600]
+  pretrain-jax shakespeare --corpus tinyshakespeare.txt [--config.gpt.train.steps=600]
 
 Prints GPT validation perplexity, BERT held-out MLM top-1/top-5 against a random-init encoder,
 and the training wall time of each; ends with one JSON line.
@@ -18,9 +18,8 @@ from ml_collections import config_flags
 from pretrain_jax.experiments import char_lm
 from pretrain_jax.training import metrics as metrics_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs',
-                           'shakespeare_char.py'), 'experiment config')
+_CONFIG = config_flags.DEFINE_config_file('config', cli.config_path('shakespeare_char'),
+                                          'experiment config: a name or a file')
 _CORPUS = flags.DEFINE_string('corpus', None, 'path of tinyshakespeare.txt', required=True)
 
 
@@ -43,7 +42,7 @@ def progress(name: str, steps: int, chars_per_step: int):
   return report
 
 
-def main(argv):
+def _run(argv):
   del argv
   config = cli.config_of(_CONFIG, 'chapter experiment')
   config.corpus = _CORPUS.value
@@ -62,5 +61,9 @@ def main(argv):
   print(json.dumps(result))
 
 
+def main(argv=None) -> None:
+  cli.run(_run, argv)
+
+
 if __name__ == '__main__':
-  cli.run(main)
+  main()

@@ -1,6 +1,6 @@
 """Print a config's parameter tree (path, shape, logical axes) without allocating weights.
 
-  python scripts/describe.py --config configs/gpt2_small.py [--config.model.num_layers=24]
+  pretrain-jax describe --config gpt2_small [--config.model.num_layers=24]
 
 Ends with one JSON line: {"params": N, "family": ..., "layers": ..., "emb_dim": ...,
 "vocab_size": ...}.
@@ -14,10 +14,10 @@ from ml_collections import config_flags
 
 from pretrain_jax.models import ModelConfig, describe
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/NAME.py', lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
 
 
-def main(argv):
+def _run(argv):
   del argv
   cfg = ModelConfig.from_config(cli.config_of(_CONFIG, 'pre-training').model)
   rows, total = describe.parameter_table(cfg)
@@ -29,6 +29,10 @@ def main(argv):
                     'emb_dim': cfg.emb_dim, 'vocab_size': cfg.vocab_size}))
 
 
-if __name__ == '__main__':
+def main(argv=None) -> None:
   flags.mark_flags_as_required(['config'])
-  cli.run(main)
+  cli.run(_run, argv)
+
+
+if __name__ == '__main__':
+  main()

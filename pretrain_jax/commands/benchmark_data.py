@@ -1,6 +1,6 @@
 """Throughput of the input pipeline alone (no model), one JSON line per objective.
 
-  python scripts/benchmark_data.py [--seq_len 128 --batch_size 16 --batches 1000]
+  pretrain-jax benchmark_data [--seq_len 128 --batch_size 16 --batches 1000]
       [--files 'data/*.jsonl' | --tfds_name c4/en:3.1.0 --tfds_data_dir gs://...]
       [--tokenizer path.model] [--objectives clm,mlm,nsp,span_corruption]
 
@@ -16,7 +16,7 @@ import sys
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 
 
-def main(argv=None):
+def _run(argv=None):
   p = cli.argument_parser(__doc__.split('\n')[0])
   p.add_argument('--seq_len', type=int, default=128)
   p.add_argument('--batch_size', type=int, default=16, help='rows per host')
@@ -29,7 +29,7 @@ def main(argv=None):
   p.add_argument('--tokenizer', default='')
   p.add_argument('--split', default='train')
   p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
-  args = p.parse_args(argv)
+  args = p.parse_args(None if argv is None else argv[1:])
   for name, least in (('seq_len', 2), ('batch_size', 1), ('batches', 1), ('warmup', 0)):
     if getattr(args, name) < least:
       p.error(f'--{name}={getattr(args, name)}; expected an integer >= {least}')
@@ -72,5 +72,10 @@ def main(argv=None):
                       'cpus': os.cpu_count()}), flush=True)
 
 
+def main(argv=None) -> None:
+  argv = sys.argv if argv is None else argv
+  cli.call(_run, argv, verbose='--verbose' in argv)
+
+
 if __name__ == '__main__':
-  cli.call(main, verbose='--verbose' in sys.argv)
+  main()

@@ -1,10 +1,10 @@
 r"""Does pre-training help? scratch vs linear_probe vs full fine-tuning of one checkpoint on a task.
 
-  python scripts/transfer.py --init runs/tiny/gpt --task word_order --workdir runs/transfer/gpt \
+  pretrain-jax transfer --init runs/tiny/gpt --task word_order --workdir runs/transfer/gpt \
       [--modes scratch,linear_probe,full] [--sizes 200,0] [--seeds 0,1,2]
       [--config.train.steps=300 ...]
 
-Each run is `scripts/finetune.py` in <workdir>/<mode>[_n<size>][_s<seed>] (rerunning resumes or
+Each run is `pretrain-jax finetune` in <workdir>/<mode>[_n<size>][_s<seed>] (rerunning resumes or
 reuses a finished run; pick a new --workdir to start over). --sizes limits the labelled training
 set to the first N examples (0 = all). --seeds repeats each run with train.seed = each value
 (the head's and scratch's init, dropout) and adds the mean and range per mode: on a small
@@ -16,7 +16,7 @@ by side. A plot that fails is reported after the JSON line (with "png": null), n
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
-from pretrain_jax.finetune import flags as ft_flags
+from pretrain_jax.commands import finetune_flags as ft_flags
 
 _CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
@@ -28,7 +28,7 @@ _SEEDS = flags.DEFINE_list('seeds', [], 'train.seed of each repeat of every run 
                            "the config's, once)")
 
 
-def main(argv):
+def _run(argv):
   del argv
   from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
   config = cli.config_of(_CONFIG, 'fine-tuning')
@@ -55,6 +55,10 @@ def _integers(name, values, expected):
     raise ValueError(f'--{name}={",".join(values)}; expected {expected}') from None
 
 
-if __name__ == '__main__':
+def main(argv=None) -> None:
   flags.mark_flags_as_required(['init', 'task', 'workdir'])
-  cli.run(main)
+  cli.run(_run, argv)
+
+
+if __name__ == '__main__':
+  main()

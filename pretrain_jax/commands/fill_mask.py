@@ -1,6 +1,6 @@
 """BERT fill-mask: top-k tokens with probabilities for each [MASK] in a sentence.
 
-  python scripts/fill_mask.py --workdir runs/tiny/bert --text 'The [MASK] of a list.' [--top_k 5]
+  pretrain-jax fill_mask --workdir runs/tiny/bert --text 'The [MASK] of a list.' [--top_k 5]
 
 Ends with one JSON line.
 """
@@ -19,7 +19,7 @@ _TEXT = flags.DEFINE_string('text', None, 'sentence with one or more [MASK]', re
 _TOP_K = flags.DEFINE_integer('top_k', 5, 'candidates per mask')
 
 
-def main(argv):
+def _run(argv):
   del argv
   if _TOP_K.value < 1:
     raise app.UsageError(f'--top_k={_TOP_K.value}; expected >= 1')
@@ -31,5 +31,9 @@ def main(argv):
   print(json.dumps({'text': _TEXT.value, 'step': model.step, 'masks': masks}))
 
 
+def main(argv=None) -> None:
+  cli.run(_run, argv)
+
+
 if __name__ == '__main__':
-  cli.run(main)
+  main()

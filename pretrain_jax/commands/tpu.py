@@ -1,20 +1,20 @@
 r"""Cloud TPU VM slices through `gcloud`: create, ship the code, train, watch, recover, delete.
 
-  python scripts/tpu.py create --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot
-  python scripts/tpu.py setup  --name ptj --zone us-west4-a
-  python scripts/tpu.py run    --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot \
-      --watch -- --config configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2
-  python scripts/tpu.py status|stop|delete --name ptj --zone us-west4-a
-  python scripts/tpu.py logs   --name ptj --zone us-west4-a [--worker 1] [--follow]
+  pretrain-jax tpu create --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot
+  pretrain-jax tpu setup  --name ptj --zone us-west4-a
+  pretrain-jax tpu run    --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot \
+      --watch -- --config gpt2_small --workdir gs://BUCKET/runs/gpt2
+  pretrain-jax tpu status|stop|delete --name ptj --zone us-west4-a
+  pretrain-jax tpu logs   --name ptj --zone us-west4-a [--worker 1] [--follow]
 
 create makes a TPU VM (or with --queued a queued resource) and waits until it is READY / ACTIVE.
 setup ships the committed HEAD (git archive) to every worker, makes ~/pretrain_jax/.venv and
 installs requirements.txt plus jax[tpu] of the pinned jax version. run stops anything holding
-the TPU, then starts `scripts/train.py <args after --> --multihost` on every worker under nohup
+the TPU, then starts `pretrain-jax train <args after --> --multihost` on every worker under nohup
 (log: ~/pretrain_jax_logs/worker.log; with a gs:// --workdir also <workdir>/logs/worker_<i>.log).
 run --watch then polls the slice: when it is preempted (or gone) it deletes it, creates it
-again, reruns setup and the identical command (train.py resumes from the workdir's latest
-checkpoint), at most --max_retries times with exponential backoff; it returns when train.py has
+again, reruns setup and the identical command (train resumes from the workdir's latest
+checkpoint), at most --max_retries times with exponential backoff; it returns when training has
 exited 0 on every worker. --dry_run prints the commands (one per line) and runs none of them.
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
@@ -47,7 +47,7 @@ _BEST_EFFORT = flags.DEFINE_bool('best_effort', False,
                                  'with --queued: best-effort capacity (gcloud alpha)')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'print the commands, run none of them')
 _WATCH = flags.DEFINE_bool('watch', False, 'run: re-create and rerun after preemption, '
-                           'return when train.py exits')
+                           'return when training exits')
 _MAX_RETRIES = flags.DEFINE_integer('max_retries', 3, 'run --watch: re-creations before giving up',
                                     lower_bound=0)
 _BACKOFF_S = flags.DEFINE_float('backoff_s', 60, 'run --watch: wait before re-creation i is '
@@ -80,7 +80,7 @@ def run_command(command: str, argv) -> dict:
   if command not in COMMANDS:
     raise ValueError(f'unknown command {command!r}; expected one of {", ".join(COMMANDS)}')
   if argv:
-    raise ValueError(f'unexpected arguments {argv}; train.py arguments go after --')
+    raise ValueError(f'unexpected arguments {argv}; the arguments of pretrain-jax train go after --')
   if TRAIN_ARGS and command != 'run':
     raise ValueError(f'only run takes arguments after --; got {TRAIN_ARGS} for {command}')
   tpu = gcloud.Slice(_NAME.value, _ZONE.value, _TPU_TYPE.value, _RUNTIME.value, provisioning(),
@@ -104,7 +104,7 @@ def run_command(command: str, argv) -> dict:
   return getattr(job, command)()
 
 
-def main(argv):
+def _run(argv):
   if len(argv) < 2:
     print(f'error: expected a command, one of {", ".join(COMMANDS)}', file=sys.stderr)
     sys.exit(2)
@@ -124,22 +124,22 @@ def main(argv):
 
 
 def check_train_args(args) -> None:
-  """What would fail on every worker after the setup, refused here: tpu.py's own flags after
+  """What would fail on every worker after the setup, refused here: tpu's own flags after
   `--`, no --config or a config file the repository lacks, a workdir outside Cloud Storage (the
-  workers share nothing else, and a preempted worker loses its disk), and whatever train.py's
+  workers share nothing else, and a preempted worker loses its disk), and whatever train's
   own parsing refuses (unknown flags, overrides of missing fields, values that do not parse):
-  `train.py ARGS --multihost --check_args` runs here first.
+  `pretrain-jax train ARGS --multihost --check_args` runs here first.
   """
   own = {v.name for v in globals().values() if isinstance(v, flags.FlagHolder)}
   ours = sorted({a.split('=', 1)[0] for a in args if a.startswith('--') and (
       a[2:].split('=', 1)[0] in own or a[2:].removeprefix('no') in own)})
   if ours:
-    raise ValueError(f'{", ".join(ours)} after -- would go to train.py; expected tpu.py\'s own '
-                     'flags before -- (e.g. run --watch -- --config ...)')
+    raise ValueError(f'{", ".join(ours)} after -- would go to pretrain-jax train; expected '
+                     "tpu's own flags before -- (e.g. run --watch -- --config ...)")
   workdir, config_arg = gcloud.workdir_of(args), gcloud.flag_of(args, 'config')
   if not workdir or not config_arg:
-    raise ValueError(f'train.py arguments {args} need --config and --workdir; e.g. -- '
-                     '--config configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
+    raise ValueError(f'pretrain-jax train arguments {args} need --config and --workdir; e.g. -- '
+                     '--config gpt2_small --workdir gs://BUCKET/runs/gpt2')
   bucket = workdir[5:].split('/', 1)[0] if workdir.startswith('gs://') else ''
   if not bucket:
     raise ValueError(f'--workdir {workdir} is not in a Cloud Storage bucket; expected '
@@ -150,11 +150,13 @@ def check_train_args(args) -> None:
                      'name; expected 3-222 lowercase letters, digits, -, _ and ., starting and '
                      'ending with a letter or digit')
   path = config_arg.partition(':')[0]
+  if not os.path.exists(os.path.join(launcher.REPO_ROOT, path)) and path in cli.config_names():
+    path = os.path.join('configs', f'{path}.py')   # a named config: the shipped configs/ file
   full = path if os.path.isabs(path) else os.path.join(launcher.REPO_ROOT, path)
   root = os.path.abspath(launcher.REPO_ROOT)
   if not os.path.isfile(full) or os.path.commonpath([root, os.path.abspath(full)]) != root:
     raise ValueError(f'--config {config_arg}: no such file in {launcher.REPO_ROOT}; expected a '
-                     'config the repository ships, such as configs/gpt2_small.py')
+                     'config the repository ships, such as configs/gpt2_small.py or gpt2_small')
   status = subprocess.run(['git', '-C', root, 'status', '--porcelain', '--ignored', '--',
                            os.path.relpath(full, root)], capture_output=True, text=True,
                           check=False).stdout[:2]   # '' when committed as it is
@@ -166,22 +168,25 @@ def check_train_args(args) -> None:
                      'HEAD, so the workers would run its committed version: commit them (then '
                      'run setup again)')
   check = subprocess.run(
-      [sys.executable, os.path.join(launcher.REPO_ROOT, 'scripts', 'train.py'), *args,
-       '--multihost', '--check_args'], cwd=launcher.REPO_ROOT, capture_output=True, text=True,
-      check=False)
+      [sys.executable, '-m', 'pretrain_jax.commands.train', *args, '--multihost',
+       '--check_args'], cwd=launcher.REPO_ROOT, capture_output=True, text=True, check=False)
   if check.returncode:
     why = (check.stderr.strip().splitlines() or [f'exit {check.returncode}'])[-1]
-    raise ValueError(f'train.py refuses these arguments: {why.removeprefix("error: ")}')
+    raise ValueError(f'pretrain-jax train refuses these arguments: {why.removeprefix("error: ")}')
 
 
 def split_train_args(args):
-  """sys.argv -> (tpu.py's own argv, the train.py arguments after the first `--`)."""
+  """sys.argv -> (tpu's own argv, the train arguments after the first `--`)."""
   if '--' not in args:
     return list(args), []
   i = args.index('--')
   return list(args[:i]), list(args[i + 1:])
 
 
+def main(argv=None) -> None:
+  own, TRAIN_ARGS[:] = split_train_args(sys.argv if argv is None else argv)
+  app.run(_run, argv=own, flags_parser=cli.parse_flags)
+
+
 if __name__ == '__main__':
-  own, TRAIN_ARGS[:] = split_train_args(sys.argv)
-  app.run(main, argv=own, flags_parser=cli.parse_flags)
+  main()

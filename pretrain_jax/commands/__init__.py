@@ -1,0 +1,47 @@
+"""The command-line commands: `pretrain-jax COMMAND [flags]` runs COMMAND's `main`.
+
+Each command is a module here with a `main(argv=None)`, so `python -m
+pretrain_jax.commands.COMMAND [flags]` is the same command. `COMMAND --help` lists its flags.
+"""
+import runpy
+import sys
+
+COMMANDS = {   # name: what it does (one line of `pretrain-jax --help`)
+    'train_tiny': 'the main job: a tiny BERT, GPT and T5 on the embedded corpus, then probes',
+    'train': 'pre-train a config (resumes from the workdir; one host to a TPU pod slice)',
+    'evaluate': "a checkpoint's held-out loss, perplexity and accuracies",
+    'generate': 'continue text (GPT) or fill spans (T5) with the KV cache',
+    'fill_mask': "BERT's top-k tokens for each [MASK]",
+    'describe': "a config's parameter tree, without allocating weights",
+    'finetune': 'fine-tune, linear-probe or train from scratch on a labelled task',
+    'transfer': 'scratch vs linear probe vs full fine-tuning of a checkpoint, with curves',
+    'convert_hf': 'Hugging Face model directory <-> training workdir',
+    'train_tokenizer': 'train a sentencepiece tokenizer (T5 sentinels, BERT specials)',
+    'tpu': 'Cloud TPU VM slices: create, set up, run, watch, recover, delete',
+    'benchmark': "time a config's real train step (tokens/s, MFU)",
+    'benchmark_data': 'time the input pipeline alone',
+    'shakespeare': 'the chapter experiment: character-level BERT vs GPT on tiny Shakespeare',
+}
+
+
+def usage() -> str:
+  width = max(map(len, COMMANDS))
+  lines = [f'  {name:<{width}}  {what}' for name, what in COMMANDS.items()]
+  return ('usage: pretrain-jax COMMAND [flags]   (pretrain-jax COMMAND --help for its flags)\n'
+          'commands:\n' + '\n'.join(lines))
+
+
+def main(argv=None) -> None:
+  argv = sys.argv if argv is None else argv
+  if len(argv) < 2 or argv[1] in ('-h', '--help'):
+    print(usage(), file=sys.stderr if len(argv) < 2 else sys.stdout)
+    sys.exit(0 if len(argv) >= 2 else 2)
+  name = argv[1].replace('-', '_')
+  if name not in COMMANDS:
+    print(f'error: unknown command {argv[1]!r}; expected one of {", ".join(COMMANDS)}',
+          file=sys.stderr)
+    sys.exit(2)
+  # Run as `python -m` would: the module is __main__, so absl's --help shows its docstring and
+  # flags (absl files a flag under the module that defines it and shows __main__'s).
+  sys.argv = [argv[0]] + list(argv[2:])
+  runpy.run_module(f'pretrain_jax.commands.{name}', run_name='__main__', alter_sys=True)
