@@ -10,6 +10,6 @@ def get_config():
                  mlp_dim=2048, max_len=256)
   c.data.seq_len = 256
   c.train.update(batch_size=8, steps=20, warmup_steps=1,
-                 prng_impl='philox4x32')  # single-process CPU: 5x cheaper dropout masks
+                 prng_impl='philox4x32')  # single-process CPU: cheaper dropout masks
   c.benchmark = bench_section()
   return c

@@ -70,7 +70,7 @@ def train_config(batch_size: int, steps: int, learning_rate: float) -> ml_collec
                                     # objective's bound (128 for 512 tokens), 0 = every position
   t.seed = 0                        # parameter init and dropout randomness
   t.prng_impl = 'threefry2x32'      # dropout key's PRNG (jax.random.key impl): 'threefry2x32'
-                                    # (JAX's default, works everywhere), 'philox4x32' (5x faster
+                                    # (JAX's default, works everywhere), 'philox4x32' (cheaper
                                     # on XLA:CPU; single process only), 'rbg', 'unsafe_rbg'
   t.log_every = 10                  # steps between progress lines / TensorBoard scalars
   t.eval_every = 100                # steps between validation losses (0 disables)

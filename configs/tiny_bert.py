@@ -1,15 +1,14 @@
 """A BERT (MLM only, packed rows) that trains on the embedded corpus on a 2-core CPU in about a
 minute (the main job, pretrain-jax train_tiny).
 
-Chosen for a 400-step budget, each measured on this machine (held-out MLM loss after 400
-steps): a 1,024-piece vocabulary (the softmax is a third of the FLOPs at 2,048, and the
-probe's words are single pieces either way); no dropout (the run sees each document ~5 times);
-and ALiBi positions with steep slopes (MosaicBERT's choice of positions; `alibi_bias_max` 1:
-heads' slopes 0.84 / 0.71 / 0.59 / 0.5 per token of distance). With fixed sinusoidal positions
-400 steps end on the masked-LM plateau (loss 5.15: it predicts frequencies, not yet from its
-neighbours, because attention starts out uniform and must first learn where to look); ALiBi
-makes every head look at the neighbours from step 0: 4.34 (alibi_bias_max 8, the published
-slopes: 4.90; 2: 4.41; 0.5: 4.34). The README's main-job section has the numbers.
+Chosen for a 400-step budget: a 1,024-piece vocabulary (the softmax is a third of the FLOPs at
+2,048, and the probe's words are single pieces either way); no dropout (the run sees each
+document ~5 times); and ALiBi positions with steep slopes (MosaicBERT's choice of positions;
+`alibi_bias_max` 1: heads' slopes 0.84 / 0.71 / 0.59 / 0.5 per token of distance). With fixed
+sinusoidal positions 400 steps end on the masked-LM plateau (it predicts frequencies, not yet
+from its neighbours, because attention starts out uniform and must first learn where to look);
+ALiBi makes every head look at the neighbours from step 0. docs/performance.md has the
+held-out losses of each choice.
 """
 from configs import bert_base
 

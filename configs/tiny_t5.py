@@ -1,6 +1,6 @@
 """A T5 (v1.1 style) that trains on the embedded corpus on a 2-core CPU in about a minute and a
 half (the main job, pretrain-jax train_tiny): a 1,024-piece vocabulary and no dropout (see
-tiny_bert.py); its step costs ~1.4x a BERT step, so it takes fewer."""
+tiny_bert.py); its step costs more than a BERT step, so it takes fewer."""
 from configs import t5_small
 
 

@@ -24,7 +24,7 @@ from pretrain_jax.data import tokenizer as tokenizer_lib
 log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
 CHAIN_BELOW_DOCS = 100_000  # stream shares smaller than this chain epochs in one pipeline...
-MAX_CHAINED_EPOCHS = 32     # ...up to this many (~2 ms each for an in-memory share)
+MAX_CHAINED_EPOCHS = 32     # ...up to this many (cheap for an in-memory share)
 
 
 def _unk_id(tokenizer):
@@ -149,8 +149,8 @@ class DocumentStream:
 
   def first_document(self, epoch: int):
     """(doc, tokens) of the first non-empty document of `epoch` (NSP: the last one's partner)."""
-    # One document a call: tokenizing a whole call of 64 for one was most of NSP's cost with
-    # small stream shares.
+    # One document a call: tokenizing a whole call of 64 to use one would dominate NSP's cost
+    # with small stream shares.
     for _, doc, tokens in self._read([epoch], 0, collections.Counter(), collections.Counter(),
                                      per_call=1):
       return doc, tokens

@@ -194,8 +194,8 @@ def text_dataset(source: Source, split: str, *, process_index: int = 0, process_
 
   Share p of N is tfds.even_splits(split, N)[p]: disjoint contiguous ranges of the split.
   A share the shuffle buffer would hold whole is read once and kept in memory, each epoch a
-  permutation seeded by (seed, epoch, process_index): reading a small share costs ~0.2 s, which
-  per epoch of a few dozen documents was most of the pipeline's time. A larger share streams
+  permutation seeded by (seed, epoch, process_index): reopening the files every epoch would
+  dominate the pipeline's time for a share of a few dozen documents. A larger share streams
   from the files, file order and shuffle buffer seeded the same way. Either way an epoch is the
   same sequence every time. `skip` drops that many documents BEFORE tokenization (resume).
   """

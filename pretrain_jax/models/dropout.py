@@ -5,14 +5,11 @@ round(keep_prob * 2**16). The kept values are scaled by 2**16 / threshold, the e
 the realised keep probability, so the output's expectation equals the input exactly; the
 realised rate differs from the nominal one by at most 2**-17.
 
-Speed: when written, 16-bit draws cost a third of `jax.random.bernoulli`'s float32 ones
-(philox4x32, a (8, 8, 256, 256) mask on the 2-core XLA:CPU: 31.5 vs 10.8 ms). On jax 0.10.2
-(2026-11-24) they save nothing: philox4x32 9.6 ms here vs 7.0-10.4 ms for bernoulli, and
-JAX's default partitionable threefry2x32 hashes one counter per element whatever the width
-(41.0 vs 43.9 ms). Taking two 16-bit draws from each 32-bit word halves threefry's cost
-(18.5 ms; philox 8.5 ms) but changes every mask; measured, that moved the README's fine-tuning
-results (T5 on word_order, full vs scratch over seeds 0-2: 0.530 vs 0.525 instead of 0.549 vs
-0.508), so it waits until those results no longer hang on the dropout stream.
+Why 16 bits: they give an exact keep rate (above) at no more cost than the float32 draws of
+`jax.random.bernoulli`. JAX's default partitionable threefry2x32 hashes one counter per element
+whatever the width, so the width alone does not make threefry cheaper; two 16-bit draws per
+32-bit word would, but they change every mask, and the fine-tuning comparisons in
+docs/performance.md depend on the masks drawn, so each element keeps its own draw.
 """
 import flax.linen as nn
 import jax

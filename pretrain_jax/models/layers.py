@@ -110,8 +110,8 @@ class Embed(nn.Embed):
 
   nn.Embed casts the whole table to `dtype` first, so with bf16 compute the gradient is a bf16
   scatter-add, which GPUs run as compare-and-swap loops: rows that many tokens share ([MASK],
-  ',', 'the') serialize. H100, gradient of one lookup: BERT B=64 x 512 with 15% [MASK] 85 ms
-  (bf16) vs 0.28 ms (f32); GPT B=96 x 1024 of Zipf(1.1) tokens 312 ms vs 0.63 ms.
+  ',', 'the') serialize, at a cost that can exceed the rest of the step (docs/performance.md).
+  Gathered in f32, the gradient is an f32 scatter-add.
   """
 
   def __call__(self, inputs):                                            # (...) int

@@ -1,19 +1,16 @@
 """x @ w for the dense layers, with a weight gradient XLA:CPU computes in its fast library.
 
 XLA:CPU hands a matmul to YNNPACK when it contracts the LHS's last axis. The weight gradient
-x^T @ dy contracts the tokens, the FIRST axis of both x and dy, so it ran in Eigen's slower
-path. On CPU, `matmul` computes it from explicit transposes instead, choosing the form that
-moves the fewest elements, with optimization barriers so XLA does not fold a transpose back
-into the dot:
+x^T @ dy contracts the tokens, the FIRST axis of both x and dy, so it would run in Eigen's
+slower path. On CPU, `matmul` computes it from explicit transposes instead, choosing the form
+that moves the fewest elements, with optimization barriers so XLA does not fold a transpose
+back into the dot:
   x^T @ dy  =  (x^T) @ dy           transposes x                  (M x K)
             =  ((dy^T) @ x)^T       transposes dy and the result  (M x F + F x K)
-Measured on the 2-core CPU (M 2048 tokens, fp32, each including its transposes), gradient of
-a (K, F) kernel: (512, 2048) 23.7 -> 22.0 ms, (2048, 512) 27.2 -> 22.5 ms, (512, 512) 6.9 ->
-6.2 ms; the benchmark train steps (scripts/benchmark_hf_flax.py shapes) 3-4% faster. The
-activation gradient dy @ w^T is the usual one. A tied LM head (embedding.attend) gains
-nothing from it (both gradients of the (2048, 512) x (32128, 512) head: 676 vs 679 ms), so it
-stays jnp.dot. Other backends fuse transposes into their GEMMs for free, so there `matmul` is
-jnp.dot (the backend is the default one at trace time).
+The activation gradient dy @ w^T is the usual one. A tied LM head (embedding.attend) gains
+nothing from it, so it stays jnp.dot. Other backends fuse transposes into their GEMMs for free,
+so there `matmul` is jnp.dot (the backend is the default one at trace time). Timings:
+docs/performance.md.
 """
 import jax
 import jax.numpy as jnp

@@ -29,9 +29,9 @@ def peak_probe(dtype=jnp.float32, size: int = None, chain: int = None):
   """A compiled matmul probe: calling it runs one timed probe and returns its FLOP/s.
 
   One probe is `chain` dependent (size, size) x (size, size) matmuls inside one jit, so dispatch
-  and the host clock cost nothing next to the arithmetic: a single 4096^2 bf16 matmul takes
-  ~0.2 ms on an H100, where timing it alone reads half the chip's rate and would double every
-  MFU. Defaults: 4096 x 1 on CPU (about a second of work), 8192 x 20 on accelerators.
+  and the host clock cost nothing next to the arithmetic: a single large bf16 matmul is so short
+  on an accelerator that timing it alone understates the chip's rate and inflates every MFU.
+  Defaults: 4096 x 1 on CPU (about a second of work), 8192 x 20 on accelerators.
   """
   on_cpu = jax.devices()[0].platform == 'cpu'
   size = size or (4096 if on_cpu else 8192)
@@ -81,8 +81,7 @@ def synthetic_batch(config) -> dict:
   """One global batch of the configured shapes (numpy), as the data pipeline lays it out.
 
   Token ids follow Zipf(1.1) as natural text's do: uniform ids never repeat enough to show what
-  a repeated id costs (a bf16 embedding-gradient scatter-add took 312 ms on an H100 for
-  GPT-2 small at batch 96 with Zipf ids, 0.6 ms with uniform ones).
+  a repeated id costs (e.g. a bf16 embedding-gradient scatter-add on a GPU).
   """
   m, d = config.model, config.data
   target_len = target_length(config) if d.objective == 'span_corruption' else 0
@@ -135,8 +134,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
     state, metrics = compiled(state, batch)
   jax.block_until_ready(state)
   # With no peak given, a matmul probe runs after every timed step and each step's MFU is taken
-  # against the probe beside it: a shared machine whose speed drifts between runs (seen here:
-  # the same CPU step and matmul both 30% slower minutes apart) then reads the same MFU.
+  # against the probe beside it, so a shared machine whose speed drifts between runs (step and
+  # matmul slowing down together) still reads the same MFU.
   probe = None if peak_flops else peak_probe(model_cfg.dtype)
   tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np,
                                                 max_predictions)

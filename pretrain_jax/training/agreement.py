@@ -3,7 +3,7 @@
 The loop asks two questions after every step that all processes must answer alike: has any
 process been told to stop (SIGTERM), and has a background save failed or finished on all of
 them. A blocking all-gather each step would make every host wait for its step to finish before
-dispatching the next (2-process CPU run: 7.0-7.2k tokens/s with it, 7.6-7.9k without). `Lagged`
+dispatching the next, which costs throughput. `Lagged`
 instead starts each step's all-gather as an ordinary dispatched computation and answers with the
 one started LAG steps before: the same gather on every process, so all still act at the same step.
 """

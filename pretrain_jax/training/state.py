@@ -92,9 +92,8 @@ def shardings_of(abstract) -> TrainState:
 
 
 # Init programs run once, so on CPU they are compiled at LLVM optimisation level 1: their
-# compile time is dominated by the threefry fusions of the parameter initializers (~0.1-0.3 s
-# each at the default level 2) and drops by 30-60% (chapter-41 GPT state: 3.5 -> 1.8 s; 24
-# random arrays: 7.5 -> 3.1 s) while the values stay bit-identical (tests/test_state_init.py
+# compile time is dominated by the threefry fusions of the parameter initializers, which
+# level 1 compiles much faster while the values stay bit-identical (tests/test_state_init.py
 # checks all three families). Level 0 would change them (in the last ulp of normal draws).
 CPU_INIT_COMPILER_OPTIONS = {'xla_backend_optimization_level': 1}
 

@@ -56,9 +56,8 @@ def all_finite(tree) -> jax.Array:
 
   On CPU: x - x is 0 where x is finite and NaN where it is inf or NaN, so the sum of x - x over
   every leaf is 0 exactly when all are finite (zeros cannot overflow). One float sum per leaf
-  reads each element once: 27 ms for T5's bench state (params + Adam's two moments, 137M
-  floats) on the 2-core CPU, where all(isfinite(x)) took 42 ms (XLA:CPU reduces booleans in a
-  reduce-window tree). XLA folds x - x to 0 under fast math (XLA_FLAGS
+  reads each element once, where all(isfinite(x)) goes through XLA:CPU's slower reduce-window
+  tree for booleans. XLA folds x - x to 0 under fast math (XLA_FLAGS
   --xla_cpu_enable_fast_math=true), so that form is used only where a compiled probe on a NaN
   says it is exact (_subtraction_sees_nan); elsewhere, and on other backends, all(isfinite)."""
   leaves = [part for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
@@ -87,7 +86,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
   """The pure train step for `model` (built with deterministic=False for dropout).
 
   `prng_impl` names the dropout key's PRNG (`jax.random.key(seed, impl=...)`); None = JAX's
-  default (threefry2x32). On CPU, 'philox4x32' draws dropout masks 5x faster, but its
+  default (threefry2x32). On CPU, 'philox4x32' draws dropout masks much faster, but its
   `chlo.mulhi` has no multi-process lowering (jax 0.10: "failed to legalize mhlo.unknown"),
   so it is refused when jax.process_count() > 1. `loss_chunk_len` > 0 runs the LM head and
   cross-entropy that many positions at a time; `max_predictions` > 0 runs the head only on

@@ -528,10 +528,10 @@ def hold(workdir: str, steps: int):
 
 def _stop_at_startup(held: list):
   """Until the train loop installs its own SIGTERM handler (save the step, then stop), SIGTERM
-  releases the lock in `held` and exits 143: it killed the process and left the LOCK (another
-  host then waited 10 minutes for it to go stale). The handler leaves with os._exit, not an
-  exception: Python may run it inside a garbage-collection callback, where an exception is
-  printed and dropped (the SIGTERM lost). Multi-process runs too (cli.join_processes turns
+  releases the lock in `held` and exits 143: the default action would kill the process and
+  leave the LOCK (another host would wait 10 minutes for it to go stale). The handler leaves
+  with os._exit, not an exception: Python may run it inside a garbage-collection callback,
+  where an exception is printed and dropped (the SIGTERM lost). Multi-process runs too (cli.join_processes turns
   JAX's own C-level handler off). Returns the handler it replaced (None: left alone: not the
   main thread, or a Python handler someone else set)."""
   if threading.current_thread() is not threading.main_thread() or (
