@@ -17,8 +17,8 @@ import traceback
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TensorFlow's C++ CPU-feature notices
 # TensorFlow (tf.data only: integer and string ops here) logs "oneDNN custom operations are on"
-# through absl before TF_CPP_MIN_LOG_LEVEL applies, on CPUs where oneDNN is on by default (seen on
-# an AVX512-VNNI/BF16 host with tensorflow-cpu 2.21). oneDNN only changes TF's float kernels.
+# through absl before TF_CPP_MIN_LOG_LEVEL applies, on CPUs where oneDNN is on by default.
+# oneDNN only changes TF's float kernels.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 
@@ -48,21 +48,18 @@ def keep_freed_memory(cpu_devices: int = 1) -> bool:
 
   XLA:CPU allocates each step's buffers (tens of MB) from its worker threads. By default glibc
   serves those from per-thread arenas whose heaps cannot hold them, so they are mmap'ed and
-  unmapped every step: fresh pages every call (tiny_gpt: ~25,700 minor page faults per step).
-  No mmap, no trimming and a 256 MB top pad keep them in the heap: 0 faults and ~20-30% faster
-  steps there. No trimming means M_TRIM_THRESHOLD -1 (mallopt(3): "disables trimming
-  completely"). The largest positive value, 2**31 - 1, still trims a free top of the heap above
-  2 GB, and the next step faults all of it in again (GPT bench step beside HF's, one process:
-  ~250,000-310,000 faults in 7 of 48 steps).
+  unmapped every step: fresh pages every call. No mmap, no trimming and a 256 MB top pad keep
+  them in the heap: no page faults, faster steps (docs/performance.md). No trimming means
+  M_TRIM_THRESHOLD -1 (mallopt(3): "disables trimming completely"). The largest positive value,
+  2**31 - 1, still trims a free top of the heap above 2 GB, and the next step faults all of it
+  in again.
   The arena count depends on `cpu_devices` (malloc_arenas):
   - one device: ONE arena. A thread arena's heap holds at most 64 MB and glibc (2.36) mmaps
-    anything larger from a thread arena whatever M_MMAP_MAX says; tiny_gpt's step needs 98 MB,
-    so only the main heap can keep it (68-72 vs 94-101 ms per step with glibc's arenas).
+    anything larger from a thread arena whatever M_MMAP_MAX says; tiny_gpt's step needs about
+    100 MB, so only the main heap can keep it.
   - several devices (pretrain-jax shakespeare's cpu_devices=2): glibc's default arena count. Their
-    threads allocate at the same time; with one arena, XLA's compilation and the steps after
-    it spent ~10% more of the time in malloc and its lock (chapter-41 BERT: compile 4.3-5.3 vs
-    3.1-3.5 s, 100 steps 4.2-4.8 vs 3.7-3.9 s). Each device's buffers (40 MB there) still fit
-    a thread arena.
+    threads allocate at the same time, and one arena would serialise XLA's compilation and
+    steps on its lock. Each device's buffers (tens of MB) still fit a thread arena.
   Runs before any thread starts (scripts import this module first; use_cpu_devices sets the
   arena count again before JAX starts). PRETRAIN_JAX_MALLOC=default leaves glibc alone.
   Returns whether it applied.
@@ -126,10 +123,9 @@ def quiet(verbose: bool) -> None:
   logging.set_verbosity(logging.ERROR)
   for name in ('absl', 'orbax', 'jax', 'tensorflow', 'tensorflow_datasets'):
     py_logging.getLogger(name).setLevel(py_logging.ERROR)
-  # A failed checkpoint read (the loop then restores the step before) left orbax's other reads'
-  # coroutines and futures to report themselves: ~4,000 lines of "Exception ignored in
-  # <coroutine ...>", "Event loop is closed" and "Future exception was never retrieved" around
-  # the one line that says what happened.
+  # A failed checkpoint read (the loop then restores the step before) leaves orbax's other
+  # reads' coroutines and futures to report themselves ("Exception ignored in <coroutine ...>",
+  # "Event loop is closed", thousands of lines) around the one line that says what happened.
   py_logging.getLogger('asyncio').setLevel(py_logging.CRITICAL)
   sys.unraisablehook = _quiet_unraisable
   warnings.filterwarnings('ignore', category=DeprecationWarning)
@@ -169,8 +165,7 @@ def use_cpu_devices(count: int) -> None:
 def use_compilation_cache() -> None:
   """JAX's persistent compilation cache in $PRETRAIN_JAX_CACHE/jax (as MaxText keeps one in
   ~/jax_cache): a rerun with the same shapes loads its compiled steps instead of compiling
-  them (measured on the chapter-41 GPT step: 5.5 s -> 0.5 s). JAX_COMPILATION_CACHE_DIR, if
-  set, wins."""
+  them. JAX_COMPILATION_CACHE_DIR, if set, wins."""
   if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     return
   import jax  # pylint: disable=g-import-not-at-top
@@ -285,7 +280,7 @@ def config_of(holder, kind: str):
           'not a config of any command (no ' + ', '.join(
               k for k in CONFIG_KINDS[kind][0] if k not in config) + ' section)')
   raise ValueError(f'--{holder.name}={path} is {what}; expected {_a(kind)} config (read by '
-                   f'{CONFIG_KINDS[kind][1]}; the README\'s configs/ table lists them)')
+                   f'{CONFIG_KINDS[kind][1]}; docs/training.md lists them)')
 
 
 def join_processes(address, num_processes, process_id, timeout_s: float) -> None:
@@ -309,9 +304,9 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
 
   threading.Thread(target=watchdog, name='join_processes_watchdog', daemon=True).start()
   # JAX's preemption service puts a C-level SIGTERM handler in place that only records the
-  # notice for multihost_utils.reached_preemption_sync_point, which nothing here calls: a
-  # SIGTERM during start-up was lost and the run trained on. The loop's handler (save, stop,
-  # agreed over the processes) and the start-up one (release the lock, exit 143) serve it.
+  # notice for multihost_utils.reached_preemption_sync_point, which nothing here calls, so a
+  # SIGTERM during start-up would be lost. The loop's handler (save, stop, agreed over the
+  # processes) and the start-up one (release the lock, exit 143) serve it.
   jax.config.update('jax_enable_preemption_service', False)
   try:
     jax.distributed.initialize(address, num_processes, process_id,
@@ -328,8 +323,9 @@ _PEER_GONE = ('Connection reset by peer', 'Connection closed by peer',   # gloo'
 
 def _exit(code: int) -> None:
   """sys.exit, except in a multi-process run: there JAX's exit handler waits (5 minutes) for
-  every process to reach it, then aborts in C++, so one host's error held the whole slice. The
-  error is printed; leave at once and the other processes' collectives fail at once."""
+  every process to reach it, then aborts in C++, so one host's error would hold the whole
+  slice. The error is printed; leave at once and the other processes' collectives fail at
+  once."""
   if not _JOINED:
     sys.exit(code)
   sys.stdout.flush()

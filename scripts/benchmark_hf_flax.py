@@ -83,8 +83,7 @@ stdout line is one JSON record.
 Both run in one process with glibc malloc as every pretrain_jax script sets it
 (cli.keep_freed_memory: a step's buffers come back from the heap, 0 minor page faults per step;
 each round records both sides' faults per step). PRETRAIN_JAX_MALLOC=default gives both
-glibc's defaults instead: at the T5 shapes ~225,000 (HF) and ~239,000 (ours) faults per step,
-and each step ~10% slower.
+glibc's defaults instead (docs/performance.md has what that costs).
 """
 import sys
 

@@ -20,9 +20,7 @@ from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quie
 from absl import flags
 
 DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
-# Measured 2026-11-24 on an idle 2-core x86 CPU (README): first run, then a rerun whose steps
-# come from JAX's compilation cache (2026-11-23, a slower hour: 4m20s / 3m01s).
-EXPECTED = 'about 3-4.5 minutes on 2 idle cores (2m59s measured; 2m17s on a rerun)'
+EXPECTED = 'about 3-4.5 minutes on 2 idle cores (docs/performance.md)'
 
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/tiny', 'one subdirectory per model')
 _MODELS = flags.DEFINE_list('models', DEFAULT_MODELS, 'config names (configs/<name>.py)')
