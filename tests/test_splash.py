@@ -3,6 +3,11 @@
 The mask value's translation to kernel calls is checked against literals; the kernel's
 outputs and gradients against the einsum path for each family's masks (float32, 1e-5).
 """
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,3 +163,42 @@ def test_a_tiny_gpt_trains_the_same_3_steps_with_splash(tmp_path, capsys, object
   assert sorted(losses['splash']) == [1, 2, 3]
   for step, loss in losses['reference'].items():
     assert abs(losses['splash'][step] - loss) <= 1e-4, losses
+
+
+def sharded_vs_single():
+  """Run as a script on 4 simulated devices: splash under the train step's mesh context
+  (training/mesh.traced_in: shard_map over batch and heads) against one device."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from pretrain_jax.training import mesh as mesh_lib
+  mesh = mesh_lib.make_mesh(dict(data=2, fsdp=1, tensor=2))
+  q, k, v = (jnp.concatenate([x, x[::-1]]) for x in _qkv(20))        # 4 rows, 2 heads
+  seg, prefix = np.concatenate([SEG, SEG[::-1]]), np.concatenate([PREFIX, PREFIX[::-1]])
+
+  def attend(q, k, v, seg, prefix):
+    mask = masks.AttentionMask(q_segment_ids=seg, causal=True, prefix=prefix)
+    return dot_product_attention(q, k, v, mask=mask, implementation='splash')
+  rows = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+  sharded = jax.jit(mesh_lib.traced_in(mesh, attend), in_shardings=(rows,) * 5,
+                    out_shardings=rows)
+  text = sharded.lower(q, k, v, seg, prefix).as_text()
+  got, want = sharded(q, k, v, seg, prefix), jax.jit(attend)(q, k, v, seg, prefix)
+  print(json.dumps({'devices': jax.device_count(), 'max_diff': float(jnp.abs(got - want).max()),
+                    'manual': 'sdy.manual_computation' in text or 'shard_map' in text,
+                    'all_gathers': text.count('all_gather') + text.count('all-gather')}))
+
+
+@pytest.mark.slow
+def test_splash_under_a_mesh_runs_per_shard_and_matches_one_device():
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
+             PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+  done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = json.loads(done.stdout.strip().splitlines()[-1])
+  assert report['devices'] == 4 and report['manual'] and report['all_gathers'] == 0, report
+  assert report['max_diff'] <= 1e-6, report
+
+
+if __name__ == '__main__':
+  sharded_vs_single()

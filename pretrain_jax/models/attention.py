@@ -124,10 +124,10 @@ def kernel_readable(mask: masks.AttentionMask, q_len: int, kv_len: int) -> bool:
   return mask.dense_mask is None and not (mask.causal and q_len != kv_len)
 
 
-def implementation_notes(cfg) -> list:
+def implementation_notes(cfg, backend: str = '') -> list:
   """One line per way a ModelConfig's `attention_impl` runs other than it says, on this
-  backend (the training loop prints them at start)."""
-  impl, backend = cfg.attention_impl, jax.default_backend()
+  backend (or `backend`; the training loop prints them at start)."""
+  impl, backend = cfg.attention_impl, backend or jax.default_backend()
   biased = {'t5': "T5's relative position bias", 'alibi': 'the ALiBi bias'}.get(
       'alibi' if cfg.position_embedding == 'alibi' else cfg.family)
   notes = []
@@ -148,7 +148,7 @@ def implementation_notes(cfg) -> list:
   if impl == 'auto' and cfg.attention_dropout_rate > 0 and backend != 'cpu':
     notes.append(f"note: model.attention_dropout_rate={cfg.attention_dropout_rate}: training "
                  "attention runs as 'reference' (no kernel has attention dropout); set it to 0 "
-                 f"for {runnable_implementation('auto', dtype=cfg.dtype, bias=bool(biased))!r}")
+                 f"for {runnable_implementation('auto', dtype=cfg.dtype, backend=backend)!r}")
   return notes
 
 
@@ -186,14 +186,8 @@ def by_segments(query, key, value, bias, mask, scale, is_causal, implementation)
   segment ids picks one per batch.
   """
   q_seg, kv_seg = mask.segments()
-
-  def tail_padded(seg):                                     # (B, T) -> lengths (B,), ok ()
-    n = jnp.sum(seg > 0, axis=1, dtype=jnp.int32)
-    one_doc = jnp.where(jnp.arange(seg.shape[1]) < n[:, None], 1, 0)
-    return n, jnp.all(seg == one_doc)
-
-  q_len, q_ok = tail_padded(q_seg)
-  kv_len, kv_ok = tail_padded(kv_seg)
+  q_len, q_ok = document_lengths(q_seg)
+  kv_len, kv_ok = document_lengths(kv_seg)
 
   def lengths(query, key, value, bias):
     return jax.nn.dot_product_attention(query, key, value, bias=bias, is_causal=is_causal,
@@ -206,6 +200,14 @@ def by_segments(query, key, value, bias, mask, scale, is_causal, implementation)
         is_causal=is_causal, scale=scale, implementation=implementation)
 
   return jax.lax.cond(q_ok & kv_ok, lengths, matrix, query, key, value, bias)
+
+
+def document_lengths(segment_ids):
+  """(B, T) segment ids -> (real tokens per row (B,) int32, whether every row is one document
+  followed by padding: ids 1...1 0...0 ())."""
+  n = jnp.sum(segment_ids > 0, axis=1, dtype=jnp.int32)
+  one_document = jnp.where(jnp.arange(segment_ids.shape[1]) < n[:, None], 1, 0)
+  return n, jnp.all(segment_ids == one_document)
 
 
 def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout):
