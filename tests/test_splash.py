@@ -110,6 +110,21 @@ def test_a_biased_mask_runs_as_xla_under_splash():
                                 dot_product_attention(q, k, v, mask=mask, implementation='xla'))
 
 
+@pytest.mark.parametrize('family', ['gpt', 'bert', 't5'])
+def test_the_models_reach_the_kernel(family):
+  """attention_impl='splash' reaches the kernel from each model (T5: its cross-attention; its
+  self-attentions carry the relative bias), and 'reference' never does."""
+  from modeling import init, tiny
+  from pretrain_jax.models import build, family_of
+  params = init(tiny(family))
+  args, kwargs = family_of(family).model_inputs(family_of(family).init_batch(8))
+  def program(impl):
+    model = build(tiny(family, attention_impl=impl))
+    return str(jax.make_jaxpr(lambda p: model.apply({'params': p}, *args, **kwargs))(params))
+  assert 'pallas_call' in program('splash')
+  assert 'pallas_call' not in program('reference')
+
+
 class Packed:
   """Synthetic GPT batches repacked as two documents and tail padding per row; with `prefix`,
   prefix-LM rows (objectives/prefix_lm.py) seeded by the batch index."""
