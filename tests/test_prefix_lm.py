@@ -43,3 +43,15 @@ def test_tiny_prefix_lm_trains_evaluates_and_generates_from_the_cli(module_cache
                         timeout=600, cwd=ROOT, env=dict(os.environ), check=False)
   assert done.returncode != 0
   assert "config.data.objective='clm'" in done.stderr and "'prefix_lm'" in done.stderr
+
+
+def test_a_prefix_lm_is_not_exported_as_hugging_face_gpt2():
+  from modeling import tiny
+  from pretrain_jax.hf.config import export_problems
+  from pretrain_jax.models import family_of
+  cfg = tiny('gpt', prefix_lm=True)
+  assert export_problems(cfg) == ['model.prefix_lm=True; Hugging Face GPT-2 has no '
+                                  'bidirectional prefix']
+  assert export_problems(tiny('gpt')) == []
+  assert family_of(cfg).pretrain_objective(cfg) == 'prefix_lm'
+  assert family_of(cfg).pretrain_objective(tiny('gpt')) == 'clm'
