@@ -136,3 +136,9 @@ class TaskDataConfig(Section):
     """train.max_predictions_per_seq for a fine-tune: -1 (the MLM bound) is every position,
     as no fine-tune trains with MLM."""
     return max(per_seq, 0)
+
+
+def data_section(data):
+  """A config.data (ConfigDict or dict, e.g. from a workdir's config.json) as its dataclass:
+  pre-training's names its objective (DataConfig), a fine-tune's does not (TaskDataConfig)."""
+  return (DataConfig if 'objective' in data else TaskDataConfig).from_config(data)

@@ -19,8 +19,8 @@ class ModelOverrides(Section):
   """config.model of a fine-tune: None keeps the checkpoint's value."""
   SECTION: ClassVar[str] = 'model'
 
-  dropout_rate: Optional[float] = None
-  attention_dropout_rate: Optional[float] = None
+  dropout_rate: Optional[float] = None            # hidden dropout while fine-tuning
+  attention_dropout_rate: Optional[float] = None  # dropout on attention probabilities
 
   @classmethod
   def from_config(cls, section) -> 'ModelOverrides':
@@ -47,10 +47,10 @@ class FinetuneConfig(Section):
   mode: str = 'full'                # 'full', 'linear_probe' (frozen backbone) or 'scratch'
   probe_learning_rate: float = 1e-3  # linear_probe's peak learning rate (a head alone takes a
                                     # larger one); 0 = train.learning_rate
-  task: TaskConfig = TaskConfig()
-  data: TaskDataConfig = TaskDataConfig()
-  model: ModelOverrides = ModelOverrides()
-  mesh: MeshConfig = MeshConfig()
+  task: TaskConfig = TaskConfig()  # the labelled task (data/config.py)
+  data: TaskDataConfig = TaskDataConfig()  # its example lengths and order (data/config.py)
+  model: ModelOverrides = ModelOverrides()  # what may differ from the checkpoint's model
+  mesh: MeshConfig = MeshConfig()  # as pre-training's (training/config.py)
 
   def validate(self) -> None:
     self.check(self.mode in MODES, 'mode', f'one of {MODES}')

@@ -22,19 +22,11 @@ import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.data.config import DataConfig, TaskConfig, TaskDataConfig
+from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import TrainConfig
-
-
-def data_section(config):
-  """config.data of a loaded config as its dataclass: a fine-tune's TaskDataConfig (the config
-  has a task), pre-training's DataConfig, or None (a Hugging Face directory has none)."""
-  if 'data' not in config:
-    return None
-  return (TaskDataConfig if 'task' in config else DataConfig).from_config(config.data)
 
 
 def check_inputs(cfg, names: dict, batch: dict) -> None:
@@ -110,20 +102,21 @@ class Pretrained:
   def family(self) -> str:
     return self.model_config.family
 
-  @functools.cached_property
+  # Read from .config at each use (a ConfigDict its holder may edit); each is a few dict reads.
+  @property
   def train_config(self) -> Optional[TrainConfig]:
     """config.train as trained (None: a Hugging Face directory)."""
     return TrainConfig.from_config(self.config.train) if 'train' in self.config else None
 
-  @functools.cached_property
+  @property
   def task(self) -> Optional[TaskConfig]:
     """A fine-tune's config.task (None: not fine-tuned on a task)."""
     return TaskConfig.from_config(self.config.task) if 'task' in self.config else None
 
-  @functools.cached_property
+  @property
   def data_config(self):
     """config.data: a DataConfig, a fine-tune's TaskDataConfig, or None (Hugging Face)."""
-    return data_section(self.config)
+    return data_section(self.config.data) if 'data' in self.config else None
 
   @functools.cached_property
   def _apply(self):
@@ -167,9 +160,9 @@ class Pretrained:
     decoded form the text is, classification.label_forms; else the decoded text, which is
     then no label at all). A T5 fine-tuned on inputs -> targets gives the decoded targets."""
     from pretrain_jax.data import classification, tasks  # pylint: disable=g-import-not-at-top
-    family = family_of(self.model_config)
-    labels = self.task.labels if self.task else ()
-    text_to_text = family.task_layout.text_to_text and not labels and self.task is not None
+    family, trained_on = family_of(self.model_config), self.task
+    labels = trained_on.labels if trained_on else ()
+    text_to_text = family.task_layout.text_to_text and not labels and trained_on is not None
     if not labels and not text_to_text:
       raise ValueError('predict needs a fine-tuned checkpoint (config.task.labels); this one '
                        'has none (train one with pretrain-jax finetune)')
@@ -178,12 +171,12 @@ class Pretrained:
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
     if len(pairs) != len(texts):
       raise ValueError(f'{len(texts)} texts but {len(pairs)} text_pairs; expected one each')
-    trained_on_pairs = self.task.pairs   # (None: a workdir from before it)
+    trained_on_pairs = trained_on.pairs   # (None: a workdir from before it)
     if trained_on_pairs is not None and not text_to_text and trained_on_pairs != (
         text_pairs is not None):
       raise ValueError(
           f'text_pairs {"missing" if trained_on_pairs else "given"}: this model was fine-tuned '
-          f'on task {self.task.name!r} of '
+          f'on task {trained_on.name!r} of '
           f'{"sentence pairs" if trained_on_pairs else "single sentences"}; expected '
           f'{"predict(texts, text_pairs)" if trained_on_pairs else "predict(texts) alone"}')
     if text_to_text and text_pairs is not None:
@@ -193,12 +186,11 @@ class Pretrained:
                 dict({'text': t, 'label': labels[0]}, **({'text_pair': p} if p is not None
                                                          else {}))
                 for t, p in zip(texts, pairs)]
-    task = tasks.Task('predict', {'train': examples}, labels, prefix=self.task.prefix)
-    d = self.data_config
+    task = tasks.Task('predict', {'train': examples}, labels, prefix=trained_on.prefix)
+    d, text_out = self.data_config, family.task_layout.text_to_text
     rows = classification.encode(task, 'train', self.tokenizer, family.task_layout, d.seq_len,
-                                 d.target_len).rows
+                                 d.target_len if text_out else 0).rows
     out = []
-    text_out = family.task_layout.text_to_text
     label_of = (dict(zip(classification.label_forms(self.tokenizer, labels), labels))
                 if text_out else {})
     for start in range(0, len(texts), batch_size):
@@ -293,6 +285,6 @@ def _workdir_tokenizer(workdir: str, config):
   tokenizer = hf_workdir.data_tokenizer(config, workdir)
   if tokenizer is not None:
     return tokenizer
-  d = data_section(config)
+  d = data_section(config.data)
   # (a fine-tune always names its checkpoint's; a pre-training run with none trains its own)
   return data.open_tokenizer(d.tokenizer) if d.tokenizer else data.load_tokenizer(d)

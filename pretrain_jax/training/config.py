@@ -7,8 +7,9 @@ an objective against the model) are small functions called where both are known:
 mesh.check_config, loop.check_objective, data.check_lengths.
 """
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar, NamedTuple
 
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.sections import Section
 
 OPTIMIZERS = ('adamw', 'adafactor')
@@ -121,3 +122,22 @@ class MeshConfig(Section):
     sizes = list(self.sizes.values())
     if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
       raise ValueError(f'config.mesh {self.sizes}: expected positive sizes and at most one -1')
+
+
+class RunConfig(NamedTuple):
+  """The sections a pre-training run reads, built once from its ConfigDict (the top of
+  train_and_evaluate; pretrain-jax train --check_args)."""
+  model: Any          # models.ModelConfig
+  train: TrainConfig
+  mesh: MeshConfig
+  data: Any           # DataConfig; a fine-tune's TaskDataConfig (seq_len, splits, tokenizer,
+                      # max_predictions)
+
+  @classmethod
+  def from_config(cls, config, data=None) -> 'RunConfig':
+    """`data`: the data section already read (a fine-tune's); default config.data."""
+    # (imported here: configs/ import this module, and the model section needs jax)
+    from pretrain_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    return cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
+               MeshConfig.from_config(config.mesh),
+               DataConfig.from_config(config.data) if data is None else data)

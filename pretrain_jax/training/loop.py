@@ -7,14 +7,12 @@ import json
 import math
 import os
 import signal
-from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.data.config import DataConfig
-from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.models import family_of
 from pretrain_jax.models.attention import runnable_implementation
 from pretrain_jax.training import agreement
 from pretrain_jax.training import checkpoint as ckpt_lib
@@ -26,22 +24,7 @@ from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import workdir as workdir_lib
-from pretrain_jax.training.config import MeshConfig, TrainConfig
-
-
-class RunConfig(NamedTuple):
-  """The sections a run reads, built once from the ConfigDict (train_and_evaluate's top)."""
-  model: ModelConfig
-  train: TrainConfig
-  mesh: MeshConfig
-  data: Any           # DataConfig; a fine-tune's TaskDataConfig (seq_len, splits, tokenizer,
-                      # max_predictions)
-
-  @classmethod
-  def from_config(cls, config, data=None) -> 'RunConfig':
-    return cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
-               MeshConfig.from_config(config.mesh),
-               DataConfig.from_config(config.data) if data is None else data)
+from pretrain_jax.training.config import RunConfig
 
 
 def open_datasets(run: RunConfig, datasets=None, workdir=None, tokenizer=None):

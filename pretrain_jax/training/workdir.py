@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.data.config import DataConfig, TaskConfig, TaskDataConfig
+from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
@@ -328,12 +328,13 @@ def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
 def resolved(config: dict) -> dict:
   """`config` with each section as the dataclass it means (defaults filled in), so a
   config.json written before a field existed compares equal to one that spells it out."""
-  sections = {'model': ModelConfig, 'train': TrainConfig, 'mesh': MeshConfig, 'task': TaskConfig,
-              'data': TaskDataConfig if 'task' in config else DataConfig}
+  sections = {'model': ModelConfig.from_config, 'train': TrainConfig.from_config,
+              'mesh': MeshConfig.from_config, 'task': TaskConfig.from_config,
+              'data': data_section}
   out = dict(config)
-  for name, section in sections.items():
+  for name, read in sections.items():
     try:
-      out[name] = section.from_config(config[name]).to_dict()
+      out[name] = read(config[name]).to_dict()
     except (KeyError, TypeError, ValueError):   # absent, or not one this version reads: raw
       pass
   return out
