@@ -43,7 +43,7 @@ ALLOWED = {
                                                               'process only, rebuilt from the '
                                                               'files)',
     ('data/sources.py', "os.path.join(directory, 'corpus')"): 'the embedded corpus in the cache',
-    ('data/tokenizer.py', 'os.path.expanduser(data_config.tokenizer)'):
+    ('data/tokenizer.py', 'else os.path.expanduser(path)'):
         'the local branch (is_remote checked just before)',
     ('experiments/char_lm.py', 'open(config.corpus'): 'the experiment\'s bundled local corpus',
     # Hugging Face: readers run on paths.local_copy(...) output, writers on a local temp dir.
