@@ -5,8 +5,9 @@ objectives and models are independent bottoms; data builds on objectives; traini
 objectives and data; hf, inference, perf and experiments sit on top, and the commands (with
 cli.py, what they share) above everything. Only the commands and cli.py import configs/ (the
 library takes ConfigDicts from its caller), nothing imports scripts/ (comparison tools outside
-the package), and cloud/ (the TPU launcher) is the standard library only. paths.py is the bottom layer: every
-package but cloud/ may import it, and it imports no other pretrain_jax package.
+the package), and cloud/ (the TPU launcher) is the standard library only. paths.py and tuning/
+(how each backend computes, tuning/backends.py) are the bottom layer: every package but cloud/
+may import them, and they import no other pretrain_jax package.
 """
 import ast
 import os
@@ -17,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'pretrain_jax')
 ALLOWED = {
     'paths': set(),   # the bottom: every user path (local or gs://) goes through it
+    'tuning': set(),  # the bottom too: what each backend computes differently
     'models': set(),
     'objectives': set(),
     'data': {'objectives'},
@@ -33,6 +35,7 @@ ALLOWED = {
     '__main__': {'commands'},
     'cli': set(),                  # what commands share: quiet logs, one-line errors
 }
+BOTTOM = ('paths', 'tuning')       # importable by every package but cloud/
 
 
 def imports_of(path: str) -> set:
@@ -78,7 +81,8 @@ def test_imports_run_down_the_data_flow(package):
         bad.append((os.path.relpath(path, ROOT), name))
       elif name.startswith('pretrain_jax.'):
         target = name.split('.')[1]
-        if target != pkg and target not in ALLOWED[pkg] and (target != 'paths' or pkg == 'cloud'):
+        if target != pkg and target not in ALLOWED[pkg] and (target not in BOTTOM
+                                                               or pkg == 'cloud'):
           bad.append((os.path.relpath(path, ROOT), name))
   assert not bad, f'{package} may import only {sorted(ALLOWED[package])}: {bad}'
 

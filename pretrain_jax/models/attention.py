@@ -7,14 +7,15 @@ serves bidirectional, causal, packed, padded, cross and relative-position attent
 import jax
 import jax.numpy as jnp
 
-from pretrain_jax.models import dropout, masks
+from pretrain_jax.models import masks
+from pretrain_jax.tuning import backends
 
 IMPLEMENTATIONS = ('reference', 'xla', 'cudnn')
 
 
 def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=None, scale=None,
                           dropout_rng=None, dropout_rate=0.0, deterministic=True,
-                          implementation='reference'):
+                          implementation='reference', dropout_fn=backends.dropout):
   """softmax(scale * q.k + bias, masked) . v
 
   Args:
@@ -28,7 +29,9 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
       never assumes it: callers that want causality say so.
     bias: float, broadcastable to (B, N, T, S), added to the logits (T5's relative positions).
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
-    dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities.
+    dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities, drawn by
+      dropout_fn(probs, dropout_rng, dropout_rate) (default flax.linen.Dropout's; layers pass
+      their ModelConfig's tuning.dropout).
     implementation: 'reference' (einsum + softmax in fp32), 'xla' or 'cudnn'
       (`jax.nn.dot_product_attention`; no attention dropout; 'cudnn' runs as 'xla' where the
       backend is not a GPU: runnable_implementation). Room for TPU Pallas kernels here.
@@ -49,7 +52,7 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
     full_mask = masks.combine_masks(mask, masks.causal_mask(query.shape[1], key.shape[1]))
   if implementation == 'reference':
     out = _reference(query, key, value, full_mask, bias, scale, dropout_rng, dropout_rate,
-                     use_dropout)
+                     use_dropout, dropout_fn)
   else:
     if use_dropout:
       raise ValueError(f'attention implementation {requested!r} has no attention '
@@ -84,7 +87,8 @@ def runnable_implementation(implementation: str) -> str:
   return implementation
 
 
-def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout):
+def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout,
+               dropout_fn):
   logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
                       preferred_element_type=jnp.float32) * scale  # (B, N, T, S)
   if bias is not None:
@@ -93,5 +97,5 @@ def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, 
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
   if use_dropout:
-    probs = dropout.dropout(probs, dropout_rng, dropout_rate)
+    probs = dropout_fn(probs, dropout_rng, dropout_rate)
   return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)
