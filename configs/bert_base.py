@@ -19,12 +19,14 @@ def get_config() -> ml_collections.ConfigDict:
   m.nsp = True                      # next-sentence-prediction head (pooler + 2-way classifier)
   m.dtype = 'float32'               # compute dtype ('bfloat16' on TPU/GPU)
   m.param_dtype = 'float32'         # parameter and optimizer-state storage dtype
-  m.attention_impl = 'reference'    # 'reference' | 'xla' | 'cudnn'
+  m.attention_impl = 'auto'         # per backend (attention.runnable_implementation); or
+                                    # 'reference' | 'xla' | 'cudnn' | 'splash'
   m.activation = 'gelu'             # exact (erf) GELU
   m.position_embedding = 'learned'  # 'learned', 'sinusoidal' or 'alibi'
   m.alibi_bias_max = 8.0            # alibi: head h of N has slope 2**(-8 h / N)
   m.dropout_rate = 0.1              # hidden dropout
-  m.attention_dropout_rate = 0.1    # dropout on attention probabilities
+  m.attention_dropout_rate = 0.1    # dropout on attention probabilities; > 0 keeps training
+                                    # attention on 'reference' (no kernel has it)
   m.layer_norm_eps = 1e-12          # LayerNorm epsilon
   m.scan_layers = False             # nn.scan over blocks
   m.remat = 'none'                  # per-block rematerialisation: 'none', 'minimal', 'full'

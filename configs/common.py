@@ -9,7 +9,9 @@ import ml_collections
 
 def data_config(objective: str, seq_len: int) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
-  d.objective = objective           # 'clm' (GPT), 'mlm' (BERT) or 'span_corruption' (T5)
+  d.objective = objective           # 'clm' (GPT), 'mlm' (BERT), 'span_corruption' (T5) or
+                                    # 'prefix_lm' (GPT with model.prefix_lm: a random split
+                                    # per piece, loss after it; objectives/prefix_lm.py)
   # Source: a named tfds dataset, or local files, or (both empty) the embedded default corpus.
   d.tfds_name = ''                  # e.g. 'c4/en:3.1.0'; any tfds dataset with a text feature
   d.tfds_data_dir = ''              # tfds data_dir; may be a gs:// path on a Cloud TPU VM

@@ -17,11 +17,13 @@ def get_config() -> ml_collections.ConfigDict:
   m.max_len = 1024                  # learned position table rows (longest sequence)
   m.dtype = 'float32'               # compute dtype ('bfloat16' on TPU/GPU)
   m.param_dtype = 'float32'         # parameter and optimizer-state storage dtype
-  m.attention_impl = 'reference'    # 'reference' (einsum) | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
+  m.attention_impl = 'auto'         # per backend (attention.runnable_implementation); or
+                                    # 'reference' | 'xla' | 'cudnn' | 'splash'
   m.activation = 'gelu_tanh'        # GPT-2's tanh-approximated GELU
   m.position_embedding = 'learned'  # 'learned' or 'sinusoidal'
   m.dropout_rate = 0.1              # embedding and residual dropout
-  m.attention_dropout_rate = 0.1    # dropout on attention probabilities
+  m.attention_dropout_rate = 0.1    # dropout on attention probabilities; > 0 keeps training
+                                    # attention on 'reference' (no kernel has it)
   m.layer_norm_eps = 1e-5           # LayerNorm epsilon
   m.scan_layers = False             # nn.scan over blocks (faster compiles for deep models)
   m.remat = 'none'                  # per-block rematerialisation: 'none', 'minimal', 'full'

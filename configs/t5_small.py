@@ -18,7 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.max_len = 512                   # longest input the data pipeline may produce
   m.dtype = 'float32'               # compute dtype ('bfloat16' on TPU/GPU)
   m.param_dtype = 'float32'         # parameter and optimizer-state storage dtype
-  m.attention_impl = 'reference'    # 'reference' | 'xla' | 'cudnn'
+  m.attention_impl = 'auto'         # per backend (attention.runnable_implementation); or
+                                    # 'reference' | 'xla' | 'cudnn' | 'splash'
   m.activation = 'relu'             # v1.0: ReLU; v1.1: 'gated-gelu'
   m.position_embedding = 'relative' # T5 relative position bias (the only choice for T5)
   m.relative_buckets = 32           # relative position buckets

@@ -130,3 +130,48 @@ def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, caps
     assert ("note: model.attention_impl='cudnn' needs a GPU with cuDNN; on cpu attention runs "
             "as 'xla'" in err) == (impl == 'cudnn'), err
   assert results['cudnn']['train_loss'] == results['xla']['train_loss']
+
+
+def test_document_lengths_literal():
+  from pretrain_jax.models.attention import document_lengths
+  n, ok = document_lengths(jnp.array([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]))
+  np.testing.assert_array_equal(n, [3, 4, 0])
+  assert bool(ok)
+  for rows in ([[1, 1, 2, 0]], [[0, 1, 1, 1]]):     # packed; left-padded (generation prompts)
+    assert not bool(document_lengths(jnp.array(rows))[1])
+
+
+@pytest.mark.parametrize('rows,causal', [('one_document', False), ('one_document', True),
+                                         ('packed', False), ('packed', True), ('cross', False)])
+def test_segments_as_sequence_lengths_give_the_reference(rows, causal):
+  """cuDNN's reading of segment ids (attention.by_segments), run by XLA's implementation here:
+  tail-padded one-document rows go as sequence lengths, packed ones as the segment mask."""
+  from pretrain_jax.models.attention import by_segments
+  q, k, v = _qkv(5)
+  seg = {'one_document': jnp.array([[1] * 4 + [0] * 2, [1] * 6]),
+         'packed': SEGMENTS, 'cross': jnp.array([[1] * 4 + [0] * 2, [1] * 6])}[rows]
+  kv = jnp.array([[1] * 3 + [0] * 3, [1] * 5 + [0]]) if rows == 'cross' else None
+  mask = masks.AttentionMask(q_segment_ids=seg, kv_segment_ids=kv, causal=causal)
+  want = dot_product_attention(q, k, v, mask=mask, implementation='reference')
+  got = by_segments(q, k, v, None, mask, H ** -0.5, causal, 'xla')
+  sees = np.asarray(mask.rows_that_see(T, T))[..., None]        # rows the core zeroes after
+  np.testing.assert_allclose(np.where(sees, got, 0), want, atol=1e-5, rtol=0)
+
+
+def test_notes_name_each_fallback():
+  from pretrain_jax.models import ModelConfig
+  from pretrain_jax.models.attention import implementation_notes
+  cfg = lambda family, **kw: ModelConfig(family=family, vocab_size=8, num_layers=1, emb_dim=8,
+                                         num_heads=2, head_dim=4, mlp_dim=8, **kw)
+  assert implementation_notes(cfg('gpt', attention_dropout_rate=0.0), 'tpu') == []
+  assert implementation_notes(cfg('gpt', attention_impl='cudnn'), 'cpu')[0].startswith(
+      "note: model.attention_impl='cudnn' needs a GPU with cuDNN; on cpu attention runs as 'xla'")
+  t5 = implementation_notes(cfg('t5', position_embedding='relative', attention_impl='splash',
+                                attention_dropout_rate=0.0), 'tpu')
+  assert t5 == ["note: splash attention takes no additive bias: the attentions with T5's "
+                "relative position bias run as 'xla'"]
+  assert "runs in Pallas's interpreter" in implementation_notes(
+      cfg('bert', attention_impl='splash', attention_dropout_rate=0.0), 'cpu')[0]
+  dropout = implementation_notes(cfg('gpt', attention_dropout_rate=0.1), 'tpu')
+  assert dropout == ["note: model.attention_dropout_rate=0.1: training attention runs as "
+                     "'reference' (no kernel has attention dropout); set it to 0 for 'splash'"]

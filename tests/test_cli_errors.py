@@ -90,7 +90,7 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
     # argparse scripts: one line, naming the flag the user typed
     ('benchmark_data.py', ['--objectives', 'clm,clmm'],
      "error: --objectives=clm,clmm: 'clmm'; expected a comma-separated list of clm, mlm, nsp, "
-     'span_corruption; see --help'),
+     'prefix_lm, span_corruption; see --help'),
     ('train_tokenizer.py', ['--output', 'W', '--files', 'nomatch/*.jsonl'],
      "error: --files: 'nomatch/*.jsonl' matches no file"),
     ('benchmark_data.py', ['--files', 'nomatch/*.jsonl'],

@@ -12,12 +12,14 @@ from test_objectives_span_corruption import splice
 
 KEYS = {
     'clm': {'inputs', 'targets', 'segment_ids', 'positions', 'loss_weights'},
+    'prefix_lm': {'inputs', 'targets', 'segment_ids', 'positions', 'loss_weights', 'prefix'},
     'mlm': {'inputs', 'targets', 'segment_ids', 'positions', 'token_type_ids', 'loss_weights'},
     'span_corruption': {'encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions',
                         'decoder_input_tokens', 'decoder_target_tokens', 'decoder_segment_ids',
                         'decoder_positions', 'decoder_loss_weights'},
 }
-CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False)]
+CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False),
+         ('prefix_lm', False)]
 
 
 pytestmark = pytest.mark.usefixtures('module_cache')  # a fresh cache for this module
@@ -91,6 +93,23 @@ def test_clm_targets_stay_in_documents(tokenizer):
   np.testing.assert_array_equal(tgt[:, :-1][same], inp[:, 1:][same])
   np.testing.assert_array_equal(b['loss_weights'], (seg > 0).astype(np.float32))
   assert (b['positions'][seg > 0] >= 0).all() and (b['positions'][:, 0] == 0).all()
+
+
+def test_prefix_lm_rows_are_clm_rows_with_a_split_per_piece(tokenizer):
+  clm = next(data.make_dataset(config('clm'), tokenizer, split='train', batch_size=8))
+  b = next(data.make_dataset(config('prefix_lm'), tokenizer, split='train', batch_size=8))
+  for k in ('inputs', 'targets', 'segment_ids', 'positions'):
+    np.testing.assert_array_equal(b[k], clm[k], err_msg=k)
+  seg, pos, prefix, weights = b['segment_ids'], b['positions'], b['prefix'], b['loss_weights']
+  for row in range(8):
+    for sid in set(seg[row].tolist()) - {0}:
+      where = seg[row] == sid
+      p = int(prefix[row][where].sum())
+      assert p >= 1
+      np.testing.assert_array_equal(prefix[row][where], pos[row][where] < p)  # a leading run
+      np.testing.assert_array_equal(weights[row][where], pos[row][where] >= p - 1)
+  assert not prefix[seg == 0].any() and not weights[seg == 0].any()
+  assert 0 < weights.sum() < (seg > 0).sum()        # some pieces are split after their start
 
 
 def test_mlm_batches(tokenizer):

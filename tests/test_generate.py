@@ -37,6 +37,25 @@ def test_top_p_keeps_the_smallest_set_when_tokens_tie(probs, top_p, kept):
   assert drawn == kept
 
 
+def test_prefix_lm_generates_from_its_prompt_as_a_prefix():
+  """A prefix LM reads its (left-padded) prompt bidirectionally: the first new token is the
+  argmax of the prompt's last logits with the prompt as prefix, with the cache as without."""
+  cfg = tiny('gpt', prefix_lm=True)
+  params = init(cfg)
+  prompts = tokens((2, 5), 1).at[1, :2].set(0)
+  seg = jnp.array([[1] * 5, [0, 0, 1, 1, 1]])
+  kw = dict(max_new_tokens=6, eos_id=-1)
+  cached = gpt_generate(params, cfg, prompts, seg, jax.random.key(0), **kw)
+  np.testing.assert_array_equal(
+      cached, gpt_generate(params, cfg, prompts, seg, jax.random.key(0), use_cache=False, **kw))
+  from pretrain_jax.models import build
+  model = build(cfg)
+  positions = jnp.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])
+  first = model.apply({'params': params}, prompts, segment_ids=seg, positions=positions,
+                      prefix=seg)[:, -1].argmax(-1)
+  np.testing.assert_array_equal(cached[:, 0], first)   # the prompt's last logits, read both ways
+
+
 def test_gpt_greedy_cache_equals_no_cache_and_top1_equals_greedy():
   cfg = tiny('gpt')
   params = init(cfg)

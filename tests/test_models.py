@@ -24,6 +24,27 @@ def test_future_token_changes_only_noncausal_logits(family, causal):
     assert np.abs(a[0, :t + 1] - b[0, :t + 1]).max() > 1e-4
 
 
+def test_prefix_lm_sees_its_prefix_both_ways_and_the_rest_causally():
+  """A prefix LM (gpt, prefix_lm=True): changing a prefix token changes the logits of the
+  prefix tokens before it; changing a token after the prefix changes nothing before it; and
+  without a prefix it is the causal GPT (the same parameters)."""
+  cfg = tiny('gpt', prefix_lm=True)
+  params = init(cfg)
+  x = tokens((1, 10))
+  prefix = jnp.array([[1] * 4 + [0] * 6])
+  run = lambda x, **kw: forward(cfg, params, x, **kw)
+  changed = lambda t: x.at[0, t].set((x[0, t] + 1) % VOCAB)
+  a = run(x, prefix=prefix)
+  assert np.abs(run(changed(3), prefix=prefix)[0, :3] - a[0, :3]).max() > 1e-4
+  np.testing.assert_array_equal(run(changed(6), prefix=prefix)[0, :6], a[0, :6])
+  np.testing.assert_array_equal(run(x), forward(tiny('gpt'), params, x))
+  assert np.abs(run(x)[0, :4] - a[0, :4]).max() > 1e-4      # the prefix is read both ways
+  with pytest.raises(ValueError, match=r'model\.prefix_lm=False'):
+    forward(tiny('gpt'), params, x, prefix=prefix)
+  with pytest.raises(ValueError, match=r"prefix_lm=True; expected False except for a causal gpt"):
+    tiny('bert', prefix_lm=True)
+
+
 def _packed(doc_a, doc_b, length):
   """Row with A then B then padding; returns inputs, segment_ids, positions."""
   la, lb = len(doc_a), len(doc_b)

@@ -4,6 +4,7 @@ backend while tracing. CPU and plain compute the same forward values and gradien
 import os
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_platforms_choose_their_tuning():
   assert backends.for_platform('cpu') is backends.CPU
-  assert backends.for_platform('gpu') is backends.PLAIN
-  assert backends.for_platform('tpu') is backends.PLAIN
+  for platform in ('gpu', 'tpu'):
+    tuning = backends.for_platform(platform)
+    assert tuning is backends.for_platform(platform)            # one record per platform
+    assert tuning.platform == platform and backends.PLAIN.platform == ''
+    assert (tuning.matmul, tuning.Dropout, tuning.all_finite, tuning.bias_per_row) == (
+        jnp.dot, nn.Dropout, backends.all_finite, False)
   assert ModelConfig(family='gpt', vocab_size=8, num_layers=1, emb_dim=8, num_heads=1,
                      head_dim=8, mlp_dim=8).tuning is backends.PLAIN
 
@@ -97,8 +102,8 @@ def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
 
 def test_model_and_step_code_never_ask_the_default_backend():
   """Backends differ only through the seam: no `default_backend` in models/, tuning/ or the
-  step's training modules, but for attention.runnable_implementation, which asks whether cuDNN
-  exists at all (a capability: 'cudnn' runs as 'xla' off GPUs), not how to compute."""
+  step's training modules, but in attention.py where a direct call names no backend (the
+  layers pass cfg.tuning.platform)."""
   folders = [os.path.join(ROOT, 'pretrain_jax', d) for d in ('models', 'tuning')]
   files = [os.path.join(f, n) for f in folders for n in sorted(os.listdir(f)) if n.endswith('.py')]
   files += [os.path.join(ROOT, 'pretrain_jax', 'training', f'{n}.py')
@@ -109,4 +114,8 @@ def test_model_and_step_code_never_ask_the_default_backend():
     for match in re.finditer(r'default_backend', source):
       function = re.findall(r'^def (\w+)', source[:match.start()], re.M)
       hits.append((os.path.basename(path), function[-1] if function else None))
-  assert hits == [('attention.py', 'runnable_implementation')], hits
+  assert set(hits) == {('attention.py', f) for f in (
+      'dot_product_attention', 'runnable_implementation', 'implementation_notes')}, hits
+  for line in open(os.path.join(ROOT, 'pretrain_jax', 'models', 'attention.py')):
+    if 'default_backend' in line:
+      assert 'backend or jax.default_backend()' in line, line

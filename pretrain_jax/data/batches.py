@@ -19,7 +19,7 @@ import numpy as np
 
 from pretrain_jax.objectives import clm, mlm, nsp, packing, span_corruption
 
-SALT_MLM, SALT_NSP, SALT_SPANS = 1, 2, 3
+SALT_MLM, SALT_NSP, SALT_SPANS, SALT_PREFIX = 1, 2, 3, 4
 
 
 def rng_at(*parts) -> np.random.Generator:

@@ -19,8 +19,9 @@ large epoch costs reading, not tokenizing, that many documents. A resumed iterat
 exactly the batches an uninterrupted one would, on any host count that divides S.
 
 BERT rows without NSP are packed documents, each piece wrapped as [CLS] ... [SEP] (token type
-0); with NSP each row is one [CLS] A [SEP] B [SEP] pair. CLM and T5 conventions: see
-objectives/clm.py and objectives/span_corruption.py.
+0); with NSP each row is one [CLS] A [SEP] B [SEP] pair. CLM, prefix-LM (CLM rows plus a split
+per piece, drawn per batch like MLM's masking) and T5 conventions: see objectives/clm.py,
+objectives/prefix_lm.py and objectives/span_corruption.py.
 """
 import atexit
 import collections
@@ -34,10 +35,10 @@ import numpy as np
 
 from pretrain_jax.data import batches, documents, sources, streams
 from pretrain_jax.data import tokenizer as tokenizer_lib
-from pretrain_jax.objectives import clm, mlm, span_corruption
+from pretrain_jax.objectives import clm, mlm, prefix_lm, span_corruption
 
 log = logging.getLogger(__name__)
-OBJECTIVES = ('clm', 'mlm', 'span_corruption')
+OBJECTIVES = ('clm', 'mlm', 'span_corruption', 'prefix_lm')
 STATE_VERSION = 2  # 1: one position per host (before streams), not resumable
 DATA_SIZE = ('documents', 'bytes')  # the split's size in the data position (see restore)
 _LIVE = weakref.WeakSet()  # iterators whose prefetch threads are stopped at exit
@@ -76,7 +77,8 @@ def check_lengths(data_config, tokenizer, model_max_len: int | None = None) -> d
   if model_max_len is not None and seq_len > model_max_len:
     raise ValueError(f'config.data.seq_len={seq_len} is longer than the model holds '
                      f'(max_len={model_max_len})')
-  minimum = {'clm': 2, 'mlm': 5 if data_config.nsp else 3, 'span_corruption': 3}[objective]
+  minimum = {'clm': 2, 'prefix_lm': 2, 'mlm': 5 if data_config.nsp else 3,
+             'span_corruption': 3}[objective]
   if seq_len < minimum:
     raise ValueError(f'config.data.seq_len={seq_len} is too short for {objective}'
                      f'{" with NSP" if data_config.nsp else ""}; expected >= {minimum}')
@@ -314,7 +316,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
     docs = stream.documents(position['epoch'], position['doc'])
     common = dict(batch_size=rows, seq_len=lengths['seq_len'])
     offset = position['offset']
-    if objective == 'clm':
+    if objective in ('clm', 'prefix_lm'):
       gen = batches.clm_batches(docs, offset, pack=data_config.pack, eos_id=tokenizer.eos_id,
                                 **common)
     elif objective == 'span_corruption':
@@ -334,6 +336,9 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
     for arrays, at in gen:
       if objective == 'clm':
         arrays['loss_weights'] = clm.loss_weights(arrays['segment_ids'])
+      elif objective == 'prefix_lm':
+        arrays.update(prefix_lm.features(arrays['segment_ids'], arrays['positions'],
+                                         batches.rng_at(seed, *salt, batches.SALT_PREFIX, count)))
       elif objective == 'span_corruption':
         arrays['decoder_loss_weights'] = clm.loss_weights(arrays['decoder_segment_ids'])
       else:

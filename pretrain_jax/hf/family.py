@@ -91,6 +91,8 @@ def learned_position_problems(cfg) -> list:
                     'LM head to the token embedding')
   if not cfg.causal:
     problems.append('model.causal=False; Hugging Face GPT-2 is a causal decoder')
+  if cfg.prefix_lm:
+    problems.append('model.prefix_lm=True; Hugging Face GPT-2 has no bidirectional prefix')
   return problems
 
 

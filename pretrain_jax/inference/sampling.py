@@ -58,13 +58,19 @@ def _loop(step_fn, first_token, state, rng, max_new_tokens, eos_id, pad_id, samp
   return jax.lax.while_loop(cond, body, carry)[4]
 
 
+def _prompt_prefix(cfg: ModelConfig, prompt_segment_ids) -> dict:
+  """A prefix LM's model keyword: the prompt's real tokens are its prefix."""
+  return {'prefix': (prompt_segment_ids > 0).astype(jnp.int32)} if cfg.prefix_lm else {}
+
+
 @functools.partial(jax.jit, static_argnames=('cfg', 'max_new_tokens', 'eos_id', 'pad_id',
                                              'temperature', 'top_k', 'top_p', 'use_cache'))
 def gpt_generate(params, cfg: ModelConfig, prompts, prompt_segment_ids, rng, *,
                  max_new_tokens: int, eos_id: int = -1, pad_id: int = 0,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  use_cache: bool = True):
-  """Continue left-padded prompts.
+  """Continue left-padded prompts. A prefix LM (cfg.prefix_lm) reads its prompt as the
+  bidirectional prefix it was trained with; the continuation attends causally.
 
   Args:
     prompts: (B, P) ids, left-padded; prompt_segment_ids (B, P): 1 on real tokens, 0 on padding.
@@ -83,7 +89,8 @@ def gpt_generate(params, cfg: ModelConfig, prompts, prompt_segment_ids, rng, *,
     model = build(cfg.replace(decode=True))
     cache = model.init(jax.random.key(0), jnp.ones((batch, total), jnp.int32))['cache']
     logits, mut = model.apply({'params': params, 'cache': cache}, prompts,
-                              segment_ids=prompt_segment_ids, mutable=['cache'])
+                              segment_ids=prompt_segment_ids, mutable=['cache'],
+                              **_prompt_prefix(cfg, prompt_segment_ids))
 
     def step(cache, token):
       logits, mut = model.apply({'params': params, 'cache': cache}, token[:, None],
@@ -94,8 +101,9 @@ def gpt_generate(params, cfg: ModelConfig, prompts, prompt_segment_ids, rng, *,
     model = build(cfg)
     tokens = jnp.zeros((batch, total), jnp.int32).at[:, :plen].set(prompts)
     seg = jnp.zeros((batch, total), jnp.int32).at[:, :plen].set(prompt_segment_ids)
+    prefix = _prompt_prefix(cfg, seg)             # the prompt's slots only: set before the loop
     logits = model.apply({'params': params}, tokens, segment_ids=seg,
-                         positions=masks.positions_from_mask(seg))
+                         positions=masks.positions_from_mask(seg), **prefix)
     logits = logits[:, :plen]
 
     def step(state, token):
@@ -103,7 +111,7 @@ def gpt_generate(params, cfg: ModelConfig, prompts, prompt_segment_ids, rng, *,
       tokens = tokens.at[:, i].set(token)
       seg = seg.at[:, i].set(1)
       logits = model.apply({'params': params}, tokens, segment_ids=seg,
-                           positions=masks.positions_from_mask(seg))
+                           positions=masks.positions_from_mask(seg), **prefix)
       return logits[:, i], (tokens, seg, i + 1)
     state = (tokens, seg, plen)
   first = sample_logits(logits[:, -1], first_rng, **sampling).astype(jnp.int32)

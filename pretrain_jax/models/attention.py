@@ -1,90 +1,224 @@
 """The ONE attention core shared by BERT, GPT and T5.
 
-`dot_product_attention` is a pure function; the mask and bias are arguments, so the same code
-serves bidirectional, causal, packed, padded, cross and relative-position attention.
-"""
+`dot_product_attention` is a pure function; the mask (a `masks.AttentionMask`: causal flag,
+segment ids, prefix, bias) is an argument, so the same code serves bidirectional, causal,
+packed, padded, cross, relative-position and prefix-LM attention, on whichever path reads it:
 
+    reference  einsum + softmax in fp32; materializes the (B, N, T, S) logits; any mask,
+               bias and attention dropout
+    xla        jax.nn.dot_product_attention's XLA path: the dense mask, any bias
+    cudnn      jax.nn.dot_product_attention on NVIDIA GPUs (bf16 / fp16): causal as a flag,
+               tail-padded one-document rows as sequence lengths, packed rows and prefixes
+               as a dense mask, any bias
+    splash     Pallas splash attention on TPU (models/splash.py): causal / full block masks
+               and segment ids, no bias; off TPU it runs in Pallas's interpreter (tests)
+    auto       per backend, dtype and mask: `runnable_implementation`
+"""
 import jax
 import jax.numpy as jnp
 
 from pretrain_jax.models import masks
 from pretrain_jax.tuning import backends
 
-IMPLEMENTATIONS = ('reference', 'xla', 'cudnn')
+IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash')
+HALF = (jnp.bfloat16, jnp.float16)
+# On XLA:CPU the einsum path trains GPT and T5 faster than jax.nn.dot_product_attention's XLA
+# path, and BERT as fast (docs/performance.md, "Attention paths").
+CPU_AUTO = 'reference'
 
 
 def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=None, scale=None,
                           dropout_rng=None, dropout_rate=0.0, deterministic=True,
-                          implementation='reference', dropout_fn=backends.dropout):
+                          implementation='auto', dropout_fn=backends.dropout,
+                          backend: str = ''):
   """softmax(scale * q.k + bias, masked) . v
 
   Args:
     query: (B, T, N, H) queries.
     key: (B, S, N, H) keys.
     value: (B, S, N, H) values.
-    mask: bool, broadcastable to (B, N, T, S); True = attend. None = attend everywhere.
-    causal: the caller's causal part of the mask, given in factored form: the effective mask
-      is `mask AND masks.causal_mask(T, S)` (query i sees keys j <= i). Kernels that can skip
-      the hidden blocks (cuDNN) get it as a flag; the other paths materialize it. The core
-      never assumes it: callers that want causality say so.
-    bias: float, broadcastable to (B, N, T, S), added to the logits (T5's relative positions).
+    mask: a masks.AttentionMask (what the models pass: the value kernels read), or a bool
+      array broadcastable to (B, N, T, S), True = attend, or None = attend everywhere.
+    causal, bias: with an array mask (or none), the mask's causal flag and its additive bias
+      (float, broadcastable to (B, N, T, S)); an AttentionMask carries its own. The core never
+      assumes causality: callers that want it say so.
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
-    dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities, drawn by
-      dropout_fn(probs, dropout_rng, dropout_rate) (default flax.linen.Dropout's; layers pass
-      their ModelConfig's tuning.dropout).
-    implementation: 'reference' (einsum + softmax in fp32), 'xla' or 'cudnn'
-      (`jax.nn.dot_product_attention`; no attention dropout; 'cudnn' runs as 'xla' where the
-      backend is not a GPU: runnable_implementation). Room for TPU Pallas kernels here.
+    dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities
+      ('reference' only: 'auto' picks it while dropout is on), drawn by
+      dropout_fn(probs, dropout_rng, dropout_rate) (default flax.linen.Dropout's).
+    implementation: one of IMPLEMENTATIONS; what runs is runnable_implementation's answer for
+      `backend` ('' = JAX's default backend).
+    Layers pass their ModelConfig's tuning.dropout and tuning.platform (tuning/backends.py).
 
   Returns:
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
   """
-  requested, implementation = implementation, runnable_implementation(implementation)
-  if requested == 'cudnn' and query.dtype not in (jnp.bfloat16, jnp.float16):
+  _check_name(implementation)
+  mask = _as_value(mask, causal, bias)
+  mask.check()
+  t, s = query.shape[1], key.shape[1]
+  use_dropout = not deterministic and dropout_rate > 0.0
+  if implementation == 'cudnn' and query.dtype not in HALF:
     # Checked on every backend, so a CPU smoke test of a GPU config finds it too.
     raise ValueError(f"attention implementation 'cudnn' needs bfloat16 or float16 queries, "
                      f'keys and values (cuDNN fused attention); got {query.dtype}: set '
                      "model.dtype=bfloat16, or attention_impl='xla'")
+  if use_dropout and implementation not in ('auto', 'reference'):
+    raise ValueError(f'attention implementation {implementation!r} has no attention '
+                     f'dropout (rate {dropout_rate}); set model.attention_impl=\'reference\' '
+                     '(implementation=\'reference\' in a direct call) or '
+                     'model.attention_dropout_rate=0')
+  path = runnable_implementation(implementation, dtype=query.dtype,
+                                 bias=mask.bias is not None,
+                                 dense=not kernel_readable(mask, t, s), dropout=use_dropout,
+                                 backend=backend)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
-  use_dropout = not deterministic and dropout_rate > 0.0
-  full_mask = mask
-  if causal:
-    full_mask = masks.combine_masks(mask, masks.causal_mask(query.shape[1], key.shape[1]))
-  if implementation == 'reference':
-    out = _reference(query, key, value, full_mask, bias, scale, dropout_rng, dropout_rate,
-                     use_dropout, dropout_fn)
+  if path == 'reference':
+    out = _reference(query, key, value, mask.dense(t, s), mask.bias, scale, dropout_rng,
+                     dropout_rate, use_dropout, dropout_fn)
+  elif path == 'splash':
+    from pretrain_jax.models import splash  # Pallas's TPU ops load only where asked for
+    out = splash.attention(query, key, value, mask, scale,
+                           interpret=(backend or jax.default_backend()) != 'tpu')
   else:
-    if use_dropout:
-      raise ValueError(f'attention implementation {requested!r} has no attention '
-                       f'dropout (rate {dropout_rate}); set model.attention_impl=\'reference\' '
-                       '(implementation=\'reference\' in a direct call) or '
-                       'model.attention_dropout_rate=0')
-    if bias is not None:
-      bias = bias.astype(query.dtype)
-    # cuDNN skips the blocks above the diagonal when told the mask is causal; XLA's path
-    # materializes the same mask, so it gets the full one.
-    cudnn = implementation == 'cudnn' and query.shape[1] == key.shape[1]
-    out = jax.nn.dot_product_attention(query, key, value, bias=bias,
-                                       mask=mask if cudnn else full_mask,
-                                       is_causal=causal and cudnn, scale=scale,
-                                       implementation=implementation)
-  if full_mask is not None:  # rows that see nothing: zeros, not a uniform average or NaN
-    sees_any = jnp.any(full_mask, axis=-1)             # (B|1, N|1, T); fused, never stored
-    out = out * jnp.swapaxes(sees_any, -1, -2)[..., None].astype(out.dtype)  # (B|1, T, N|1, 1)
+    out = _jax_nn(query, key, value, mask, scale, path)
+  sees = mask.rows_that_see(t, s)        # rows that see nothing: zeros, not an average or NaN
+  if sees is not None:
+    out = jnp.where(sees[..., None], out, jnp.zeros((), out.dtype))
   return out
 
 
-def runnable_implementation(implementation: str) -> str:
-  """The implementation that runs here: 'cudnn' needs a GPU backend (NVIDIA's cuDNN); on CPU
-  and TPU it runs as 'xla', the same computation with the same (absent) parameters, so a
-  GPU config smoke-tests on a laptop and its checkpoints evaluate anywhere. The training loop
-  says so when it happens (loop: a note line at start)."""
+def runnable_implementation(implementation: str, *, dtype=jnp.float32, bias: bool = False,
+                            dense: bool = False, dropout: bool = False,
+                            backend: str = '') -> str:
+  """The path that runs `implementation` here, for queries of `dtype` and a mask with a `bias`,
+  with a part no kernel reads (`dense`: an explicit matrix, e.g. the decode cache's) and
+  attention `dropout` on.
+
+  'auto': 'reference' while attention dropout is on (no kernel has it); on TPU 'splash', or
+  'xla' where the mask has a bias or a dense part; on GPU 'cudnn' for bf16 / fp16, else 'xla';
+  on CPU CPU_AUTO. An explicit choice that cannot run here falls back, with the same result:
+  'cudnn' off GPUs runs as 'xla' (so a GPU config smoke-tests on a laptop and its checkpoints
+  evaluate anywhere); 'splash' with a bias or dense part runs as 'xla', on a GPU as 'auto'
+  picks, and on CPU in Pallas's interpreter. `implementation_notes` words each fallback.
+  """
+  _check_name(implementation)
+  backend = backend or jax.default_backend()
+  if implementation == 'auto':
+    if dropout:
+      return 'reference'
+    if backend == 'tpu':
+      return 'xla' if bias or dense else 'splash'
+    if backend == 'gpu':
+      return 'cudnn' if jnp.dtype(dtype) in map(jnp.dtype, HALF) else 'xla'
+    return CPU_AUTO
+  if implementation == 'cudnn' and backend != 'gpu':
+    return 'xla'
+  if implementation == 'splash':
+    if backend == 'gpu':
+      return runnable_implementation('auto', dtype=dtype, bias=bias, dense=dense,
+                                     dropout=dropout, backend=backend)
+    if bias or dense:
+      return 'xla'
+  return implementation
+
+
+def kernel_readable(mask: masks.AttentionMask, q_len: int, kv_len: int) -> bool:
+  """Whether a kernel can take `mask` as it is: no explicit matrix, and causal only when
+  queries and keys are the same positions."""
+  return mask.dense_mask is None and not (mask.causal and q_len != kv_len)
+
+
+def implementation_notes(cfg, backend: str = '') -> list:
+  """One line per way a ModelConfig's `attention_impl` runs other than it says, on this
+  backend (or `backend`; the training loop prints them at start)."""
+  impl, backend = cfg.attention_impl, backend or jax.default_backend()
+  biased = {'t5': "T5's relative position bias", 'alibi': 'the ALiBi bias'}.get(
+      'alibi' if cfg.position_embedding == 'alibi' else cfg.family)
+  notes = []
+  if impl == 'cudnn' and backend != 'gpu':
+    notes.append(f"note: model.attention_impl='cudnn' needs a GPU with cuDNN; on {backend} "
+                 "attention runs as 'xla' (the same computation)")
+  if impl == 'splash' and backend == 'gpu':
+    runs = runnable_implementation('auto', dtype=cfg.dtype, backend=backend)
+    notes.append(f"note: model.attention_impl='splash' is a TPU kernel; on gpu attention runs "
+                 f'as {runs!r} (the same computation)')
+  elif impl == 'splash':
+    if backend != 'tpu':
+      notes.append(f"note: model.attention_impl='splash' is a TPU kernel; on {backend} it runs "
+                   "in Pallas's interpreter (exact, slow: for tests)")
+    if biased:
+      notes.append(f"note: splash attention takes no additive bias: the attentions with "
+                   f"{biased} run as 'xla'")
+  if impl == 'auto' and cfg.attention_dropout_rate > 0 and backend != 'cpu':
+    notes.append(f"note: model.attention_dropout_rate={cfg.attention_dropout_rate}: training "
+                 "attention runs as 'reference' (no kernel has attention dropout); set it to 0 "
+                 f"for {runnable_implementation('auto', dtype=cfg.dtype, backend=backend)!r}")
+  return notes
+
+
+def _check_name(implementation: str) -> None:
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f'attention implementation {implementation!r}; expected one of '
                      f'{IMPLEMENTATIONS}')
-  if implementation == 'cudnn' and jax.default_backend() != 'gpu':
-    return 'xla'
-  return implementation
+
+
+def _as_value(mask, causal, bias) -> masks.AttentionMask:
+  if isinstance(mask, masks.AttentionMask):
+    if causal or bias is not None:
+      raise ValueError('dot_product_attention: with an AttentionMask, give causal and bias '
+                       'inside it (AttentionMask(causal=..., bias=...)), not as arguments')
+    return mask
+  return masks.AttentionMask(dense_mask=mask, bias=bias, causal=bool(causal))
+
+
+def _jax_nn(query, key, value, mask, scale, implementation):
+  """jax.nn.dot_product_attention ('xla' or 'cudnn'). cuDNN skips the blocks above the
+  diagonal when told the mask is causal, so it gets the flag (not with a prefix, which makes
+  exceptions to causality); XLA's path materializes the same mask, so it gets the whole one."""
+  t, s = query.shape[1], key.shape[1]
+  bias = None if mask.bias is None else mask.bias.astype(query.dtype)
+  flag = implementation == 'cudnn' and mask.causal and mask.prefix is None and t == s
+  if (implementation == 'cudnn' and mask.dense_mask is None and mask.prefix is None
+      and mask.segments() is not None):
+    return by_segments(query, key, value, bias, mask, scale, flag, implementation)
+  return jax.nn.dot_product_attention(query, key, value, bias=bias,
+                                      mask=mask.dense(t, s, causal=mask.causal and not flag),
+                                      is_causal=flag, scale=scale, implementation=implementation)
+
+
+def by_segments(query, key, value, bias, mask, scale, is_causal, implementation):
+  """Segment ids to jax.nn.dot_product_attention without a mask tensor where possible.
+
+  A batch whose rows each hold one document followed by padding (unpacked rows: fine-tuning,
+  evaluation of single texts) goes as `query_seq_lengths` / `key_value_seq_lengths`, which
+  cuDNN reads as a padding mask type (no (B, 1, T, S) tensor, no bias for every head); a batch
+  with packed rows needs the segment mask, which cuDNN reads as a bias. A `lax.cond` on the
+  segment ids picks one per batch.
+  """
+  q_seg, kv_seg = mask.segments()
+  q_len, q_ok = document_lengths(q_seg)
+  kv_len, kv_ok = document_lengths(kv_seg)
+
+  def lengths(query, key, value, bias):
+    return jax.nn.dot_product_attention(query, key, value, bias=bias, is_causal=is_causal,
+                                        query_seq_lengths=q_len, key_value_seq_lengths=kv_len,
+                                        scale=scale, implementation=implementation)
+
+  def matrix(query, key, value, bias):
+    return jax.nn.dot_product_attention(
+        query, key, value, bias=bias, mask=masks.segment_mask(q_seg, kv_seg),
+        is_causal=is_causal, scale=scale, implementation=implementation)
+
+  return jax.lax.cond(q_ok & kv_ok, lengths, matrix, query, key, value, bias)
+
+
+def document_lengths(segment_ids):
+  """(B, T) segment ids -> (real tokens per row (B,) int32, whether every row is one document
+  followed by padding: ids 1...1 0...0 ())."""
+  n = jnp.sum(segment_ids > 0, axis=1, dtype=jnp.int32)
+  one_document = jnp.where(jnp.arange(segment_ids.shape[1]) < n[:, None], 1, 0)
+  return n, jnp.all(segment_ids == one_document)
 
 
 def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout,

@@ -17,11 +17,11 @@ class BertBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, bias):                          # (B, T, E)
+  def __call__(self, x, mask):                                # (B, T, E)
     cfg = self.cfg
     drop = lambda y: cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     x = layers.norm(cfg, 'attention_norm')(
-        x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask, bias)))
+        x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask)))
     x = layers.norm(cfg, 'output_norm')(x + drop(layers.MLP(cfg, name='mlp')(x)))
     return x, None
 
@@ -44,7 +44,8 @@ class BERT(nn.Module):
   (mlm_logits (B, T, V) float32, nsp_logits (B, 2) float32 or None).
   `hidden` (same arguments) -> the encoder's output (B, T, E); `logits(hidden)` is the MLM head
   and `nsp_logits(hidden)` the NSP head, so a loss can run the MLM head a chunk at a time.
-  The bidirectional mask comes from segment ids alone (packing + padding).
+  The bidirectional mask comes from segment ids alone (packing + padding), with ALiBi's
+  bias when cfg.position_embedding='alibi': one masks.AttentionMask every layer reads.
   """
   cfg: ModelConfig
 
@@ -74,7 +75,6 @@ class BERT(nn.Module):
       token_type_ids = jnp.zeros_like(inputs)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    mask = masks.segment_mask(segment_ids)                               # (B, 1, T, T)
     x = self.word_embeddings(inputs) * self.embed_scale                  # (B, T, E)
     bias = None
     if cfg.position_embedding == 'learned':
@@ -89,8 +89,8 @@ class BERT(nn.Module):
     x = layers.norm(cfg, 'embeddings_norm')(x)
     if cfg.embedding_dropout:
       x = cfg.tuning.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
-    return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask,
-                              bias)                                     # (B, T, E)
+    mask = masks.AttentionMask(q_segment_ids=segment_ids, bias=bias)
+    return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
 
   def logits(self, hidden):                                              # (..., E)
     h = self.mlm_transform(hidden)

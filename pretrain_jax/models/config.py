@@ -5,6 +5,7 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from pretrain_jax.models.attention import IMPLEMENTATIONS
 from pretrain_jax.tuning.backends import PLAIN, Tuning
 
 FAMILIES = ('bert', 'gpt', 't5')
@@ -42,7 +43,7 @@ class ModelConfig:
   num_decoder_layers: int = 0           # T5 only; 0 = same as num_layers
   dtype: Any = jnp.float32               # compute dtype
   param_dtype: Any = jnp.float32         # storage dtype
-  attention_impl: str = 'reference'      # see pretrain_jax.models.attention.IMPLEMENTATIONS
+  attention_impl: str = 'auto'           # see pretrain_jax.models.attention.IMPLEMENTATIONS
   activation: str = 'gelu'
   position_embedding: str = 'learned'
   kernel_init: Optional[str] = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in':
@@ -58,6 +59,9 @@ class ModelConfig:
                                          # published models; the chapter-41 skeleton: none)
   causal: bool = True                    # gpt: causal self-attention; False = the same stack
                                          # bidirectional (a BERT-like encoder, trained with MLM)
+  prefix_lm: bool = False                # gpt: each document's prefix (the batch's `prefix`
+                                         # flags; at generation the prompt) sees itself both
+                                         # ways, the rest causally (trained with prefix_lm)
   head_bias: bool = True                 # gpt with tie_embeddings=False: a bias on lm_head
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
@@ -94,6 +98,8 @@ class ModelConfig:
     check(self.kernel_init in KERNEL_INITS, 'kernel_init', self.kernel_init,
           f'one of {KERNEL_INITS}')
     check(self.norm in NORMS, 'norm', self.norm, f'one of {NORMS}')
+    check(self.attention_impl in IMPLEMENTATIONS, 'attention_impl', self.attention_impl,
+          f'one of {IMPLEMENTATIONS}')
     check(self.remat in REMAT_POLICIES, 'remat', self.remat, f'one of {REMAT_POLICIES}')
     for name in ('vocab_size', 'num_layers', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
                  'max_len'):
@@ -112,6 +118,8 @@ class ModelConfig:
     check(self.causal or self.family == 'gpt', 'causal', self.causal,
           'True for bert/t5 (bert is bidirectional by design; a bidirectional gpt stack is '
           'family=gpt, causal=False)')
+    check(not self.prefix_lm or (self.family == 'gpt' and self.causal), 'prefix_lm',
+          self.prefix_lm, 'False except for a causal gpt (family=gpt, causal=True)')
     check(self.causal or not self.decode, 'causal', self.causal,
           'True to decode with a key/value cache (a bidirectional stack has no left-to-right '
           'generation)')

@@ -55,9 +55,12 @@ class Family:
             {k: batch.get(k) for k in self.kwarg_keys})
 
   def pretrain_objective(self, cfg) -> str:
-    """The data.objective `cfg` pre-trains with: the family's, or 'mlm' for a bidirectional
-    stack (gpt with causal=False: the mask is the only difference)."""
-    return self.objective if cfg.causal else 'mlm'
+    """The data.objective `cfg` pre-trains with: the family's, 'mlm' for a bidirectional stack
+    (gpt with causal=False) or 'prefix_lm' for a prefix LM (gpt with prefix_lm=True): the
+    mask is the only difference."""
+    if not cfg.causal:
+      return 'mlm'
+    return 'prefix_lm' if cfg.prefix_lm else self.objective
 
   def active_heads(self, cfg) -> tuple:
     return tuple(h for h in self.heads if getattr(cfg, h.enabled))

@@ -10,9 +10,7 @@ from pretrain_jax.models.family import Family, Head
 
 
 class GPTBlock(nn.Module):
-  """`causal`: the causal part of `mask`, kept factored for the core (decided by the top)."""
   cfg: ModelConfig
-  causal: bool = True
 
   @nn.compact
   def __call__(self, x, mask, decode_index):                 # (B, T, E)
@@ -20,25 +18,27 @@ class GPTBlock(nn.Module):
     residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
     drop = lambda y: cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     h = layers.norm(cfg, 'ln_1')(x)
-    attn = layers.MultiHeadAttention(cfg, residual_scale, causal=self.causal, name='attn')
-    x = x + drop(attn(h, h, mask, None, decode_index))
+    attn = layers.MultiHeadAttention(cfg, residual_scale, name='attn')
+    x = x + drop(attn(h, h, mask, decode_index))
     h = layers.norm(cfg, 'ln_2')(x)
     x = x + drop(layers.MLP(cfg, residual_scale, name='mlp')(h))
     return x, None
 
 
 class GPT(nn.Module):
-  """Causal LM. __call__(inputs (B, T), segment_ids, positions) -> logits (B, T, V).
+  """Causal LM. __call__(inputs (B, T), segment_ids, positions, prefix) -> logits (B, T, V).
 
   `hidden` (same arguments) -> the final LayerNorm's output (B, T, E) and `logits(hidden)` is
   the LM head, so a loss can run the head a chunk of positions at a time.
-  The mask is decided here: the packing/padding mask from segment ids AND causal, the causal
-  part handed to the attention core in factored form (`causal=True`) so cuDNN can skip it.
-  With cfg.causal=False the same stack gets the packing/padding mask alone: a bidirectional
-  encoder (trained with MLM), the mask being the only difference.
+  The mask is decided here, as one masks.AttentionMask every layer reads: the packing/padding
+  segment ids AND causal (a flag: cuDNN and splash skip the blocks it hides). With
+  cfg.causal=False the same stack gets the packing/padding mask alone: a bidirectional encoder
+  (trained with MLM). With cfg.prefix_lm the (B, T) `prefix` flags (1 on each document's
+  leading tokens) see each other both ways: a prefix LM. The mask is the only difference.
   In decode mode (cfg.decode) the `decode_cache` (layers.DecodeCache) keeps the cache index and
   the cached keys' segment ids: each call appends its T tokens and attends over everything
-  cached, with the whole causal cache mask given explicitly.
+  cached, with the whole cache mask given explicitly (a prefix LM's prompt, fed in one call
+  with its `prefix`, sees itself both ways).
   """
   cfg: ModelConfig
 
@@ -52,21 +52,23 @@ class GPT(nn.Module):
       self.score = layers.dense(cfg, cfg.num_classes, ['embed'], ['classes'], 'score',
                                 fan_in=cfg.emb_dim, use_bias=False)
     if cfg.decode:
-      self.decode_cache = layers.DecodeCache()
+      self.decode_cache = layers.DecodeCache(prefix_lm=cfg.prefix_lm)
 
   @nn.compact
-  def hidden(self, inputs, *, segment_ids=None, positions=None):
+  def hidden(self, inputs, *, segment_ids=None, positions=None, prefix=None):
     cfg = self.cfg
     if segment_ids is None:
       segment_ids = jnp.ones_like(inputs)
-    # Training: the packing/padding mask, AND causal kept factored (cuDNN skips the blocks it
-    # hides). Decode: the whole mask over the cache.
-    decode_index, causal = None, cfg.causal and not cfg.decode
-    if cfg.decode:
-      mask, decode_index, cache_positions = self.decode_cache(segment_ids)
+    if prefix is not None and not cfg.prefix_lm:
+      raise ValueError('a prefix was given to a GPT with model.prefix_lm=False; it has no '
+                       'bidirectional prefix (expected prefix=None, or a prefix-LM model)')
+    decode_index = None
+    if cfg.decode:       # the whole mask over the cache, as a matrix
+      dense, decode_index, cache_positions = self.decode_cache(segment_ids, prefix)
+      mask = masks.AttentionMask(dense_mask=dense)
       positions = cache_positions if positions is None else positions
     else:
-      mask = masks.segment_mask(segment_ids)     # (B, 1, T, T)
+      mask = masks.AttentionMask(q_segment_ids=segment_ids, causal=cfg.causal, prefix=prefix)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     x = self.wte(inputs) * self.embed_scale                               # (B, T, E)
@@ -77,8 +79,7 @@ class GPT(nn.Module):
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
     if cfg.embedding_dropout:
       x = cfg.tuning.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
-    x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index,
-                           causal=causal)
+    x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
     return layers.norm(cfg, 'ln_f')(x)                                    # (B, T, E)
 
   def logits(self, hidden):                                               # (..., E)
@@ -95,9 +96,9 @@ class GPT(nn.Module):
     h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]   # (B, E)
     return self.score(h).astype(jnp.float32)                              # (B, C)
 
-  def __call__(self, inputs, *, segment_ids=None, positions=None):
+  def __call__(self, inputs, *, segment_ids=None, positions=None, prefix=None):
     """LM logits (B, T, V); with cfg.num_classes the class logits (B, C) instead."""
-    h = self.hidden(inputs, segment_ids=segment_ids, positions=positions)
+    h = self.hidden(inputs, segment_ids=segment_ids, positions=positions, prefix=prefix)
     return self.classify(h, segment_ids) if self.cfg.num_classes else self.logits(h)
 
 
@@ -118,7 +119,7 @@ def forward_flops(cfg, batch, seq_len, target_len=0, head_positions=0):
 
 FAMILY = Family(hf_inputs=(('input_ids', 'inputs'), ('attention_mask', 'segment_ids')),
                 name='gpt', model=GPT, objective='clm', input_keys=('inputs',),
-                kwarg_keys=('segment_ids', 'positions'), target_key='targets',
+                kwarg_keys=('segment_ids', 'positions', 'prefix'), target_key='targets',
                 weight_key='loss_weights', example_batch=example_batch,
                 forward_flops=forward_flops, generation='continue',
                 heads=(Head(name='class', method='classify', label_key='labels',

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pretrain_jax.models import masks
-from pretrain_jax.models.attention import dot_product_attention
+from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
@@ -204,18 +204,17 @@ class MLP(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """Self- or cross-attention around the shared core; masks and bias come from the caller.
+  """Self- or cross-attention around the shared core; the mask (a masks.AttentionMask: causal
+  flag, segment ids, prefix, bias) comes from the caller.
 
   In decode mode, self-attention stores this call's keys/values at `decode_index` in the
   `cache` collection and attends over the whole cache (the caller's mask says which keys).
-  `causal` is the causal part of the caller's mask, kept factored (see dot_product_attention).
   """
   cfg: ModelConfig
   out_scale: float = 1.0
-  causal: bool = False
 
   @nn.compact
-  def __call__(self, x_q, x_kv, mask, bias=None, decode_index=None):  # (B, T, E), (B, S, E)
+  def __call__(self, x_q, x_kv, mask, decode_index=None):  # (B, T, E), (B, S, E)
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.head_dim)
     # fold_query_scale (T5): no 1/sqrt(H) logit scale; the query init carries it.
@@ -231,11 +230,10 @@ class MultiHeadAttention(nn.Module):
     if not cfg.deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
     out = dot_product_attention(
-        q, k, v, mask=mask, causal=self.causal, bias=bias,
-        scale=1.0 if cfg.fold_query_scale else None,
+        q, k, v, mask=mask, scale=1.0 if cfg.fold_query_scale else None,
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
         deterministic=cfg.deterministic, implementation=cfg.attention_impl,
-        dropout_fn=cfg.tuning.dropout)                                           # (B, T, N, H)
+        dropout_fn=cfg.tuning.dropout, backend=cfg.tuning.platform)              # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
                  fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
 
@@ -280,32 +278,54 @@ def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *arg
   return x
 
 
+def attention_path(cfg: ModelConfig, *, bias: bool = False) -> str:
+  """The attention path (attention.runnable_implementation) cfg's training-shaped attentions
+  run on; `bias`: those with an additive bias (T5's relative one, ALiBi)."""
+  return runnable_implementation(
+      cfg.attention_impl, dtype=cfg.dtype, bias=bias,
+      dropout=not cfg.deterministic and cfg.attention_dropout_rate > 0,
+      backend=cfg.tuning.platform)
+
+
 class DecodeCache(nn.Module):
   """Decode-mode bookkeeping of a causal stack (GPT, the T5 decoder), owned by the model top.
 
-  Keeps `cache_index` and the cached keys' segment ids in its own scope of the `cache`
-  collection, appends this call's (B, T) segment ids at the index and returns
-  (mask (B, 1, T, S), index, positions): causal over cache slots, restricted to real tokens of
+  Keeps `cache_index` and the cached keys' segment ids (and, for a prefix LM, their prefix
+  flags) in its own scope of the `cache` collection, appends this call's (B, T) segment ids at
+  the index and returns (mask (B, 1, T, S), index, positions): causal over cache slots, or
+  bidirectional among prefix tokens (the prompt of a prefix LM), restricted to real tokens of
   the same segment, and positions that count only real tokens (masks.positions_from_mask), so
   left-padded prompts start at position 0. The first (init) call sizes the cache with its
-  (B, max_decode_len) input.
+  (B, max_decode_len) input. The mask is a dense matrix over the cache: decoding runs on the
+  paths that read one (attention.kernel_readable).
   """
+  prefix_lm: bool = False
 
   @nn.compact
-  def __call__(self, segment_ids):                                       # (B, T)
+  def __call__(self, segment_ids, prefix=None):                          # (B, T)
     batch, length = segment_ids.shape
     initialized = self.has_variable('cache', 'cache_index')
     index = self.variable('cache', 'cache_index', lambda: jnp.zeros((), jnp.int32))
     cached = self.variable('cache', 'cached_segment_ids', jnp.zeros, (batch, length), jnp.int32)
+    if self.prefix_lm:
+      cached_prefix = self.variable('cache', 'cached_prefix', jnp.zeros, (batch, length),
+                                    jnp.int32)
+    prefix = jnp.zeros_like(segment_ids) if prefix is None else prefix
     if not initialized:
-      mask = masks.combine_masks(masks.causal_mask(length), masks.segment_mask(segment_ids))
+      mask = masks.AttentionMask(q_segment_ids=segment_ids, causal=True,
+                                 prefix=prefix if self.prefix_lm else None).dense(length, length)
       return mask, index.value, masks.positions_from_mask(jnp.ones((batch, length)))
     i = index.value
     cached.value = jax.lax.dynamic_update_slice(cached.value, segment_ids.astype(jnp.int32),
                                                 (0, i))
     positions = jax.lax.dynamic_slice_in_dim(masks.positions_from_mask(cached.value), i, length,
                                              axis=1)
-    mask = masks.combine_masks(masks.causal_mask(length, cached.value.shape[1], i),
-                               masks.segment_mask(segment_ids, cached.value))
+    visible = masks.causal_mask(length, cached.value.shape[1], i)
+    if self.prefix_lm:
+      cached_prefix.value = jax.lax.dynamic_update_slice(
+          cached_prefix.value, (prefix > 0).astype(jnp.int32), (0, i))
+      both = (prefix > 0)[:, :, None] & (cached_prefix.value > 0)[:, None, :]
+      visible = jnp.logical_or(visible, both[:, None])
+    mask = masks.combine_masks(visible, masks.segment_mask(segment_ids, cached.value))
     index.value = i + length
     return mask, i, positions

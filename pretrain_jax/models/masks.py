@@ -1,8 +1,11 @@
-"""Pure attention-mask builders. A mask is a bool array, True = the query may see the key.
+"""Pure attention-mask builders, and the mask as a value the attention paths read.
 
-Every builder returns shape (B or 1, 1, T, S) so masks broadcast over heads and combine with
-`combine_masks`. Models build their masks here and hand them to the attention core; the core
-never decides causality.
+A dense mask is a bool array, True = the query may see the key; every builder returns shape
+(B or 1, 1, T, S) so masks broadcast over heads and combine with `combine_masks`. Models hand
+the attention core an `AttentionMask`: the small value those builders are made from (a causal
+flag, segment ids, a bidirectional prefix, a bias), which kernels read as it is and the
+reference path turns into its dense matrix (`AttentionMask.dense`). The core never decides
+causality.
 
 Worked example: two documents packed in one row of length 5 plus padding,
 segment_ids = [1, 1, 2, 2, 0], combined with causal_mask(5) gives
@@ -16,6 +19,8 @@ segment_ids = [1, 1, 2, 2, 0], combined with causal_mask(5) gives
 """
 from typing import Optional
 
+import flax.struct
+import jax
 import jax.numpy as jnp
 
 
@@ -73,3 +78,112 @@ def positions_from_mask(mask) -> jnp.ndarray:
   (or 0), which no real token attends to.
   """
   return jnp.maximum(jnp.cumsum(jnp.asarray(mask) > 0, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def prefix_mask(prefix: jnp.ndarray) -> jnp.ndarray:
+  """(B, T) flags of the tokens in their document's prefix -> (B, 1, T, T): both in a prefix.
+
+  With the segment mask and causal_mask it makes the prefix LM's worldview (see AttentionMask).
+  """
+  p = jnp.asarray(prefix) > 0
+  return (p[:, :, None] & p[:, None, :])[:, None]
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """Who may see whom, as a value: what the model's top builds once and every layer reads.
+
+  The effective mask is `segment_mask(q_segment_ids, kv_segment_ids) AND (causal_mask OR
+  prefix_mask(prefix)) AND dense_mask`, each part present only when given, and `bias` is added
+  to the logits. Kernels read the parts (splash: segment ids and a causal / full block mask;
+  cuDNN: the causal flag and sequence lengths); `dense()` is the matrix for the paths that
+  materialize one. The four worldviews of the chapter are four values:
+
+      BERT       AttentionMask(q_segment_ids=seg)                     bidirectional
+      GPT        AttentionMask(q_segment_ids=seg, causal=True)        left to right
+      T5         encoder as BERT + relative bias; decoder as GPT + bias; cross-attention
+                 AttentionMask(q_segment_ids=dec_seg, kv_segment_ids=enc_seg)
+      prefix LM  AttentionMask(q_segment_ids=seg, causal=True, prefix=prefix)
+
+  Worked example (prefix LM): one row, two documents and padding, segment_ids =
+  [1, 1, 1, 2, 2, 0], prefix = [1, 1, 0, 1, 0, 0] (the first two tokens of document 1 and the
+  first of document 2 are their prompts):
+
+      q\\k  0 1 2 3 4 5
+      0    1 1 0 0 0 0     <- a prefix token sees its whole prefix, both ways
+      1    1 1 0 0 0 0
+      2    1 1 1 0 0 0     <- after the prefix: causal within the document
+      3    0 0 0 1 0 0
+      4    0 0 0 1 1 0
+      5    0 0 0 0 0 0     <- padding sees nothing (the core returns zeros for this row)
+
+  Fields:
+    q_segment_ids: (B, T) int, 1-based document ids, 0 = padding; None: one document, no
+      padding.
+    kv_segment_ids: (B, S) for cross-attention; None: the queries' (self-attention).
+    prefix: (B, T) int or bool, nonzero on the leading tokens of each document that see each
+      other bidirectionally; only with `causal` self-attention. A prefix is the start of its
+      document (the splash path relies on it: a prefix token sees no token after the prefix).
+    bias: float, broadcastable to (B, N, T, S), added to the logits (T5's relative positions,
+      ALiBi); no kernel-readable mask part.
+    dense_mask: a bool (B|1, 1, T, S) mask ANDed on top, for callers with a matrix (the decode
+      cache); only paths that materialize the mask can read it.
+    causal: query i sees keys j <= i (static).
+  """
+  q_segment_ids: Optional[jax.Array] = None
+  kv_segment_ids: Optional[jax.Array] = None
+  prefix: Optional[jax.Array] = None
+  bias: Optional[jax.Array] = None
+  dense_mask: Optional[jax.Array] = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @property
+  def cross(self) -> bool:
+    """Keys carry their own segment ids (encoder-decoder attention)."""
+    return self.kv_segment_ids is not None
+
+  def check(self) -> None:
+    """The combinations the fields' meaning allows; raises ValueError naming the field."""
+    if self.prefix is not None and (not self.causal or self.cross):
+      raise ValueError(f'AttentionMask.prefix needs causal self-attention; got causal='
+                       f'{self.causal}, kv_segment_ids '
+                       f'{"given" if self.cross else "None"}')
+    if self.cross and self.q_segment_ids is None:
+      raise ValueError('AttentionMask.kv_segment_ids needs q_segment_ids (the decoder\'s)')
+
+  def segments(self):
+    """(q (B, T), kv (B, S)) segment ids, or None where there are none."""
+    if self.q_segment_ids is None:
+      return None
+    return self.q_segment_ids, (self.kv_segment_ids if self.cross else self.q_segment_ids)
+
+  def dense(self, q_len: int, kv_len: int, *, causal: Optional[bool] = None):
+    """The bool mask (B|1, 1, T, S) of every part but the bias; None if nothing is hidden.
+
+    `causal=False` leaves the causal part out, for a kernel told it as a flag (the prefix, an
+    exception to causality, is kept: with one, causal is never factored out)."""
+    self.check()
+    causal = self.causal if causal is None else causal
+    segments = self.segments()
+    mask = segment_mask(*segments) if segments is not None else None
+    if causal or self.prefix is not None:
+      visible = causal_mask(q_len, kv_len)
+      if self.prefix is not None:
+        visible = jnp.logical_or(visible, prefix_mask(self.prefix))
+      mask = combine_masks(mask, visible)
+    return combine_masks(mask, self.dense_mask)
+
+  def rows_that_see(self, q_len: int, kv_len: int):
+    """Bool, broadcastable to (B, T, N): query rows that see at least one key (the others
+    return zeros), or None when every row does. Self-attention reads it off the segment ids (a
+    real token sees itself); cross-attention and dense masks reduce over the keys (fused, never
+    stored)."""
+    if self.dense_mask is not None:
+      return jnp.swapaxes(jnp.any(self.dense(q_len, kv_len), axis=-1), 1, 2)  # (B|1, T, N|1)
+    segments = self.segments()
+    if segments is None:
+      return None
+    q, kv = segments
+    if not self.cross:
+      return (q > 0)[..., None]                                               # (B, T, 1)
+    return jnp.any((q[:, :, None] == kv[:, None, :]) & (q[:, :, None] > 0), axis=-1)[..., None]

@@ -63,26 +63,23 @@ class EncoderBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, bias):                                     # (B, T, E)
+  def __call__(self, x, mask):                                           # (B, T, E)
     cfg = self.cfg
     h = layers.norm(cfg, 'pre_attention_norm')(x)
-    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='attention')(h, h, mask, bias))
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='attention')(h, h, mask))
     h = layers.norm(cfg, 'pre_mlp_norm')(x)
     return x + _dropout(cfg, layers.MLP(cfg, name='mlp')(h)), None
 
 
 class DecoderBlock(nn.Module):
-  """`causal`: the causal part of `self_mask`, kept factored for the core (decided by the top)."""
   cfg: ModelConfig
-  causal: bool = True
 
   @nn.compact
-  def __call__(self, x, encoded, self_mask, bias, cross_mask, decode_index):  # (B, T, E)
+  def __call__(self, x, encoded, self_mask, cross_mask, decode_index):   # (B, T, E)
     cfg = self.cfg
     h = layers.norm(cfg, 'pre_self_attention_norm')(x)
-    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, causal=self.causal,
-                                                    name='self_attention')(
-        h, h, self_mask, bias, decode_index))
+    x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='self_attention')(
+        h, h, self_mask, decode_index))
     h = layers.norm(cfg, 'pre_cross_attention_norm')(x)
     x = x + _dropout(cfg, layers.MultiHeadAttention(cfg, name='encoder_decoder_attention')(
         h, encoded, cross_mask))
@@ -103,14 +100,14 @@ class Encoder(nn.Module):
     bias = RelativePositionBias(cfg, bidirectional=True, name='relpos_bias')(pos, pos)
     bias = _per_row(cfg, bias, tokens.shape[0])
     x = layers.apply_stack(EncoderBlock, cfg, cfg.num_layers, 'layers', x,
-                           masks.segment_mask(segment_ids), bias)
+                           masks.AttentionMask(q_segment_ids=segment_ids, bias=bias))
     return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
 
 
 def _per_row(cfg: ModelConfig, bias, batch: int):
   """With cfg.tuning.bias_per_row on the reference attention path: (1, N, T, S) -> (B, N, T, S),
   once for the whole stack (tuning/backends.py says why); otherwise the bias as it is."""
-  if cfg.attention_impl != 'reference' or not cfg.tuning.bias_per_row:
+  if not cfg.tuning.bias_per_row or layers.attention_path(cfg, bias=True) != 'reference':
     return bias
   return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 
@@ -131,23 +128,24 @@ class Decoder(nn.Module):
   def __call__(self, tokens, encoded, segment_ids, encoder_segment_ids):  # (B, T), (B, S, E)
     cfg = self.cfg
     length = tokens.shape[1]
-    # Training: packing/padding mask AND causal kept factored. Decode: the whole cache mask.
-    decode_index, causal = None, not cfg.decode
+    # Training: packing/padding segment ids AND causal (a flag). Decode: the whole cache mask.
+    decode_index = None
     if cfg.decode:
-      self_mask, decode_index, _ = self.decode_cache(segment_ids)
-      cache_len = self_mask.shape[-1]
+      dense, decode_index, _ = self.decode_cache(segment_ids)
       q_pos = jnp.arange(length) + decode_index
-      bias_args = (q_pos, jnp.arange(cache_len))
+      bias_args = (q_pos, jnp.arange(dense.shape[-1]))
     else:
-      self_mask = masks.segment_mask(segment_ids)
       bias_args = (jnp.arange(length), jnp.arange(length))
     bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
     bias = _per_row(cfg, bias, tokens.shape[0])
+    self_mask = (masks.AttentionMask(dense_mask=dense, bias=bias) if cfg.decode else
+                 masks.AttentionMask(q_segment_ids=segment_ids, causal=True, bias=bias))
+    cross_mask = masks.AttentionMask(q_segment_ids=segment_ids,
+                                     kv_segment_ids=encoder_segment_ids)
     x = self.shared(tokens)                                              # (B, T, E)
     x = _dropout(cfg, x) if cfg.embedding_dropout else x
     x = layers.apply_stack(DecoderBlock, cfg, cfg.decoder_layers, 'layers', x, encoded,
-                           self_mask, bias, masks.cross_mask(segment_ids, encoder_segment_ids),
-                           decode_index, causal=causal)
+                           self_mask, cross_mask, decode_index)
     return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
 
   def logits(self, x):                                                   # (..., E)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pretrain_jax.models import ModelConfig, family_of
-from pretrain_jax.models.attention import runnable_implementation
+from pretrain_jax.models.layers import attention_path
 from pretrain_jax.objectives import span_corruption
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import metrics as metrics_lib
@@ -159,7 +159,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'datasheet_peak_flops': datasheet_peak_flops(), 'mfu': mfu, 'compile_s': compile_s,
             'loss': float(metrics['loss']), 'device': jax.devices()[0].device_kind,
             'num_devices': jax.device_count(), 'dtype': jnp.dtype(model_cfg.dtype).name,
-            'attention_impl': runnable_implementation(model_cfg.attention_impl),
+            'attention_impl': attention_path(model_cfg.replace(deterministic=False)),
             'scan_layers': model_cfg.scan_layers,
             'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl'),
             'loss_chunk_len': int(t.get('loss_chunk_len', 0)),

@@ -13,7 +13,7 @@ import numpy as np
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, family_of
-from pretrain_jax.models.attention import runnable_implementation
+from pretrain_jax.models.attention import implementation_notes
 from pretrain_jax.training import agreement
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
@@ -248,10 +248,8 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
     writer.line(warning)
   writer.line(f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}')
-  runs = runnable_implementation(model_cfg.attention_impl)
-  if runs != model_cfg.attention_impl:
-    writer.line(f'note: model.attention_impl={model_cfg.attention_impl!r} needs a GPU with cuDNN; '
-                f'on {jax.default_backend()} attention runs as {runs!r} (the same computation)')
+  for note in implementation_notes(model_cfg):   # attention paths other than the config says
+    writer.line(note)
 
   batch_sharding = steps.batch_sharding
   peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()

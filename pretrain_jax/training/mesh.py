@@ -78,6 +78,15 @@ def logical_shardings(logical_specs, mesh: Mesh):
   return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_RULES)
 
 
+def traced_in(mesh: Mesh, fn):
+  """`fn` traced with `mesh` and LOGICAL_RULES in context, so a kernel that runs under
+  shard_map (splash attention, models/splash.py) finds the batch and head axes."""
+  def traced(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(LOGICAL_RULES):
+      return fn(*args)
+  return traced
+
+
 def check_divisible(abstract_tree, shardings, what: str) -> None:
   """Every sharded dimension must split evenly; name the first one that does not."""
   leaves = jax.tree_util.tree_leaves_with_path(abstract_tree)

@@ -138,7 +138,7 @@ def jit_train_step(train_step, state_shardings, mesh):
   """jax.jit with explicit shardings; the old state is donated (updated in place). Every batch
   array is split over the batch axes along its first dimension."""
   batch = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
-  return jax.jit(train_step, in_shardings=(state_shardings, batch),
+  return jax.jit(mesh_lib.traced_in(mesh, train_step), in_shardings=(state_shardings, batch),
                  out_shardings=(state_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
 
 
@@ -147,14 +147,14 @@ def jit_scan_steps(train_step, state_shardings, mesh):
   (K,)), a lax.scan over the leading axis. The same steps as K calls of the train step (the
   dropout key folds in state.step), one dispatch and one set of step buffers for all K."""
   batches = NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES))
-  return jax.jit(lambda state, b: jax.lax.scan(train_step, state, b),
+  return jax.jit(mesh_lib.traced_in(mesh, lambda state, b: jax.lax.scan(train_step, state, b)),
                  in_shardings=(state_shardings, batches),
                  out_shardings=(state_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
 
 
 def jit_eval_step(eval_step, param_shardings, mesh):
   batch = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
-  return jax.jit(eval_step, in_shardings=(param_shardings, batch),
+  return jax.jit(mesh_lib.traced_in(mesh, eval_step), in_shardings=(param_shardings, batch),
                  out_shardings=NamedSharding(mesh, P()))
 
 

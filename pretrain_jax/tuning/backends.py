@@ -3,7 +3,9 @@ chosen once per step by `for_platform` (training.step.make_steps puts it in the 
 state.run_once asks it for programs that run once).
 
 PLAIN is the default of every ModelConfig: jnp.dot, flax.linen.Dropout, one (1, N, T, S) bias
-for all rows, a whole-row maximum in the loss, all(isfinite) for the state check. CPU swaps in
+for all rows, a whole-row maximum in the loss, all(isfinite) for the state check, and attention
+paths for JAX's default backend (`platform` ''). for_platform gives GPUs and TPUs the same with
+their platform named, so the attention core picks its path for the step's devices. CPU swaps in
 XLA:CPU's faster forms (tuning/cpu.py). Every CPU form computes the plain form's values except
 dropout, whose 16-bit masks are another random stream (the CPU runs in docs/ were made with
 it, so on CPU it stays).
@@ -22,6 +24,7 @@ row would be resharded by the block reshape and gather, and the whole-row search
 fused reduction there.
 """
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
@@ -64,6 +67,7 @@ class Tuning:
   """How one backend computes the model and the train step (the same values as PLAIN but for
   dropout's random stream); the module docstring says what each field does."""
   name: str
+  platform: str                # the attention core's backend ('' = JAX's default backend)
   matmul: Callable             # (M, K) @ (K, F): the dense layers (layers.Dense2D)
   dropout: Callable            # dropout(x, rng, rate): the attention probabilities
   Dropout: type                # a module with flax.linen.Dropout's fields and call
@@ -76,13 +80,17 @@ class Tuning:
     return f'Tuning({self.name!r})'
 
 
-PLAIN = Tuning('plain', matmul=jnp.dot, dropout=dropout, Dropout=nn.Dropout, bias_per_row=False,
+PLAIN = Tuning('plain', platform='', matmul=jnp.dot, dropout=dropout, Dropout=nn.Dropout, bias_per_row=False,
                blockwise_max=False, all_finite=all_finite, init_compiler_options=None)
-CPU = Tuning('cpu', matmul=cpu.matmul, dropout=cpu.dropout, Dropout=cpu.Dropout,
+CPU = Tuning('cpu', platform='cpu', matmul=cpu.matmul, dropout=cpu.dropout, Dropout=cpu.Dropout,
              bias_per_row=True, blockwise_max=True, all_finite=cpu_all_finite,
              init_compiler_options=cpu.INIT_COMPILER_OPTIONS)
 
 
+@functools.cache
 def for_platform(platform: str) -> Tuning:
-  """The tuning of a device platform ('cpu', 'gpu', 'tpu', ...: jax.Device.platform)."""
-  return CPU if platform == 'cpu' else PLAIN
+  """The tuning of a device platform ('cpu', 'gpu', 'tpu', ...: jax.Device.platform): CPU's, or
+  PLAIN's with the platform named. One record per platform, so one per process."""
+  if platform == 'cpu':
+    return CPU
+  return dataclasses.replace(PLAIN, name=platform, platform=platform)
