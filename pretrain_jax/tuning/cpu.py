@@ -15,11 +15,11 @@ nothing from it, so it stays jnp.dot. Other backends fuse transposes into their 
 when its 16 random bits (`jax.random.bits(..., uint16)`) fall below round(keep_prob * 2**16).
 The kept values are scaled by 2**16 / threshold, the exact inverse of the realised keep
 probability, so the output's expectation equals the input exactly; the realised rate differs
-from the nominal one by at most 2**-17. With Philox keys it draws masks with less PRNG work
-than float32 draws; JAX's default partitionable threefry2x32 hashes one counter per element
-whatever the width. Two 16-bit draws per 32-bit word would halve threefry's work, but they
-change every mask, and the fine-tuning comparisons in docs/performance.md depend on the masks
-drawn, so each element keeps its own draw.
+from the nominal one by at most 2**-17, at no more cost than the float32 draws of
+`jax.random.bernoulli`. JAX's default partitionable threefry2x32 hashes one counter per element
+whatever the width; two 16-bit draws per 32-bit word would halve that, but they change every
+mask, and the fine-tuning comparisons in docs/performance.md depend on the masks drawn, so each
+element keeps its own draw (and the CPU keeps this stream).
 
 `finite_by_subtraction`: x - x is 0 where x is finite and NaN where it is inf or NaN, so the
 sum of x - x over every leaf is 0 exactly when all are finite (zeros cannot overflow). One
