@@ -191,12 +191,14 @@ def build_ours(config):
   from pretrain_jax.models import ModelConfig
   from pretrain_jax.training import mesh as mesh_lib
   from pretrain_jax.training import step as step_lib
-  mesh = mesh_lib.make_mesh(config.mesh)
+  from pretrain_jax.training.config import MeshConfig, TrainConfig
+  from pretrain_jax.data.config import DataConfig
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh))
   model_cfg = ModelConfig.from_config(config.model)
-  trainer = step_lib.make_steps(model_cfg, config.train, mesh,
-                                max_predictions=step_lib.max_predictions(config),
-                                init_length=config.data.seq_len)
-  state = trainer.create_state(config.train.seed)
+  t, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
+  trainer = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(
+      t, data), init_length=data.seq_len)
+  state = trainer.create_state(t.seed)
   return model_cfg, trainer, state
 
 
@@ -499,7 +501,8 @@ def count(tree):
 
 def trainer_tx(config):
   from pretrain_jax.training import optimizer as opt_lib
-  return opt_lib.make_optimizer(config.train)
+  from pretrain_jax.training.config import TrainConfig
+  return opt_lib.make_optimizer(TrainConfig.from_config(config.train))
 
 
 def main():

@@ -75,12 +75,15 @@ def test_scan_steps_are_the_same_steps():
   """K steps in one jitted lax.scan == K calls of the train step (dropout keys fold in the
   step, so the same masks are drawn)."""
   from pretrain_jax.training import mesh as mesh_lib, step as step_lib
+  from pretrain_jax.training.config import MeshConfig, TrainConfig
   config = shakespeare_char.get_config()
   family = config.gpt
   family.train.steps = 6
   cfg = ModelConfig.from_config({**family.model.to_dict(), 'vocab_size': 30,
                                  'max_len': 12, 'deterministic': False})
-  trainer = step_lib.make_steps(cfg, family.train, mesh_lib.make_mesh(config.mesh),
+  train = {k: v for k, v in family.train.items() if k != 'steps_per_call'}
+  trainer = step_lib.make_steps(cfg, TrainConfig.from_config(train),
+                                mesh_lib.make_mesh(MeshConfig.from_config(config.mesh)),
                                 init_length=12)
   make = char_lm.batch_maker('clm', np.arange(500) % 29, 12, 4, 30, np.random.default_rng(0))
   batches = [make() for _ in range(3)]

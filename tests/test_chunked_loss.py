@@ -2,7 +2,6 @@
 the whole-sequence loss."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -130,16 +129,22 @@ def test_gather_predictions_keeps_every_weighted_position():
 
 
 def test_max_predictions_resolves_from_the_objective():
-  def config(value, objective='mlm', seq_len=512):
-    return ml_collections.ConfigDict({
-        'train': {'max_predictions_per_seq': value},
-        'data': {'objective': objective, 'seq_len': seq_len, 'mlm_probability': 0.15}})
-  assert step_lib.max_predictions(config(-1)) == 128       # 76.8 + 6 sd = 125.3, to 8s
-  assert step_lib.max_predictions(config(-1, seq_len=48)) == 24
-  assert step_lib.max_predictions(config(-1, objective='clm')) == 0
-  assert step_lib.max_predictions(config(7)) == 7
+  from configs import common  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data.config import DataConfig, TaskDataConfig  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
+
+  def resolve(value, objective='mlm', seq_len=512):
+    t = common.train_config(batch_size=8, steps=10, learning_rate=1e-3)
+    t.max_predictions_per_seq = value
+    data = DataConfig(objective=objective, seq_len=seq_len, mlm_probability=0.15)
+    return step_lib.max_predictions(TrainConfig.from_config(t), data)
+  assert resolve(-1) == 128       # 76.8 + 6 sd = 125.3, to 8s
+  assert resolve(-1, seq_len=48) == 24
+  assert resolve(-1, objective='clm') == 0
+  assert resolve(7) == 7
   with pytest.raises(ValueError, match='max_predictions_per_seq=-3'):
-    step_lib.max_predictions(config(-3))
+    resolve(-3)
+  assert TaskDataConfig().max_predictions(-1) == 0   # a fine-tune has no MLM objective
   # the bound is rarely exceeded: 15% Bernoulli rows of 512 positions
   counts = np.random.default_rng(0).binomial(512, 0.15, 200_000)
   assert counts.max() <= 128

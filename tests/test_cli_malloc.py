@@ -17,9 +17,11 @@ from configs.bench_common import bench_section
 from pretrain_jax.models import ModelConfig
 from pretrain_jax.perf import benchmark
 from pretrain_jax.training import mesh, step
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 c = tiny_gpt.get_config()
 c.benchmark = bench_section()
-steps = step.make_steps(ModelConfig.from_config(c.model), c.train, mesh.make_mesh(c.mesh))
+steps = step.make_steps(ModelConfig.from_config(c.model), TrainConfig.from_config(c.train),
+                        mesh.make_mesh(MeshConfig.from_config(c.mesh)))
 state = steps.create_state(0)
 batch = {k: jax.device_put(v, steps.batch_sharding) for k, v in benchmark.synthetic_batch(c).items()}
 for _ in range(3):

@@ -7,6 +7,7 @@ import pytest
 
 from configs import common
 from pretrain_jax import data
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.objectives import packing, span_corruption
 from test_objectives_span_corruption import splice
 
@@ -27,14 +28,14 @@ pytestmark = pytest.mark.usefixtures('module_cache')  # a fresh cache for this m
 
 @pytest.fixture(scope='module')
 def tokenizer():
-  return data.load_tokenizer(common.data_config('clm', 64))
+  return data.load_tokenizer(DataConfig.from_config(common.data_config('clm', 64)))
 
 
 def config(objective, nsp=False, seq_len=64, **kw):
   dc = common.data_config(objective, seq_len)
   dc.nsp = nsp
   dc.update(kw)
-  return dc
+  return DataConfig.from_config(dc)
 
 
 def take(it, n):
@@ -232,7 +233,7 @@ def test_documents_that_tokenize_to_nothing(tokenizer, tmp_path):
   assert len(list(it)) == 1  # one epoch read to its end, so the counts are final
   assert it.stats['skipped_empty'] == 5 and it.stats['documents'] == 3
   (tmp_path / 'e.jsonl').write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs[:5]))
-  dc.files = str(tmp_path / 'e.jsonl')
+  dc = dc.replace(files=str(tmp_path / 'e.jsonl'))
   it = data.make_dataset(dc, tokenizer, split='train', batch_size=2)  # repeat=True: no hang
   with pytest.raises(ValueError, match='no document with any token: skipped 5'):
     next(it)
@@ -258,7 +259,7 @@ def test_any_tokenizer_with_the_id_attributes_works(tokenizer, objective):
       np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
   if objective == 'mlm':
     assert not tokenizer.special[theirs['targets'][theirs['loss_weights'] > 0]].any()
-    dc.whole_word_mask = True
+    dc = dc.replace(whole_word_mask=True)
     with pytest.raises(ValueError, match='whole_word_mask needs word boundaries'):
       data.make_dataset(dc, MinimalTokenizer(tokenizer), split='train', batch_size=4)
 

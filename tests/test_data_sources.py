@@ -11,6 +11,9 @@ import tensorflow_datasets as tfds
 from configs import common
 from pretrain_jax import data
 from pretrain_jax.data import local_builder, sources
+from pretrain_jax.data.config import DataConfig
+
+CLM16 = DataConfig.from_config(common.data_config('clm', 16))
 
 
 @pytest.fixture()
@@ -60,19 +63,16 @@ def test_file_errors_name_the_problem(tmp_path, cache):
                                        r"'.*adir/\*.jsonl'"):
     local_builder.expand_files(str(tmp_path / 'adir'))
   (tmp_path / 'empty.jsonl').write_text('\n\n')
-  dc = common.data_config('clm', 16)
-  dc.files = str(tmp_path / 'empty.jsonl')
+  dc = CLM16.replace(files=str(tmp_path / 'empty.jsonl'))
   with pytest.raises(ValueError, match='no usable document'):
     sources.open_source(dc)
-  dc.tfds_name = 'c4/en'
   with pytest.raises(ValueError, match='both tfds_name'):
-    sources.open_source(dc)
-  dc.tfds_name = ''
+    sources.open_source(dc.replace(tfds_name='c4/en'))
   whole = gzip.compress(b'{"text": "a document"}\n' * 50)
   (tmp_path / 'plain.json.gz').write_bytes(b'{"text": "not compressed"}\n')
   (tmp_path / 'cut.json.gz').write_bytes(whole[:len(whole) // 2])
   for name, why in (('plain.json.gz', 'BadGzipFile'), ('cut.json.gz', 'EOFError')):
-    dc.files = str(tmp_path / name)
+    dc = dc.replace(files=str(tmp_path / name))
     with pytest.raises(ValueError, match=f'{name} is not a readable gzip file \\({why}'):
       sources.open_source(dc)
 
@@ -90,9 +90,7 @@ def texts(ds):
 
 def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys, caplog):
   good = write_files(tmp_path)
-  dc = common.data_config('clm', 16)
-  dc.files = str(tmp_path / '*')
-  dc.validation_fraction = 0.1
+  dc = CLM16.replace(files=str(tmp_path / '*'), validation_fraction=0.1)
   with caplog.at_level('INFO', logger=local_builder.log.name):
     source = sources.open_source(dc)
   # The skipped records are said without --verbose; each one is logged at INFO (--verbose)
@@ -123,22 +121,21 @@ def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys, ca
 
 def test_where_the_files_are_prepared(tmp_path, cache):
   """One process: this host's cache; several: one copy under the workdir; prepared_dir wins."""
-  dc = common.data_config('clm', 16)
+  dc = CLM16
   assert sources.prepared_dir(dc) == sources.prepared_dir(dc, 'runs/x', 1) == str(cache / 'tfds')
   assert sources.prepared_dir(dc, str(tmp_path / 'run'), 2) == str(tmp_path / 'run' /
                                                                  'prepared_data')
   assert sources.prepared_dir(dc, 'gs://bucket/run/', 4) == 'gs://bucket/run/prepared_data'
   with pytest.raises(ValueError, match='2 processes .* config.data.prepared_dir'):
     sources.prepared_dir(dc, None, 2)
-  dc.prepared_dir = 'gs://bucket/prepared'
+  dc = dc.replace(prepared_dir='gs://bucket/prepared')
   assert {sources.prepared_dir(dc, 'gs://bucket/run', n) for n in (1, 2)} == {dc.prepared_dir}
 
 
 def test_only_process_0_prepares_the_others_open_its_copy(tmp_path, cache, monkeypatch):
   (tmp_path / 'files').mkdir()
   good = write_files(tmp_path / 'files')
-  dc = common.data_config('clm', 16)
-  dc.files = str(tmp_path / 'files' / '*')
+  dc = CLM16.replace(files=str(tmp_path / 'files' / '*'))
   shared = str(tmp_path / 'shared')
   # Process 1 never prepares: a name process 0 would send, nothing in the directory.
   with pytest.raises(FileNotFoundError, match=f"not prepared in '{shared}'"):
@@ -176,9 +173,8 @@ def test_only_process_0_prepares_the_others_open_its_copy(tmp_path, cache, monke
 def test_a_prepared_dir_that_cannot_be_written_is_one_error_naming_it(tmp_path, cache):
   write_files(tmp_path)
   (tmp_path / 'a_file').write_text('not a directory')
-  dc = common.data_config('clm', 16)
-  dc.files = str(tmp_path / '*.jsonl')
-  dc.prepared_dir = str(tmp_path / 'a_file' / 'prepared')
+  dc = CLM16.replace(files=str(tmp_path / '*.jsonl'),
+                     prepared_dir=str(tmp_path / 'a_file' / 'prepared'))
   with pytest.raises(OSError, match=f"cannot prepare the data in '{dc.prepared_dir}'.*"
                                     'config.data.prepared_dir'):
     sources.open_source(dc)
@@ -208,11 +204,10 @@ class PjTestText(tfds.core.GeneratorBasedBuilder):
 
 def test_named_tfds_dataset(tmp_path, cache):
   PjTestText(data_dir=str(tmp_path / 'tfds')).download_and_prepare()
-  dc = common.data_config('clm', 16)
-  dc.tfds_name, dc.tfds_data_dir = 'pj_test_text:1.0.0', str(tmp_path / 'tfds')
+  dc = CLM16.replace(tfds_name='pj_test_text:1.0.0', tfds_data_dir=str(tmp_path / 'tfds'))
   with pytest.raises(ValueError, match=r"no feature 'text'; features: \['content', 'id'\]"):
     sources.open_source(dc)
-  dc.text_key = 'content'
+  dc = dc.replace(text_key='content')
   got = texts(sources.text_dataset(sources.open_source(dc), 'validation'))
   assert sorted(got) == [f'named dataset text {i}' for i in range(4)]
   # Through the whole pipeline: bad records are skipped and counted, never a TF trace.
@@ -221,20 +216,20 @@ def test_named_tfds_dataset(tmp_path, cache):
   batches = list(it)
   assert batches and it.stats['skipped_invalid_utf8'] == 1 and it.stats['skipped_empty'] == 1
   assert it.stats['documents'] == 20
-  dc.tfds_data_dir = str(tmp_path / 'elsewhere')
+  dc = dc.replace(tfds_data_dir=str(tmp_path / 'elsewhere'))
   with pytest.raises(ValueError, match=r"not prepared; prepare it \(e\.g\. `tfds build "
                                        r"pj_test_text:1\.0\.0 --data_dir .*elsewhere`\)"):
     sources.open_source(dc)
-  dc.tfds_name = 'no_such_dataset_xyz'
+  dc = dc.replace(tfds_name='no_such_dataset_xyz')
   with pytest.raises(ValueError, match='cannot open tfds dataset.*expected a copy prepared in '
                                        'data_dir, or a name and version tensorflow-datasets'):
     sources.open_source(dc)
-  dc.tfds_name = 'c4/en:3.0.1'   # no copy there, and a version the pinned tfds cannot build
+  dc = dc.replace(tfds_name='c4/en:3.0.1')   # no copy there, and a version the pinned tfds cannot build
   with pytest.raises(ValueError, match=r"'c4/en:3.0.1'.*expected a copy prepared in data_dir"):
     sources.open_source(dc)
 
 
 def test_embedded_corpus_is_offline_and_split(cache):
-  source = sources.open_source(common.data_config('clm', 16))
+  source = sources.open_source(CLM16)
   n_train, n_val = source.num_examples('train'), source.num_examples('validation')
   assert n_train > 250 and n_val == round((n_train + n_val) * 0.02)

@@ -7,6 +7,7 @@ import pytest
 
 from configs import common
 from pretrain_jax import data
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.data import streams
 from pretrain_jax.training import checkpoint
 
@@ -19,13 +20,13 @@ pytestmark = pytest.mark.usefixtures('module_cache')  # a fresh cache for this m
 
 @pytest.fixture(scope='module')
 def tokenizer():
-  return data.load_tokenizer(common.data_config('clm', 64))
+  return data.load_tokenizer(DataConfig.from_config(common.data_config('clm', 64)))
 
 
 def config(objective, nsp=False, num_streams=4):
   dc = common.data_config(objective, 32)
   dc.update(nsp=nsp, num_streams=num_streams, prefetch=1)
-  return dc
+  return DataConfig.from_config(dc)
 
 
 def hosts(dc, tokenizer, count, split='train'):

@@ -7,6 +7,7 @@ from sentencepiece import sentencepiece_model_pb2 as sp_model
 
 from configs import common
 from pretrain_jax.data import corpus, tokenizer as tok_lib
+from pretrain_jax.data.config import DataConfig
 
 TEXTS = corpus.embedded_documents()[:120]
 
@@ -94,19 +95,18 @@ def test_too_small_vocab_is_a_clear_error(tmp_path):
 
 
 def test_load_tokenizer_trains_once_and_caches(module_cache, monkeypatch):
-  dc = common.data_config('clm', 64)
-  dc.tokenizer_vocab_size = 1024
+  dc = DataConfig.from_config(common.data_config('clm', 64)).replace(tokenizer_vocab_size=1024)
   t = tok_lib.load_tokenizer(dc)
   assert t.path.startswith(module_cache) and t.vocab_size == 1024
   calls = []
   monkeypatch.setattr(tok_lib, 'train_sentencepiece', lambda *a, **k: calls.append(1))
   again = tok_lib.load_tokenizer(dc)
   assert again.path == t.path and calls == []  # loaded from the cache, not retrained
-  dc.tokenizer_type = 'bpe'  # different settings -> different cache entry
+  dc = dc.replace(tokenizer_type='bpe')  # different settings -> different cache entry
   with pytest.raises(FileNotFoundError):  # the stub writes nothing
     tok_lib.load_tokenizer(dc)
   assert calls == [1]
-  dc.tokenizer = t.path  # an explicit model is loaded as is
+  dc = dc.replace(tokenizer=t.path)  # an explicit model is loaded as is
   assert tok_lib.load_tokenizer(dc).path == t.path
 
 

@@ -15,6 +15,9 @@ from pretrain_jax.data import classification, tasks
 from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import loop, mesh as mesh_lib, step as step_lib, task as task_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
+
+T5_LAYOUT = family_of('t5').task_layout
 
 
 def model_cfg(family, **kw):
@@ -72,7 +75,7 @@ def test_bert_pair_task_uses_token_types():
     encode = staticmethod(lambda text: [10 + len(w) for w in text.split()])
   task = tasks.Task('pairs', {'train': [{'text': 'a bb', 'text_pair': 'ccc', 'label': 'x'},
                                         {'text': 'dd', 'label': 'y'}]}, ('x', 'y'))
-  rows = classification.encode(task, 'train', Tok, 'bert', seq_len=8).rows
+  rows = classification.encode(task, 'train', Tok, family_of('bert').task_layout, seq_len=8).rows
   np.testing.assert_array_equal(rows['inputs'][0], [1, 11, 12, 2, 13, 2, 0, 0])
   np.testing.assert_array_equal(rows['token_type_ids'][0], [0, 0, 0, 0, 1, 1, 0, 0])
   np.testing.assert_array_equal(rows['token_type_ids'][1], [0] * 8)
@@ -93,9 +96,9 @@ def _train(family, freeze, steps=3):
   config = ml_collections.ConfigDict()
   t = common.train_config(batch_size=8, steps=steps, learning_rate=1e-2)
   t.update(warmup_steps=1, max_predictions_per_seq=0, freeze_backbone=freeze)
-  mesh = mesh_lib.make_mesh(common.mesh_config(), jax.devices()[:1])
+  mesh = mesh_lib.make_mesh(MeshConfig(), jax.devices()[:1])
   cfg = model_cfg(family, num_classes=3)
-  steps_ = step_lib.make_steps(cfg, t, mesh, init_length=16)
+  steps_ = step_lib.make_steps(cfg, TrainConfig.from_config(t), mesh, init_length=16)
   state = steps_.create_state(0)
   before = jax.device_get(state.params)
   for i in range(steps):
@@ -223,7 +226,7 @@ def test_t5_labels_are_read_back_as_the_tokenizer_decodes_them(tmp_path, monkeyp
   assert forms[:2] == ('neg', 'pos') and forms[2] != labels[2] and forms[2].startswith('caf')
   task = tasks.Task('t', {'validation': [{'text': f'x{i}', 'label': label}
                                          for i, label in enumerate(labels * 2)]}, labels)
-  encoded = classification.encode(task, 'validation', tok, 't5', 16, 8)
+  encoded = classification.encode(task, 'validation', tok, T5_LAYOUT, 16, 8)
   # a model that always says the target: the evaluator's greedy decoding, stubbed
   monkeypatch.setattr(run_lib.sampling, 't5_generate', lambda params, cfg, inputs, *a, **k: (
       jnp.asarray(encoded.rows['decoder_target_tokens'][:inputs.shape[0]])))
@@ -234,7 +237,7 @@ def test_t5_labels_are_read_back_as_the_tokenizer_decodes_them(tmp_path, monkeyp
     classification.label_forms(tok, ('neg', ' neg'))
   task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'neg'}]}, ('neg', ' neg'))
   with pytest.raises(ValueError, match='could not tell them apart'):
-    classification.encode(task, 'train', tok, 't5', 16, 8)
+    classification.encode(task, 'train', tok, T5_LAYOUT, 16, 8)
 
 
 def _write(path, rows):
@@ -290,11 +293,11 @@ def test_t5_targets_longer_than_target_len_are_refused():
     eos_id, pad_id = 1, 0
     encode = staticmethod(lambda text: [5] * len(text.split()))
   task = tasks.Task('t', {'train': [{'inputs': 'a b', 'targets': 'one two three'}]})
-  rows = classification.encode(task, 'train', Tok, 't5', seq_len=8, target_len=4).rows
+  rows = classification.encode(task, 'train', Tok, T5_LAYOUT, seq_len=8, target_len=4).rows
   np.testing.assert_array_equal(rows['decoder_target_tokens'][0], [5, 5, 5, 1])
   np.testing.assert_array_equal(rows['decoder_input_tokens'][0], [0, 5, 5, 5])
   with pytest.raises(ValueError, match='expected at most data.target_len=3'):
-    classification.encode(task, 'train', Tok, 't5', seq_len=8, target_len=3)
+    classification.encode(task, 'train', Tok, T5_LAYOUT, seq_len=8, target_len=3)
 
 
 def test_init_that_is_not_a_checkpoint_and_a_head_size_that_disagrees(tmp_path):

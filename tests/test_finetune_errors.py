@@ -12,8 +12,10 @@ from configs import finetune as finetune_config
 from pretrain_jax import paths
 from pretrain_jax.data import classification, tasks
 from pretrain_jax.finetune import run as run_lib, transfer
+from pretrain_jax.models import family_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT_LAYOUT = family_of('gpt').task_layout
 
 
 def _workdir_with_curves(workdir):
@@ -165,8 +167,10 @@ def test_a_seq_len_with_no_room_for_text_is_refused(family, pair, least):
   task = tasks.Task('t', {'train': [example, dict(example, label='y')]}, ('x', 'y'))
   with pytest.raises(ValueError, match=f'^data.seq_len={least - 1} leaves no room for text '
                      f'.*expected at least {least}'):
-    classification.encode(task, 'train', Tok, family, seq_len=least - 1)
-  rows = classification.encode(task, 'train', Tok, family, seq_len=least).rows
+    classification.encode(task, 'train', Tok, family_of(family).task_layout,
+                          seq_len=least - 1)
+  rows = classification.encode(task, 'train', Tok, family_of(family).task_layout,
+                               seq_len=least).rows
   assert rows['segment_ids'].sum(1).tolist() == [least, least]
 
 
@@ -211,11 +215,11 @@ def test_the_first_examples_missing_a_label_are_warned_about(capsys):
       {'text': f'u{i}', 'label': 'pos'} for i in range(6)]
   task = tasks.Task('sorted', {'train': rows}, ('neg', 'pos'))
   tok = type('Tok', (), {'encode': lambda self, t: [7, 8], 'eos_id': 1})()
-  classification.encode(task, 'train', tok, 'gpt', 8, max_examples=4)
+  classification.encode(task, 'train', tok, GPT_LAYOUT, 8, max_examples=4)
   assert ("warning: the first 4 train examples of task 'sorted' hold 1 of its 2 labels "
           "(missing: ['pos'])") in capsys.readouterr().err
-  classification.encode(task, 'train', tok, 'gpt', 8, max_examples=8)
-  classification.encode(task, 'train', tok, 'gpt', 8)
+  classification.encode(task, 'train', tok, GPT_LAYOUT, 8, max_examples=8)
+  classification.encode(task, 'train', tok, GPT_LAYOUT, 8)
   assert capsys.readouterr().err == ''
 
 

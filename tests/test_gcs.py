@@ -69,9 +69,10 @@ def test_metrics_log_is_rewritten_whole_never_appended(gcs):
 def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
   """jax.profiler writes local files; on a gs:// workdir the trace lands under its
   tensorboard/plugins/profile when it stops, and the local copy is removed."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import profiler  # pylint: disable=g-import-not-at-top
-  t = ml_collections.ConfigDict(dict(steps=5, profile_steps=2, profile_start_step=0))
+  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  t = TrainConfig(batch_size=1, steps=5, learning_rate=1.0, warmup_steps=0, profile_steps=2,
+                  profile_start_step=0)
   tracer = profiler.StepProfiler(t, f'{gcs}/profiled', start=0, line=print)
   step, x, local, stopped = 0, jax.numpy.ones((64, 64)), set(), []
   while step < t.steps:
@@ -229,8 +230,8 @@ def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path)
   # load_pretrained('gs://...') + evaluate reproduces the logged eval loss.
   model = pretrain_jax.load_pretrained(f'{gcs}/parts')
   assert model.step == 6 and model.tokenizer.path == f'{gcs}/parts/tokenizer.model'
-  batches = data.make_dataset(model.config.data, model.tokenizer,
-                              split=model.config.data.eval_split, batch_size=4, repeat=False)
+  batches = data.make_dataset(model.data_config, model.tokenizer,
+                              split=model.data_config.eval_split, batch_size=4, repeat=False)
   logged = [r for r in map(json.loads, paths.read_text(f'{gcs}/parts/metrics.jsonl')
                            .splitlines()) if r['split'] == 'eval'][-1]['loss']
   assert model.evaluate(batches, max_batches=1)['loss'] == pytest.approx(logged, abs=1e-5)

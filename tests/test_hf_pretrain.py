@@ -19,6 +19,7 @@ import pretrain_jax
 from pretrain_jax import data, hf
 from pretrain_jax.data import corpus
 from pretrain_jax.data import tokenizer as data_tok
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.hf import weights
 from pretrain_jax.hf import workdir as hf_workdir
 from pretrain_jax.training import checkpoint as ckpt_lib
@@ -99,7 +100,7 @@ def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
     logged = [json.loads(line) for line in f if '"eval"' in line][-1]
   model = pretrain_jax.load_pretrained(work)
   assert type(model.tokenizer).__name__ == 'HFTokenizer'
-  batches = data.make_dataset(model.config.data, model.tokenizer, split='validation',
+  batches = data.make_dataset(model.data_config, model.tokenizer, split='validation',
                               batch_size=run.train.batch_size, repeat=False,
                               model_max_len=model.model_config.max_len)
   metrics = model.evaluate(batches, 1)
@@ -184,7 +185,7 @@ def test_bpe_has_no_word_starts_and_mlm_over_it_is_refused_naming_why(module_cac
   config = short_run(configs.base_config(None, 'bert_base')[1].to_dict())
   config.data.update(whole_word_mask=True, seq_len=32)
   with pytest.raises(ValueError, match=r'the gpt tokenizer from .*merges\.txt.* has no mask token'):
-    data.make_dataset(config.data, tok, split='train', batch_size=4)
+    data.make_dataset(DataConfig.from_config(config.data), tok, split='train', batch_size=4)
 
 
 def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp_path):

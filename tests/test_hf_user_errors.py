@@ -47,6 +47,7 @@ def classifier_workdir(root) -> str:
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
   sp_path = data_tok.train_sentencepiece(TEXT, str(root / 'sp.model'), vocab_size=256)
   cfg = modeling.tiny('gpt', vocab_size=data_tok.Tokenizer(sp_path).vocab_size, num_classes=2)
   params = jax.tree.map(jnp.asarray, modeling.init(cfg))
@@ -57,7 +58,7 @@ def classifier_workdir(root) -> str:
   work = root / 'classifier'
   work.mkdir()
   ckpt_lib.save_workdir_files(config, str(work))
-  tx = opt_lib.make_optimizer(config.train)
+  tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
   state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                opt_state=tx.init(params))
   checkpointer = ckpt_lib.Checkpointer(str(work), keep=0, async_save=False)
@@ -83,6 +84,7 @@ def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   tests/test_hf_pretrain.py); data.load_tokenizer, which reads sentencepiece models only, says
   where it is read instead of that the directory 'does not exist'."""
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data.config import DataConfig  # pylint: disable=g-import-not-at-top
   work = str(tmp_path / 'work')
   summary = workdir_lib.import_hf(dirs['bert'], work, configs.base_config)
   flag = f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}'
@@ -90,7 +92,7 @@ def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   config = json.load(open(os.path.join(work, 'config.json')))
   with pytest.raises(ValueError, match=r"hf_tokenizer' is a directory.*sentencepiece \.model"
                                        r".*hf\.workdir\.data_tokenizer"):
-    data.load_tokenizer(ml_collections.ConfigDict(config['data']))
+    data.load_tokenizer(DataConfig.from_config(config['data']))
 
 
 def test_fill_mask_top_k_past_the_vocabulary(dirs):

@@ -5,9 +5,9 @@ objectives and models are independent bottoms; data builds on objectives; traini
 objectives and data; hf, inference, perf and experiments sit on top, and the commands (with
 cli.py, what they share) above everything. Only the commands and cli.py import configs/ (the
 library takes ConfigDicts from its caller), nothing imports scripts/ (comparison tools outside
-the package), and cloud/ (the TPU launcher) is the standard library only. paths.py and tuning/
-(how each backend computes, tuning/backends.py) are the bottom layer: every package but cloud/
-may import them, and they import no other pretrain_jax package.
+the package), and cloud/ (the TPU launcher) is the standard library only. paths.py,
+sections.py and tuning/ (how each backend computes, tuning/backends.py) are the bottom layer:
+every package but cloud/ may import them, and they import no other pretrain_jax package.
 """
 import ast
 import os
@@ -18,14 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'pretrain_jax')
 ALLOWED = {
     'paths': set(),   # the bottom: every user path (local or gs://) goes through it
-    'tuning': set(),  # the bottom too: what each backend computes differently
+    'sections': set(),   # the bottom: a config section as a frozen, checked dataclass
+    'tuning': set(),     # the bottom too: what each backend computes differently
     'models': set(),
     'objectives': set(),
     'data': {'objectives'},
     'training': {'models', 'objectives', 'data'},
     'hf': {'models', 'training', 'data'},
     'inference': {'models', 'training', 'data', 'hf'},
-    'perf': {'models', 'objectives', 'training'},
+    'perf': {'models', 'objectives', 'data', 'training'},
     'experiments': {'models', 'objectives', 'training'},
     'finetune': {'models', 'training', 'data', 'inference'},
     'cloud': set(),
@@ -35,7 +36,8 @@ ALLOWED = {
     '__main__': {'commands'},
     'cli': set(),                  # what commands share: quiet logs, one-line errors
 }
-BOTTOM = ('paths', 'tuning')       # importable by every package but cloud/
+BOTTOM = ('paths', 'sections', 'tuning')   # importable by every package but cloud/
+
 
 
 def imports_of(path: str) -> set:
@@ -81,8 +83,8 @@ def test_imports_run_down_the_data_flow(package):
         bad.append((os.path.relpath(path, ROOT), name))
       elif name.startswith('pretrain_jax.'):
         target = name.split('.')[1]
-        if target != pkg and target not in ALLOWED[pkg] and (target not in BOTTOM
-                                                               or pkg == 'cloud'):
+        if target != pkg and target not in ALLOWED[pkg] and (
+            target not in BOTTOM or pkg == 'cloud'):
           bad.append((os.path.relpath(path, ROOT), name))
   assert not bad, f'{package} may import only {sorted(ALLOWED[package])}: {bad}'
 
@@ -92,3 +94,13 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path):
   source.write_text('import configs.common\nfrom pretrain_jax import data\n'
                     'def f():\n  from pretrain_jax.training import loop\n')
   assert imports_of(str(source)) == {'configs', 'pretrain_jax.data', 'pretrain_jax.training'}
+
+
+def test_code_asks_the_family_record_instead_of_branching_on_the_name():
+  """DESIGN.md: "which family?" is a field of the record (models/family.py, hf/family.py);
+  only ModelConfig's validation of a family's allowed settings compares the name."""
+  import re  # pylint: disable=g-import-not-at-top
+  branch = re.compile(r"family ==|family in|family !=|\.family not in|name [!=]= '(bert|gpt|t5)'")
+  found = [(os.path.relpath(path, ROOT), n) for _, path in library_files()
+           for n, line in enumerate(open(path, encoding='utf-8'), 1) if branch.search(line)]
+  assert found and {path for path, _ in found} == {'pretrain_jax/models/config.py'}, found

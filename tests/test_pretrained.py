@@ -56,8 +56,8 @@ def _logged_eval_loss(workdir):
 def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_workdir):
   model = pretrain_jax.load_pretrained(gpt_workdir)
   assert model.family == 'gpt' and model.step == 6
-  batches = lambda: data.make_dataset(model.config.data, model.tokenizer,
-                                      split=model.config.data.eval_split,
+  batches = lambda: data.make_dataset(model.data_config, model.tokenizer,
+                                      split=model.data_config.eval_split,
                                       batch_size=model.config.train.batch_size, repeat=False)
   metrics = model.evaluate(batches(), max_batches=1)
   assert metrics['loss'] == pytest.approx(_logged_eval_loss(gpt_workdir), abs=1e-5)
@@ -84,7 +84,7 @@ def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_w
 def test_random_init_scores_near_chance(gpt_workdir):
   model = pretrain_jax.load_pretrained(gpt_workdir)
   params = eval_lib.random_init_params(model.model_config, seed=3)
-  batches = data.make_dataset(model.config.data, model.tokenizer, split='validation',
+  batches = data.make_dataset(model.data_config, model.tokenizer, split='validation',
                               batch_size=4, repeat=False)
   metrics = model.evaluate(batches, max_batches=2, params=params)
   vocab = model.model_config.vocab_size

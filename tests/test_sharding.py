@@ -87,6 +87,7 @@ def _worker():
   from pretrain_jax.models import ModelConfig, build, family_of
   from pretrain_jax.training import checkpoint, mesh as mesh_lib, state as state_lib
   from pretrain_jax.training import optimizer as opt_lib
+  from pretrain_jax.training.config import MeshConfig, TrainConfig
   from test_train import batches, setup, tiny_config
   assert jax.device_count() == 8, jax.devices()
 
@@ -146,9 +147,9 @@ def _worker():
   config = tiny_config('gpt')
   config.model.num_layers = 1
   config.mesh.update(MESHES['mixed'])
-  mesh = mesh_lib.make_mesh(config.mesh)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh))
   cfg = ModelConfig.from_config(config.model)
-  tx = opt_lib.make_optimizer(config.train)
+  tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
   abstract, _ = state_lib.abstract_state(build(cfg), tx, mesh, family_of('gpt').init_batch(16))
   restored, data_state = ckpt.restore(abstract)
   same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(
@@ -173,7 +174,9 @@ def _worker():
     for section, values in change.items():
       config[section].update(values)
     try:
-      mesh_lib.check_config(config, mesh_lib.make_mesh(config.mesh))
+      mesh_lib.check_config(TrainConfig.from_config(config.train),
+                            ModelConfig.from_config(config.model),
+                            mesh_lib.make_mesh(MeshConfig.from_config(config.mesh)))
       errors[key] = 'no error'
     except ValueError as e:
       errors[key] = str(e)

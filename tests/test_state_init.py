@@ -12,6 +12,7 @@ from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import evaluate
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 from tests.test_train import SEQ, tiny_config
 
 CASES = {'bert': {}, 'gpt': {}, 't5': {},
@@ -24,9 +25,10 @@ def test_init_options_keep_the_default_compilation_bits(case):
   config = tiny_config(case.split('_')[0])
   config.model.update(CASES[case])
   cfg = ModelConfig.from_config(config.model)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   abstract, init_state = state_lib.abstract_state(
-      build(cfg), opt_lib.make_optimizer(config.train), mesh, family_of(cfg).init_batch(SEQ))
+      build(cfg), opt_lib.make_optimizer(TrainConfig.from_config(config.train)), mesh,
+      family_of(cfg).init_batch(SEQ))
   shardings = state_lib.shardings_of(abstract)
   assert jax.devices()[0].platform == 'cpu'   # so init_in_shards compiles with the options
   ours = state_lib.init_in_shards(init_state, shardings, seed=3)

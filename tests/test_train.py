@@ -14,6 +14,8 @@ from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.training.synthetic import SyntheticDataset
 
 SEQ = 16
@@ -38,23 +40,24 @@ def tiny_config(family: str, **train) -> ml_collections.ConfigDict:
 
 def setup(config, devices=None):
   """(state, jitted step, mesh) for `config` on `devices` (default: the first device)."""
-  mesh = mesh_lib.make_mesh(config.mesh, devices or jax.devices()[:1])
-  mesh_lib.check_config(config, mesh)
-  cfg = ModelConfig.from_config(config.model)
-  tx, schedule = opt_lib.make_optimizer(config.train), opt_lib.make_schedule(config.train)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), devices or jax.devices()[:1])
+  cfg, t = ModelConfig.from_config(config.model), TrainConfig.from_config(config.train)
+  mesh_lib.check_config(t, cfg, mesh)
+  tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
   state, abstract = state_lib.create_state(build(cfg), tx, mesh,
                                            family_of(cfg.family).init_batch(SEQ), seed=0)
   step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
-                                  seed=0, microbatches=config.train.microbatches, mesh=mesh,
-                                  loss_chunk_len=config.train.get('loss_chunk_len', 0),
-                                  max_predictions=step_lib.max_predictions(config))
+                                  seed=0, microbatches=t.microbatches, mesh=mesh,
+                                  loss_chunk_len=t.loss_chunk_len,
+                                  max_predictions=step_lib.max_predictions(
+                                      t, DataConfig.from_config(config.data)))
   return state, jax.jit(step, donate_argnums=(0,)), mesh
 
 
 def batches(config, n, fixed=False):
   data = SyntheticDataset(config.model.family, vocab_size=config.model.vocab_size, seq_len=SEQ,
                           batch_size=config.train.batch_size, fixed=fixed,
-                          nsp=config.model.get('nsp', False))
+                          nsp=ModelConfig.from_config(config.model).nsp)
   return [next(data) for _ in range(n)]
 
 
@@ -100,29 +103,30 @@ def test_schedules():
   for name, at_end in [('cosine', 0.1), ('linear', 0.1), ('constant', 1.0),
                        ('rsqrt', (10 / 110) ** 0.5)]:
     t.schedule = name
-    s = opt_lib.make_schedule(t)
+    s = opt_lib.make_schedule(TrainConfig.from_config(t))
     np.testing.assert_allclose([s(0), s(5), s(10), s(110)], [0.0, 0.5, 1.0, at_end],
                                rtol=1e-5, err_msg=name)
 
 
 def test_a_run_that_is_all_warmup_and_a_stretched_decay_are_said():
-  t = tiny_config('gpt', steps=4, warmup_steps=30, learning_rate=3e-3).train
+  t = TrainConfig.from_config(tiny_config('gpt', steps=4, warmup_steps=30,
+                                          learning_rate=3e-3).train)
   assert opt_lib.warmup_warning(t) == (
       'warning: train.warmup_steps=30 >= train.steps=4: the whole run is warmup and the learning '
       'rate peaks at 0.0003, not the configured 0.003 (lower --config.train.warmup_steps)')
-  t.warmup_steps = 3
+  t = t.replace(warmup_steps=3)
   assert opt_lib.warmup_warning(t) is None
-  t = tiny_config('gpt', steps=100, warmup_steps=0, learning_rate=1.0, schedule='linear',
-                  final_lr_fraction=0.0).train
+  t = TrainConfig.from_config(tiny_config('gpt', steps=100, warmup_steps=0, learning_rate=1.0,
+                                          schedule='linear', final_lr_fraction=0.0).train)
   assert opt_lib.schedule_change(t, 60, 60) == (
       'note: train.steps 60 -> 100 moves the end of the linear decay: the learning rate at step '
       '60 goes 0 -> 0.4')
-  t.warmup_steps = 80                 # step 60 is in warmup under both horizons
+  t = t.replace(warmup_steps=80)      # step 60 is in warmup under both horizons
   assert opt_lib.schedule_change(t, 60, 60).endswith(
       'the learning rate at step 60 stays 0.75 (still in warmup)')
-  t.warmup_steps = 0
+  t = t.replace(warmup_steps=0)
   assert opt_lib.schedule_change(t, 100, 60) is None and opt_lib.schedule_change(t, None, 60) is None
-  t.schedule = 'rsqrt'
+  t = t.replace(schedule='rsqrt')
   assert opt_lib.schedule_change(t, 60, 60) is None   # no horizon: nothing moves
 
 
@@ -137,7 +141,7 @@ def test_weight_decay_skips_norms_biases_and_scales():
 def test_adamw_decays_kernels_only():
   t = tiny_config('gpt', weight_decay=0.5, learning_rate=0.1, warmup_steps=0,
                   schedule='constant', grad_clip=0.0).train
-  tx = opt_lib.make_optimizer(t)
+  tx = opt_lib.make_optimizer(TrainConfig.from_config(t))
   params = {'dense': {'kernel': jnp.ones(2), 'bias': jnp.ones(2)}}
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
@@ -161,7 +165,7 @@ def test_bad_optimizer_config(key, value, message):
   t[key] = value
   with pytest.raises(ValueError, match=re.escape(message) if '[' in message
                      else message.replace('.', r'\.')):
-    opt_lib.make_optimizer(t)
+    opt_lib.make_optimizer(TrainConfig.from_config(t))   # (the section refuses it)
 
 
 @pytest.mark.parametrize('mesh,message', [
@@ -171,7 +175,8 @@ def test_bad_optimizer_config(key, value, message):
 ])
 def test_bad_mesh_config(mesh, message):
   with pytest.raises(ValueError, match=message):
-    mesh_lib.make_mesh(ml_collections.ConfigDict(mesh), jax.devices()[:1])
+    mesh_lib.make_mesh(MeshConfig.from_config(ml_collections.ConfigDict(mesh)),
+                       jax.devices()[:1])
 
 
 def test_batch_shards_must_split_over_the_processes():
@@ -179,17 +184,19 @@ def test_batch_shards_must_split_over_the_processes():
   rows for a batch shard both hold: the global batch differed by device."""
   config = tiny_config('gpt')
   config.mesh.update(data=1, fsdp=1, tensor=1)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
-  mesh_lib.check_config(config, mesh, process_count=1)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
+  t, cfg = TrainConfig.from_config(config.train), ModelConfig.from_config(config.model)
+  mesh_lib.check_config(t, cfg, mesh, process_count=1)
   with pytest.raises(ValueError, match=r'data\*fsdp=1 .* not a multiple of the 2 processes'):
-    mesh_lib.check_config(config, mesh, process_count=2)
+    mesh_lib.check_config(t, cfg, mesh, process_count=2)
 
 
 def test_batch_not_divisible_by_microbatches():
   config = tiny_config('gpt', microbatches=3)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   with pytest.raises(ValueError, match='batch_size=8 is not divisible by train.microbatches=3'):
-    mesh_lib.check_config(config, mesh)
+    mesh_lib.check_config(TrainConfig.from_config(config.train),
+                          ModelConfig.from_config(config.model), mesh)
 
 
 @pytest.mark.parametrize('family, causal, objective, expected', [

@@ -15,6 +15,7 @@ from modeling import init, tiny, tokens
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 from pretrain_jax.tuning import backends
 from tests.test_train import batches, tiny_config
 
@@ -67,14 +68,15 @@ def test_cpu_and_plain_compute_the_same_model(family):
 
 def test_make_steps_chooses_once_from_the_mesh_and_tracing_never_asks_the_backend(monkeypatch):
   config = tiny_config('t5', loss_chunk_len=0)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   chosen = []
   choose = backends.for_platform
   monkeypatch.setattr(backends, 'for_platform', lambda p: chosen.append(p) or choose(p))
 
   def no_default_backend():
     raise AssertionError('jax.default_backend() asked while tracing')
-  steps = step_lib.make_steps(ModelConfig.from_config(config.model), config.train, mesh)
+  steps = step_lib.make_steps(ModelConfig.from_config(config.model),
+                              TrainConfig.from_config(config.train), mesh)
   assert chosen == ['cpu']
   state = steps.create_state(0)                    # run_once: the init program's options
   monkeypatch.setattr(jax, 'default_backend', no_default_backend)
@@ -89,8 +91,8 @@ def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
   optimization barriers are in the step, and not in the step of a plain model."""
   config = tiny_config('gpt')
   cfg = ModelConfig.from_config(config.model)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
-  steps = step_lib.make_steps(cfg, config.train, mesh)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
+  steps = step_lib.make_steps(cfg, TrainConfig.from_config(config.train), mesh)
   batch = batches(config, 1)[0]
   barriers = lambda step: str(jax.make_jaxpr(step)(steps.abstract_state, batch)).count(
       'optimization_barrier')

@@ -30,10 +30,10 @@ def _run(argv):
   del argv
   from pretrain_jax.perf import benchmark
   config = cli.config_of(_CONFIG, 'pre-training')
-  bench = config.get('benchmark') or {}
+  bench = benchmark.benchmark_section(config)
   record = benchmark.benchmark_train_step(
-      config, steps=_STEPS.value if _STEPS.value is not None else bench.get('steps', 10),
-      warmup=_WARMUP.value if _WARMUP.value is not None else bench.get('warmup', 2),
+      config, steps=_STEPS.value if _STEPS.value is not None else bench.steps,
+      warmup=_WARMUP.value if _WARMUP.value is not None else bench.warmup,
       peak_flops=_PEAK.value or None)
   print(json.dumps(record), flush=True)
 

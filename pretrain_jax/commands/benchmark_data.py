@@ -34,21 +34,21 @@ def _run(argv=None):
     if getattr(args, name) < least:
       p.error(f'--{name}={getattr(args, name)}; expected an integer >= {least}')
 
-  from configs import common
   from pretrain_jax import data
-  from pretrain_jax.data import local_builder, pipeline
+  from pretrain_jax.data import local_builder
+  from pretrain_jax.data.config import OBJECTIVES, DataConfig
   if args.files:
     local_builder.expand_files(args.files, name='--files')   # errors name the flag
-  known = sorted(pipeline.OBJECTIVES + ('nsp',))   # nsp: mlm with next-sentence pairs
+  known = sorted(OBJECTIVES + ('nsp',))   # nsp: mlm with next-sentence pairs
   unknown = [name for name in args.objectives.split(',') if name not in known]
   if unknown:
     p.error(f'--objectives={args.objectives}: {", ".join(map(repr, unknown))}; expected a '
             f'comma-separated list of {", ".join(known)}')
   for name in args.objectives.split(','):
     objective = 'mlm' if name == 'nsp' else name
-    dc = common.data_config(objective, args.seq_len)
-    dc.update(nsp=name == 'nsp', files=args.files, tfds_name=args.tfds_name,
-              tfds_data_dir=args.tfds_data_dir, tokenizer=args.tokenizer)
+    dc = DataConfig(objective=objective, seq_len=args.seq_len, nsp=name == 'nsp',
+                    files=args.files, tfds_name=args.tfds_name,
+                    tfds_data_dir=args.tfds_data_dir, tokenizer=args.tokenizer)
     tok = data.load_tokenizer(dc)
     start = time.time()
     it = data.make_dataset(dc, tok, split=args.split, batch_size=args.batch_size)

@@ -50,25 +50,25 @@ def _run(argv):
                      f'pretrain-jax convert_hf import --hf_dir {_WORKDIR.value} --workdir DIR, '
                      'then pretrain-jax evaluate --workdir DIR [--files ...])')
   model = load_pretrained(_WORKDIR.value, _STEP.value)
-  config = model.config
-  if 'task' in config:   # a fine-tuning workdir: its task's metrics are in metrics.jsonl
+  if model.task:   # a fine-tuning workdir: its task's metrics are in metrics.jsonl
     raise ValueError(f'{_WORKDIR.value} holds a model fine-tuned on task '
-                     f'{config.task.get("name")!r}; expected a pre-training workdir (a '
+                     f'{model.task.name!r}; expected a pre-training workdir (a '
                      'fine-tune is evaluated on its task by pretrain-jax finetune: the workdir\'s '
                      'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
+  d, t = model.data_config, model.train_config
   if _FILES.value:
     local_builder.expand_files(_FILES.value, name='--files')   # errors name the flag
-    config.data.update(files=_FILES.value, tfds_name='')
-  split = _SPLIT.value or config.data.eval_split
-  batches = data.make_dataset(config.data, model.tokenizer, split=split,
-                              batch_size=_BATCH_SIZE.value or config.train.batch_size,
+    d = d.replace(files=_FILES.value, tfds_name='')
+  split = _SPLIT.value or d.eval_split
+  batches = data.make_dataset(d, model.tokenizer, split=split,
+                              batch_size=_BATCH_SIZE.value or t.batch_size,
                               repeat=False, model_max_len=model.model_config.max_len)
-  params = (eval_lib.random_init_params(model.model_config, config.train.seed)
+  params = (eval_lib.random_init_params(model.model_config, t.seed)
             if _RANDOM.value else model.params)
   count = _BATCHES.value
   if count is None:   # the run's own validation, unless other data or batch size are asked for
     same = not (_FILES.value or _SPLIT.value or _BATCH_SIZE.value)
-    count = config.train.get('eval_batches', 0) if same else 20
+    count = t.eval_batches if same else 20
   metrics = model.evaluate(batches, count, params=params, progress=eval_lib.Progress(count))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
   print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,

@@ -127,7 +127,8 @@ def check_train_args(args) -> None:
   """What would fail on every worker after the setup, refused here: tpu's own flags after
   `--`, no --config or a config file the repository lacks, a workdir outside Cloud Storage (the
   workers share nothing else, and a preempted worker loses its disk), and whatever train's
-  own parsing refuses (unknown flags, overrides of missing fields, values that do not parse):
+  own parsing refuses (unknown flags, overrides of missing fields, values that do not parse or
+  that the config's sections refuse):
   `pretrain-jax train ARGS --multihost --check_args` runs here first.
   """
   own = {v.name for v in globals().values() if isinstance(v, flags.FlagHolder)}

@@ -38,8 +38,8 @@ _INIT_TIMEOUT = flags.DEFINE_float('init_timeout', 300.0, 'with --multihost: sec
                                    'every process to join, then exit 2 saying so', lower_bound=1)
 _SYNTHETIC = flags.DEFINE_bool('synthetic_data', False,
                                'random token batches instead of pretrain_jax.data')
-_CHECK_ARGS = flags.DEFINE_bool('check_args', False, 'parse the flags and load the config, '
-                                'then exit (pretrain-jax tpu run does this first)')
+_CHECK_ARGS = flags.DEFINE_bool('check_args', False, 'parse the flags, load the config and check '
+                                'its sections, then exit (pretrain-jax tpu run does this first)')
 
 
 def _run(argv):
@@ -52,7 +52,9 @@ def _run(argv):
   address = _COORDINATOR.value
   if address is not None and not re.fullmatch(r'.+:[0-9]{1,5}', address):
     raise ValueError(f'--coordinator_address={address}; expected HOST:PORT')
-  if _CHECK_ARGS.value:   # the flags and the config's overrides parsed: nothing else to do
+  if _CHECK_ARGS.value:   # the flags parsed and the config's sections read: nothing else to do
+    from pretrain_jax.training.config import RunConfig
+    RunConfig.from_config(cli.config_of(_CONFIG, 'pre-training'))
     return
   import jax
   if _MULTIHOST.value:

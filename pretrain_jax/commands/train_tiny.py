@@ -62,11 +62,11 @@ def probe(workdir: str, texts: list, eval_batches: int) -> dict:
   from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
   model = pretrain_jax.load_pretrained(workdir)
-  c = model.config
+  d = model.data_config
 
   def held_out():
-    return data.make_dataset(c.data, model.tokenizer, split=c.data.eval_split,
-                             batch_size=c.train.batch_size, repeat=False,
+    return data.make_dataset(d, model.tokenizer, split=d.eval_split,
+                             batch_size=model.train_config.batch_size, repeat=False,
                              model_max_len=model.model_config.max_len)
   out = {'trained': model.evaluate(held_out(), eval_batches),
          'random_init': model.evaluate(held_out(), eval_batches,
@@ -109,6 +109,7 @@ def _run(argv):
   del argv
   from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
   from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data.config import DataConfig  # pylint: disable=g-import-not-at-top
   from pretrain_jax.inference import demo  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
   results, start_all = [], time.perf_counter()
@@ -133,8 +134,8 @@ def _run(argv):
     result.update(name=name, wall_sec=time.perf_counter() - start)
     texts = []
     if _PROBES.value:
-      texts = demo.sentences(sources.iter_texts(config.data, config.data.eval_split),
-                             count=_PROBES.value)
+      d = DataConfig.from_config(config.data)
+      texts = demo.sentences(sources.iter_texts(d, d.eval_split), count=_PROBES.value)
     result['held_out'] = probe(workdir, texts, _EVAL_BATCHES.value)
     results.append(result)
 

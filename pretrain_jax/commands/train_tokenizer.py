@@ -32,13 +32,12 @@ def _run(argv=None):
   p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
   args = p.parse_args(None if argv is None else argv[1:])
 
-  from configs import common
   from pretrain_jax.data import local_builder, sources, tokenizer
+  from pretrain_jax.data.config import DataConfig
   if args.files:
     local_builder.expand_files(args.files, name='--files')   # errors name the flag
-  dc = common.data_config('clm', 128)
-  dc.update(files=args.files, tfds_name=args.tfds_name, tfds_data_dir=args.tfds_data_dir,
-            text_key=args.text_key)
+  dc = DataConfig(objective='clm', seq_len=128, files=args.files, tfds_name=args.tfds_name,
+                  tfds_data_dir=args.tfds_data_dir, text_key=args.text_key)
   start, chars = time.time(), [0]
 
   def texts():

@@ -1,7 +1,8 @@
 """Input pipelines: sources -> sentencepiece -> objective -> packed per-host numpy batches.
 
 Public API (see DESIGN.md for the batch keys of each objective):
-  load_tokenizer(data_config, source=None) -> Tokenizer
+  load_tokenizer(data_config, source=None) -> Tokenizer     (data_config: config.DataConfig)
+  open_tokenizer(path) -> Tokenizer
   make_dataset(data_config, tokenizer, *, split, batch_size, process_index=0, process_count=1,
                seed=None, repeat=True, model_max_len=None, source=None) -> DataIterator
   host_batch_size(global_batch_size, process_count), assemble_global_batch(host_batches)
@@ -12,7 +13,7 @@ import importlib
 # T5's sentinels, say) does not start TensorFlow, which the pipeline needs.
 _WHERE = {'DataIterator': 'pipeline', 'assemble_global_batch': 'pipeline',
           'check_lengths': 'pipeline', 'host_batch_size': 'pipeline', 'make_dataset': 'pipeline',
-          'Tokenizer': 'tokenizer', 'load_tokenizer': 'tokenizer',
+          'Tokenizer': 'tokenizer', 'load_tokenizer': 'tokenizer', 'open_tokenizer': 'tokenizer',
           'train_sentencepiece': 'tokenizer'}
 __all__ = sorted(_WHERE)
 

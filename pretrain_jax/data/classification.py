@@ -1,6 +1,7 @@
 """Task examples -> fixed-length batches in a family's layout, behind pre-training's DataIterator.
 
-Layouts (all (B, T) int32 unless noted; a padding row has segment ids 0 and label -1):
+The layout is the family record's TaskLayout (models/family.py), whose facts encode reads; the
+three families' (all (B, T) int32 unless noted; a padding row has segment ids 0 and label -1):
   bert  inputs = [CLS] text [SEP] (pair [SEP]), token_type_ids 0 / 1 for the pair, segment_ids,
         positions, labels (B,)
   gpt   inputs = text EOS (pair EOS): the last real token (EOS) has read the whole row;
@@ -49,10 +50,11 @@ def label_forms(tokenizer, labels) -> tuple:
   return forms
 
 
-def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: int = 0,
+def encode(task, split: str, tokenizer, layout, seq_len: int, target_len: int = 0,
            max_examples: int = 0) -> Encoded:
-  """Every example of `split` (the first `max_examples`; 0 = all) as arrays in `family`'s
-  layout; class labels are indices into task.labels."""
+  """Every example of `split` (the first `max_examples`; 0 = all) as arrays in a family's
+  layout (`layout`: its record's models.family.TaskLayout); class labels are indices into
+  task.labels."""
   examples = task.splits[split][:max_examples or None]
   if max_examples and task.labels:
     kept, whole = ({e.get('label') for e in rows} for rows in (examples, task.splits[split]))
@@ -63,7 +65,7 @@ def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: i
             'train on a sample of every class', file=sys.stderr, flush=True)
   n, truncated = len(examples), 0
   zeros = lambda *shape: np.zeros((n,) + shape, np.int32)
-  if family == 't5':
+  if layout.text_to_text:
     if not target_len:
       raise ValueError('data.target_len=0; expected the decoder length for T5 targets')
     if seq_len < 2:
@@ -99,31 +101,30 @@ def encode(task, split: str, tokenizer, family: str, seq_len: int, target_len: i
     return Encoded(rows, truncated)
 
   pairs = any(e.get('text_pair') is not None for e in examples)
-  specials = (2 + pairs) if family == 'bert' else (1 + pairs)
+  specials = layout.specials(pairs)
   if seq_len <= specials:
-    raise ValueError(f'data.seq_len={seq_len} leaves no room for text beside {family}\'s '
-                     f'{specials} special tokens per {"pair" if pairs else "example"}; expected '
-                     f'at least {specials + 1}')
+    raise ValueError(f'data.seq_len={seq_len} leaves no room for text beside the {specials} '
+                     f'special tokens per {"pair" if pairs else "example"}; expected at least '
+                     f'{specials + 1}')
   rows = {k: zeros(seq_len) for k in ('inputs', 'segment_ids', 'positions')}
-  if family == 'bert':
+  if layout.token_types:
     rows['token_type_ids'] = zeros(seq_len)
   index = {label: c for c, label in enumerate(task.labels)}
   rows['labels'] = np.array([index[e['label']] for e in examples], np.int32)
+  begin = [getattr(tokenizer, name) for name in layout.begin]
+  end = getattr(tokenizer, layout.end)
   for i, ex in enumerate(examples):
     a = tokenizer.encode(ex['text'])
     b = tokenizer.encode(ex['text_pair']) if ex.get('text_pair') is not None else None
-    specials = (2 + (b is not None)) if family == 'bert' else (1 + (b is not None))
-    cut_a, cut_b = _truncate(a, b or [], seq_len - specials)
+    cut_a, cut_b = _truncate(a, b or [], seq_len - layout.specials(b is not None))
     truncated += (len(cut_a), len(cut_b)) != (len(a), len(b or []))
-    if family == 'bert':
-      ids = [tokenizer.cls_id] + cut_a + [tokenizer.sep_id]
-      types = [0] * len(ids)
-      if b is not None:
-        ids += cut_b + [tokenizer.sep_id]
-        types += [1] * (len(cut_b) + 1)
+    ids = begin + cut_a + [end]
+    types = [0] * len(ids)
+    if b is not None:
+      ids += cut_b + [end]
+      types += [1] * (len(cut_b) + 1)
+    if layout.token_types:
       rows['token_type_ids'][i, :len(ids)] = types
-    else:
-      ids = cut_a + [tokenizer.eos_id] + ((cut_b + [tokenizer.eos_id]) if b is not None else [])
     rows['inputs'][i, :len(ids)] = ids
     rows['segment_ids'][i, :len(ids)] = 1
     rows['positions'][i, :len(ids)] = np.arange(len(ids))

@@ -35,10 +35,10 @@ import numpy as np
 
 from pretrain_jax.data import batches, documents, sources, streams
 from pretrain_jax.data import tokenizer as tokenizer_lib
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.objectives import clm, mlm, prefix_lm, span_corruption
 
 log = logging.getLogger(__name__)
-OBJECTIVES = ('clm', 'mlm', 'span_corruption', 'prefix_lm')
 STATE_VERSION = 2  # 1: one position per host (before streams), not resumable
 DATA_SIZE = ('documents', 'bytes')  # the split's size in the data position (see restore)
 _LIVE = weakref.WeakSet()  # iterators whose prefetch threads are stopped at exit
@@ -63,31 +63,19 @@ def assemble_global_batch(host_batches: list) -> dict:
   return {k: np.concatenate([b[k] for b in host_batches], axis=0) for k in host_batches[0]}
 
 
-def check_lengths(data_config, tokenizer, model_max_len: int | None = None) -> dict:
-  """Validate the sequence lengths and special tokens the objective needs; returns lengths.
+def check_lengths(data_config: DataConfig, tokenizer, model_max_len: int | None = None) -> dict:
+  """Validate the lengths against the model and the special tokens the objective needs against
+  the tokenizer (DataConfig checked the rest); returns lengths.
 
-  Raises ValueError naming the bad value (too short for the objective, longer than the model
-  holds, more T5 spans than sentinels) or the missing special piece.
+  Raises ValueError naming the bad value (longer than the model holds, more T5 spans than
+  sentinels) or the missing special piece.
   """
-  objective, seq_len = data_config.objective, int(data_config.seq_len)
-  if objective not in OBJECTIVES:
-    raise ValueError(f'config.data.objective={objective!r}; expected one of {OBJECTIVES}')
-  if data_config.nsp and objective != 'mlm':
-    raise ValueError(f'config.data.nsp=True needs objective mlm; got {objective!r}')
+  objective, seq_len = data_config.objective, data_config.seq_len
   if model_max_len is not None and seq_len > model_max_len:
     raise ValueError(f'config.data.seq_len={seq_len} is longer than the model holds '
                      f'(max_len={model_max_len})')
-  minimum = {'clm': 2, 'prefix_lm': 2, 'mlm': 5 if data_config.nsp else 3,
-             'span_corruption': 3}[objective]
-  if seq_len < minimum:
-    raise ValueError(f'config.data.seq_len={seq_len} is too short for {objective}'
-                     f'{" with NSP" if data_config.nsp else ""}; expected >= {minimum}')
   lengths = {'seq_len': seq_len}
   if objective == 'mlm':
-    probability = data_config.get('mlm_probability', 0.15)
-    if not 0 < probability <= 1:
-      raise ValueError(f'config.data.mlm_probability={probability}; expected a value in (0, 1] '
-                       '(0 selects no position: nothing to train on)')
     _ = tokenizer.mask_id, tokenizer.cls_id, tokenizer.sep_id  # raise naming a missing piece
   if objective == 'span_corruption':
     raw_len, target_len = span_corruption.target_length(
@@ -259,13 +247,14 @@ class DataIterator:
       pass
 
 
-def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process_index: int = 0,
-                 process_count: int = 1, seed: int | None = None, repeat: bool = True,
-                 model_max_len: int | None = None, source=None) -> DataIterator:
+def make_dataset(data_config: DataConfig, tokenizer, *, split: str, batch_size: int,
+                 process_index: int = 0, process_count: int = 1, seed: int | None = None,
+                 repeat: bool = True, model_max_len: int | None = None,
+                 source=None) -> DataIterator:
   """Per-host batches of `split` for `data_config.objective` (keys and shapes: DESIGN.md).
 
   Args:
-    data_config: config.data.
+    data_config: config.data (a DataConfig).
     tokenizer: from load_tokenizer (its vocabulary must be the model's).
     split: tfds split name, e.g. data_config.train_split or data_config.eval_split.
     batch_size: rows per host (host_batch_size(global, process_count)).
@@ -292,7 +281,7 @@ def make_dataset(data_config, tokenizer, *, split: str, batch_size: int, process
   source.check_split(split)
   global_batch = int(batch_size) * int(process_count)
   num_streams = streams.fit_to_split(
-      streams.resolve(data_config.get('num_streams', 0), global_batch),
+      streams.resolve(data_config.num_streams, global_batch),
       source.num_examples(split), per_stream=2 if data_config.nsp else 1)
   owned = streams.owned(num_streams, process_index, process_count, global_batch)
   rows = global_batch // num_streams

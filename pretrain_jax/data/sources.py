@@ -27,6 +27,7 @@ import tensorflow_datasets as tfds
 
 from pretrain_jax import paths as paths_lib
 from pretrain_jax.data import corpus, local_builder
+from pretrain_jax.data.config import DataConfig
 
 # The input pipeline runs on the host CPU; keep TensorFlow off accelerators JAX owns.
 tf.config.set_visible_devices([], 'GPU')
@@ -68,9 +69,10 @@ class Source:
 PREPARED_DATA = 'prepared_data'  # under the workdir: the copy all processes of a run read
 
 
-def prepared_dir(data_config, workdir: str | None = None, process_count: int = 1) -> str:
+def prepared_dir(data_config: DataConfig, workdir: str | None = None,
+                 process_count: int = 1) -> str:
   """Where local files / the embedded corpus are prepared as tfds (see the module doc)."""
-  if data_config.get('prepared_dir', ''):
+  if data_config.prepared_dir:
     return paths_lib.absolute(data_config.prepared_dir)
   if process_count == 1:
     return os.path.join(cache_dir(), 'tfds')
@@ -80,8 +82,8 @@ def prepared_dir(data_config, workdir: str | None = None, process_count: int = 1
   return paths_lib.join(paths_lib.absolute(workdir), PREPARED_DATA)
 
 
-def open_source(data_config, *, data_dir: str | None = None, process_index: int = 0,
-                sync=None) -> Source:
+def open_source(data_config: DataConfig, *, data_dir: str | None = None,
+                process_index: int = 0, sync=None) -> Source:
   """The Source named by `data_config`; local files / the embedded corpus are prepared once in
   `data_dir` (default prepared_dir(data_config)) and reused from there.
 
@@ -91,9 +93,6 @@ def open_source(data_config, *, data_dir: str | None = None, process_index: int 
   failed); the others open that copy and never prepare: one not prepared in `data_dir` is an
   error naming the directory.
   """
-  if data_config.tfds_name and data_config.files:
-    raise ValueError(f'config.data sets both tfds_name={data_config.tfds_name!r} and '
-                     f'files={data_config.files!r}; expected at most one')
   if data_config.tfds_name:
     return _named_source(data_config)
   if process_index and sync is None:
@@ -124,7 +123,7 @@ def open_source(data_config, *, data_dir: str | None = None, process_index: int 
   return _OPENED[data_dir, name]
 
 
-def _prepare(data_config, data_dir: str, description: str) -> Source:
+def _prepare(data_config: DataConfig, data_dir: str, description: str) -> Source:
   if data_config.files:
     paths = local_builder.expand_files(data_config.files)
   else:
@@ -167,7 +166,7 @@ def not_prepared(name: str, data_dir, data_dir_key: str) -> ValueError:
                     'prepared copy')
 
 
-def _named_source(data_config) -> Source:
+def _named_source(data_config: DataConfig) -> Source:
   name, data_dir = data_config.tfds_name, data_config.tfds_data_dir or None
   builder = open_builder(name, data_dir)
   if not builder.is_prepared():       # (its files in data_dir, not metadata tfds may know)
@@ -237,8 +236,8 @@ def _share_texts(source: Source, share) -> np.ndarray:
 _SHARES = {}
 
 
-def iter_texts(data_config, split: str | None = None, max_chars: int = 100_000_000,
-               source: Source | None = None):
+def iter_texts(data_config: DataConfig, split: str | None = None,
+               max_chars: int = 100_000_000, source: Source | None = None):
   """Python strings of a split in a fixed order, up to `max_chars` (tokenizer training), of
   `source` (default open_source(data_config))."""
   source = source or open_source(data_config)

@@ -23,6 +23,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 
 from pretrain_jax import paths
+from pretrain_jax.data.config import TOKENIZER_TYPES, DataConfig
 
 NUM_SENTINELS = 100
 VOCAB_MULTIPLE = 128
@@ -247,7 +248,7 @@ def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 
   The final size is round_up(vocab_size, 128) including the specials and 100 sentinels;
   sentencepiece learns as many pieces as the corpus supports and filler pads the rest.
   """
-  if model_type not in ('unigram', 'bpe', 'char'):
+  if model_type not in TOKENIZER_TYPES:
     raise ValueError(f'tokenizer_type={model_type!r}; expected unigram, bpe or char')
   total = round_up(vocab_size)
   learned = total - NUM_SENTINELS
@@ -298,7 +299,12 @@ def _train_proto(lines, vocab_size: int, model_type: str) -> bytes:
 TRAIN_VERSION = 1  # bump when training settings change, so cached tokenizers are retrained
 
 
-def load_tokenizer(data_config, source=None) -> Tokenizer:
+def open_tokenizer(path: str) -> Tokenizer:
+  """The sentencepiece model at `path` (local, ~ expanded, or gs://)."""
+  return Tokenizer(paths.absolute(path) if paths.is_remote(path) else os.path.expanduser(path))
+
+
+def load_tokenizer(data_config: DataConfig, source=None) -> Tokenizer:
   """`data_config.tokenizer` loaded unchanged if set; else one trained on the configured source
   (`source`, an opened sources.Source, default sources.open_source(data_config)).
 
@@ -307,8 +313,7 @@ def load_tokenizer(data_config, source=None) -> Tokenizer:
   corpus) and every later run, host or test with the same settings loads the same file.
   """
   if data_config.tokenizer:
-    return Tokenizer(paths.absolute(data_config.tokenizer) if paths.is_remote(
-        data_config.tokenizer) else os.path.expanduser(data_config.tokenizer))
+    return open_tokenizer(data_config.tokenizer)
   import hashlib
   from pretrain_jax.data import sources  # TensorFlow only when a source is read
   source = source or sources.open_source(data_config)

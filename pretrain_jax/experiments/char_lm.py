@@ -14,6 +14,7 @@ import numpy as np
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.objectives import mlm
 from pretrain_jax.training import mesh as mesh_lib, state as state_lib, step as step_lib, task
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 MASK = '[MASK]'
 DRAW_KEYS = ('draws', 'top1_mean', 'top1_draw_std', 'top1_se', 'top5_mean', 'top5_draw_std',
@@ -79,13 +80,14 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   holds up the next dispatch; the last call's when training ends.
   """
   cfg = ModelConfig.from_config({**family_config.model.to_dict(), 'vocab_size': vocab_size})
-  t = family_config.train
+  t = family_config.train.to_dict()
+  k = t.pop('steps_per_call')   # the experiment's one key beside the train section's
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    raise ValueError(f'train.steps_per_call={k!r}; expected a positive integer')
+  t = TrainConfig.from_config(t)
   length, batch = cfg.max_len, t.batch_size
-  mesh = mesh_lib.make_mesh(mesh_config)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(mesh_config))
   trainer = step_lib.make_steps(cfg, t, mesh, init_length=length)
-  k = int(t.get('steps_per_call', 1))
-  if k < 1:
-    raise ValueError(f'train.steps_per_call={k}; expected a positive integer')
   make = batch_maker(family_of(cfg).pretrain_objective(cfg), train_ids, length, batch, vocab_size,
                      np.random.default_rng(seed), mlm_probability)
   start = time.perf_counter()
@@ -230,10 +232,10 @@ def run(config, progress=None) -> dict:
   seed (data windows, masking, initialisation, dropout) for a run-to-run spread.
   `progress(name, steps, characters_per_step)`, if given, returns train()'s progress callback
   for the model named 'GPT' or 'BERT'."""
-  draws = config.get('eval_draws', 1)
+  draws = config.eval_draws
   check_draws(draws)                   # before minutes of training, not after
   vocab, ids = load_splits(config)
-  seed = int(config.get('seed', 0))
+  seed = config.seed
   report = lambda name, family: progress and progress(
       name, family.train.steps, family.train.batch_size * family.model.max_len)
   gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,

@@ -16,6 +16,7 @@ metrics of training/task.py (class_accuracy, class_mcc, class_f1). T5 is text to
 decoded greedily with the KV cache (inference/sampling.t5_generate) and scored by exact match
 (class_accuracy; exact_match), an undecodable answer counting as a wrong class.
 """
+import dataclasses
 import json
 
 import flax
@@ -26,14 +27,16 @@ import numpy as np
 
 from pretrain_jax import paths
 from pretrain_jax.data import classification, tasks
+from pretrain_jax.data.config import TaskDataConfig
+from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
 from pretrain_jax.inference import load, sampling
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import loop, task as task_lib
 from pretrain_jax.training import workdir as workdir_lib
+from pretrain_jax.training.config import TrainConfig
 
-MODES = ('full', 'linear_probe', 'scratch')
-MODEL_OVERRIDES = ('dropout_rate', 'attention_dropout_rate')   # configs/finetune.py's model.*
+MODEL_OVERRIDES = tuple(f.name for f in dataclasses.fields(ModelOverrides))   # its model.*
 
 
 def load_init(path: str) -> load.Pretrained:
@@ -52,64 +55,38 @@ def load_init(path: str) -> load.Pretrained:
                      'directory') from None
 
 
-# config key -> (smallest allowed value, what the values mean); checked before anything loads
-LIMITS = {
-    'data.seq_len': (1, 'a positive input length'),
-    'data.target_len': (0, 'the T5 target length (unused by BERT and GPT)'),
-    'data.seed': (0, 'a non-negative seed'),
-    'task.max_train_examples': (0, '0 (all examples) or a positive count'),
-    'task.max_eval_examples': (0, '0 (all examples) or a positive count'),
-    'probe_learning_rate': (0, '0 (train.learning_rate) or a positive rate'),
-}
-
-
-def check_config(config) -> None:
-  """A one-line error naming the key and value for a bad mode or fine-tuning number (the
-  loop checks train.* itself)."""
-  if config.mode not in MODES:
-    raise ValueError(f'mode={config.mode!r}; expected one of {MODES}')
-  for key, (least, meaning) in LIMITS.items():
-    section, name = key.rsplit('.', 1) if '.' in key else ('', key)
-    value = (config[section] if section else config).get(name, least)
-    number = (int, float) if key == 'probe_learning_rate' else (int,)
-    if isinstance(value, bool) or not isinstance(value, number) or value < least:
-      raise ValueError(f'{key}={value!r}; expected {meaning}')
-
-
 def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDict:
-  """`config` (configs/finetune.py) completed from the checkpoint and the task."""
+  """`config` (configs/finetune.py) completed from the checkpoint and the task: the config the
+  workdir records. Its numbers are checked first (FinetuneConfig)."""
+  ft = FinetuneConfig.from_config(config)
   config = ml_collections.ConfigDict(config.to_dict())
-  check_config(config)
   model = init.model_config.to_dict()
-  for key, value in config.get('model', {}).items():   # dropout set for the fine-tune
-    if value is None:
-      continue
-    if key not in MODEL_OVERRIDES:
-      raise ValueError(f'model.{key}={value!r}: the architecture comes from the checkpoint; '
-                       f'expected only {", ".join("model." + k for k in MODEL_OVERRIDES)}')
-    model[key] = value
-  if family_of(init.model_config).name != 't5':
+  model.update({k: v for k, v in ft.model.to_dict().items() if v is not None})  # its dropout
+  family = family_of(init.model_config)
+  if family.classifier is not None:
     if not task.labels:
       raise ValueError(f'task {task.name!r} is text-to-text (inputs/targets); a '
-                       f'{init.model_config.family} model needs text + label columns')
+                       f'{family.name} model needs text + label columns')
     model['num_classes'] = len(task.labels)
+  elif ft.mode == 'linear_probe':
+    raise ValueError(f'mode=linear_probe on {family.name}: text-to-text has no separate head '
+                     'to probe; use full or scratch')
   config.model = ml_collections.ConfigDict(model)
-  if init.model_config.family == 't5' and config.mode == 'linear_probe':
-    raise ValueError('mode=linear_probe on t5: text-to-text has no separate head to probe; '
-                     'use full or scratch')
-  config.train.freeze_backbone = config.mode == 'linear_probe'
-  if config.mode == 'linear_probe' and config.get('probe_learning_rate', 0):
-    config.train.learning_rate = config.probe_learning_rate
-  config.init = paths.absolute(config.init)   # a resume from another directory names it alike
+  config.train.freeze_backbone = ft.mode == 'linear_probe'
+  if ft.mode == 'linear_probe' and ft.probe_learning_rate:
+    config.train.learning_rate = ft.probe_learning_rate
+  config.init = paths.absolute(ft.init)   # a resume from another directory names it alike
   config.task.name = task.name
   config.task.labels = list(task.labels)
   config.task.metric = task.metric
   config.task.prefix = task.prefix
   config.task.pairs = task.pairs            # what predict() must be given
-  tokenizer_path = init.config.get('data', {}).get('tokenizer', '') or config.init
+  # (a Hugging Face directory's config has no data section: its tokenizer is the directory's)
+  tokenizer_path = (init.config['data']['tokenizer'] if 'data' in init.config else '') or \
+      config.init
   config.data.tokenizer = paths.absolute(tokenizer_path)
-  if config.data.seq_len > init.model_config.max_len:
-    raise ValueError(f'data.seq_len={config.data.seq_len} exceeds the checkpoint\'s model.max_len='
+  if ft.data.seq_len > init.model_config.max_len:
+    raise ValueError(f'data.seq_len={ft.data.seq_len} exceeds the checkpoint\'s model.max_len='
                      f'{init.model_config.max_len}; expected at most that')
   return config
 
@@ -121,14 +98,14 @@ def check_resume(config, workdir: str) -> None:
   saved = paths.join(workdir, ckpt_lib.CONFIG_FILE)
   if not paths.isfile(saved):
     return
-  old = json.loads(paths.read_text(saved))
-  if old.get('init') and paths.absolute(old['init']) == config.init:
+  old = workdir_lib.resolved(json.loads(paths.read_text(saved)))   # (defaults filled in)
+  if 'init' in old and old['init'] and paths.absolute(old['init']) == config.init:
     config.init = old['init']
-  old_classes = old.get('model', {}).get('num_classes', 0)
-  if old_classes != config.model.get('num_classes', 0):
+  old_classes = old['model']['num_classes']
+  if old_classes != config.model.num_classes:
     raise ValueError(f'{workdir} was trained with model.num_classes={old_classes} but this task '
-                     f'has {config.model.get("num_classes", 0)} labels; use a new --workdir')
-  old_labels = old.get('task', {}).get('labels')
+                     f'has {config.model.num_classes} labels; use a new --workdir')
+  old_labels = old['task']['labels'] if 'task' in old else None
   if old_labels is not None and list(old_labels) != list(config.task.labels):
     raise ValueError(f'{workdir} was trained with labels {old_labels} but this task has '
                      f'{list(config.task.labels)}; use a new --workdir')
@@ -205,29 +182,28 @@ def exact_match_evaluator(cfg: ModelConfig, encoded, tokenizer, labels: tuple,
   return evaluate
 
 
-def load_task(config):
-  return tasks.load_task(config.task.name, tfds_data_dir=config.task.tfds_data_dir,
-                         seed=config.data.seed)
+def load_task(ft: FinetuneConfig):
+  return tasks.load_task(ft.task.name, tfds_data_dir=ft.task.tfds_data_dir, seed=ft.data.seed)
 
 
 def finetune(config, workdir: str, init=None, task=None) -> dict:
   """Fine-tunes config.init on config.task in `workdir` (resuming there); returns the loop's
   summary plus `metric` (the task's headline, e.g. class_mcc for CoLA) and its final / best
-  validation values. `init` / `task`: load_init(config.init) / load_task(config), already
-  loaded (transfer's runs share them)."""
-  check_config(config)
+  validation values. `init` / `task`: load_init(config.init) / load_task(its FinetuneConfig),
+  already loaded (transfer's runs share them)."""
+  ft = FinetuneConfig.from_config(config)   # every number checked before anything loads
   workdir_lib.check_not_foreign(workdir)   # nothing is written into a Hugging Face directory
-  init = init or load_init(config.init)
-  task = task or load_task(config)
+  init = init or load_init(ft.init)
+  task = task or load_task(ft)
   config = build_config(config, init, task)
   check_resume(config, workdir)
   cfg = ModelConfig.from_config(config.model)
-  family = family_of(cfg)
-  d = config.data
-  target_len = d.target_len if family.name == 't5' else 0
+  family, layout = family_of(cfg), family_of(cfg).task_layout
+  d, t = TaskDataConfig.from_config(config.data), TrainConfig.from_config(config.train)
+  target_len = d.target_len if layout.text_to_text else 0
   encoded = {split: classification.encode(
-      task, split, init.tokenizer, family.name, d.seq_len, target_len,
-      config.task.max_train_examples if split == d.train_split else config.task.max_eval_examples)
+      task, split, init.tokenizer, layout, d.seq_len, target_len,
+      ft.task.max_train_examples if split == d.train_split else ft.task.max_eval_examples)
       for split in (d.train_split, d.eval_split)}
   keys = set(family.batch_keys)
 
@@ -240,25 +216,25 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
 
   head_names = tuple(n for h in family.active_heads(cfg) for n in h.params)
   evaluators = ()
-  if family.name == 't5':
+  if layout.text_to_text:   # scored by decoding its answers
     evaluators = (exact_match_evaluator(cfg, encoded[d.eval_split], init.tokenizer,
-                                        task.labels, config.train.batch_size, target_len),)
+                                        task.labels, t.batch_size, target_len),)
   paths.makedirs(workdir)
   # The workdir keeps its own tokenizer, so it loads after the init moves: a sentencepiece
   # model is copied by the loop (as in pre-training), a Hugging Face one here (process 0;
   # files already there are kept).
-  tokenizer_path = config.data.tokenizer
+  tokenizer_path = d.tokenizer
   if paths.isdir(tokenizer_path):
     config.data.tokenizer = load.copy_hf_tokenizer(tokenizer_path, workdir,
                                                    write=jax.process_index() == 0)
   result = loop.train_and_evaluate(
-      config, workdir, datasets=datasets,
-      init_params=starting_params(init.params, config.mode, head_names), evaluators=evaluators,
+      config, workdir, datasets=datasets, data=d.replace(tokenizer=config.data.tokenizer),
+      init_params=starting_params(init.params, ft.mode, head_names), evaluators=evaluators,
       tokenizer_path=tokenizer_path if paths.isfile(tokenizer_path) else '')
   history = read_curves(workdir)['eval']
   metric = 'class_' + task.metric if task.labels else 'exact_match'
   values = [r[metric] for r in history if metric in r]
-  result.update(mode=config.mode, task=task.name, init=config.init, metric=metric,
+  result.update(mode=ft.mode, task=task.name, init=config.init, metric=metric,
                 final=values[-1] if values else None, best=max(values) if values else None,
                 train_examples=len(next(iter(encoded[d.train_split].rows.values()))),
                 truncated=encoded[d.train_split].truncated + encoded[d.eval_split].truncated)

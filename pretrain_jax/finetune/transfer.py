@@ -15,6 +15,8 @@ import ml_collections
 
 from pretrain_jax import paths
 from pretrain_jax.finetune import run as run_lib
+from pretrain_jax.finetune.config import FinetuneConfig
+from pretrain_jax.models import family_of
 
 
 def run_name(mode: str, size: int, seed=None) -> str:
@@ -38,10 +40,11 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
   for mode in modes or ('full',):
     c = ml_collections.ConfigDict(config.to_dict())
     c.mode = mode
-    run_lib.check_config(c)
-  init, task = run_lib.load_init(config.init), run_lib.load_task(config)
-  if not modes:
-    modes = ('scratch', 'full') if init.family == 't5' else ('scratch', 'linear_probe', 'full')
+    ft = FinetuneConfig.from_config(c)
+  init, task = run_lib.load_init(ft.init), run_lib.load_task(ft)
+  if not modes:   # a family without a classification head has none to probe
+    modes = (('scratch', 'linear_probe', 'full') if family_of(init.model_config).classifier
+             else ('scratch', 'full'))
   for mode in modes:   # what the checkpoint and the task refuse, also before the first run
     c = ml_collections.ConfigDict(config.to_dict())
     c.mode = mode

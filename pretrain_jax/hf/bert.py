@@ -88,6 +88,7 @@ def from_sentencepiece(model_path: str) -> dict:
 
 HF = HfFamily(
     name='bert', model_type='bert', architectures=('BertForPreTraining', 'BertForMaskedLM'),
+    expected_files='tokenizer.json or vocab.txt',
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules,
     # Tensors HF may save as copies of another: (copy, original). Import accepts them when equal.
     tied=(('cls.predictions.decoder.weight', 'bert.embeddings.word_embeddings.weight'),

@@ -26,7 +26,8 @@ class HfFamily:
   the current one), `complete(cfg, state_dict)` (fill tensors a checkpoint may leave implicit).
   Tokenizer (hf/tokenizers.py): `tokenizer(files, settings) -> adapter or None` from the
   tokenizer files present ({name: local path}) and tokenizer_config.json settings; the files
-  that identify the family (`sentencepiece_file`, `tokenizer_json_type`, `vocab_file`);
+  that identify the family (`sentencepiece_file`, `tokenizer_json_type`, `vocab_file`) and
+  how errors name them (`expected_files`);
   `from_sentencepiece(model_path) -> {HF file name: bytes}`, the files that carry a workdir's
   sentencepiece model (empty when the family cannot).
   Workdirs: `data_settings(cfg, data) -> dict` of config.data fields the imported model fixes.
@@ -46,6 +47,7 @@ class HfFamily:
   sentencepiece_file: Optional[str] = None
   tokenizer_json_type: Optional[str] = None
   vocab_file: Optional[str] = None
+  expected_files: str = 'tokenizer files'  # the tokenizer files it reads, as errors name them
   from_sentencepiece: Callable = lambda model_path: {}
   data_settings: Callable = lambda cfg, data: {}
 

@@ -98,6 +98,7 @@ def from_sentencepiece(model_path: str) -> dict:
 
 HF = HfFamily(
     name='gpt', model_type='gpt2', architectures=('GPT2LMHeadModel', 'GPT2Model'),
+    expected_files='tokenizer.json or vocab.json + merges.txt',
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules,
     tied=(('lm_head.weight', 'transformer.wte.weight'),), stacks=(('h',),), rename=rename,
     export_problems=learned_position_problems, tokenizer=tokenizer,

@@ -156,6 +156,7 @@ def from_sentencepiece(model_path: str) -> dict:
 
 HF = HfFamily(
     name='t5', model_type='t5', architectures=('T5ForConditionalGeneration', 'T5Model'),
+    expected_files='spiece.model',
     config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, complete=complete,
     tied=(('encoder.embed_tokens.weight', 'shared.weight'),
           ('decoder.embed_tokens.weight', 'shared.weight'), ('lm_head.weight', 'shared.weight')),

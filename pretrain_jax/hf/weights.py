@@ -14,6 +14,7 @@ import numpy as np
 
 from pretrain_jax.hf import families
 from pretrain_jax.hf.rules import Rule
+from pretrain_jax.models import family_of
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.describe import abstract_variables
 
@@ -63,8 +64,8 @@ def hf_to_params(cfg: ModelConfig, state_dict: dict) -> dict:
   for rule in rules:
     if rule.hf not in sd:
       layer = re.search(r'\.(?:layer|h|block)\.(\d+)\.', rule.hf)
-      count = (f'{cfg.num_layers} encoder and {cfg.decoder_layers} decoder' if cfg.family == 't5'
-               else str(cfg.num_layers))
+      count = (f'{cfg.num_layers} encoder and {cfg.decoder_layers} decoder'
+               if family_of(cfg).encoder_decoder else str(cfg.num_layers))
       hint = f' (config.json describes {count} layers; the weights hold fewer?)' if layer else ''
       raise MissingTensorError(f'the checkpoint has no tensor {rule.hf!r}, which {cfg.family} '
                                f'parameter(s) {list(rule.ours)} need{hint}')

@@ -25,11 +25,10 @@ from pretrain_jax import paths
 from pretrain_jax.hf import families
 from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
-from pretrain_jax.models import ModelConfig
+from pretrain_jax.data.config import TaskConfig
+from pretrain_jax.models import ModelConfig, family_of
 
 HF_TOKENIZER_DIR = 'hf_tokenizer'
-EXPECTED_FILES = {'t5': 'spiece.model', 'gpt': 'tokenizer.json or vocab.json + merges.txt',
-                  'bert': 'tokenizer.json or vocab.txt'}   # a family's tokenizer files
 
 
 def model_section(cfg: ModelConfig) -> dict:
@@ -77,6 +76,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
 
   io_lib.check_free(workdir)  # before the (possibly long) read
   cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
@@ -94,7 +94,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
       config.data.tokenizer = paths.join(final, HF_TOKENIZER_DIR)
     ckpt_lib.save_workdir_files(config, tmp)
     state_params = jax.tree.map(jnp.asarray, params)
-    tx = opt_lib.make_optimizer(config.train)
+    tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
     state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=state_params,
                                  opt_state=tx.init(state_params))
     checkpointer = ckpt_lib.Checkpointer(tmp, keep=0, async_save=False)
@@ -111,7 +111,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
 
 def missing_tokenizer_message(hf_dir: str, family: str, workdir: str) -> str:
   """What a workdir imported without tokenizer files lacks, and where to put them."""
-  expected = EXPECTED_FILES.get(family, 'tokenizer files')
+  expected = families.of(family).expected_files
   return (f'{hf_dir} has no tokenizer files (expected {expected}); the model in {workdir} has no '
           'tokenizer, so training on, generate / fill_mask / evaluate refuse it until its '
           f'tokenizer files are copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
@@ -128,7 +128,7 @@ def data_tokenizer(config, workdir: str):
   files: a directory without the family's tokenizer files, and a tokenizer other than the one
   the workdir's config.json records (by the files' bytes; a moved copy is the same one).
   """
-  name = config.data.get('tokenizer') or ''
+  name = config.data.tokenizer
   family = config.model.family
   if paths.basename(name) == HF_TOKENIZER_DIR and not paths.isdir(name):
     name = paths.join(workdir, HF_TOKENIZER_DIR)
@@ -143,7 +143,7 @@ def data_tokenizer(config, workdir: str):
     found = sorted(paths.basename(p) for p in tok_lib.tokenizer_files(name))
     raise FileNotFoundError(f'{name} (config.data.tokenizer) holds no {family} tokenizer files '
                             f'(found {found or "none"}); expected '
-                            f'{EXPECTED_FILES.get(family, "tokenizer files")}')
+                            f'{families.of(family).expected_files}')
   return tokenizer
 
 
@@ -161,7 +161,7 @@ def _check_recorded_tokenizer(name: str, workdir: str) -> None:
   training.workdir.write_config's check (it compares the workdir's copy)."""
   from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
   saved = train_workdir.read_config(workdir) if paths.isdir(workdir) else None
-  recorded = ((saved or {}).get('data') or {}).get('tokenizer') or ''
+  recorded = saved['data']['tokenizer'] if saved and 'data' in saved else ''
   if paths.basename(recorded) == HF_TOKENIZER_DIR and not paths.isdir(recorded):
     recorded = paths.join(workdir, HF_TOKENIZER_DIR)   # the workdir moved
   if not recorded or not (paths.isdir(name) or paths.isdir(recorded)):
@@ -176,12 +176,12 @@ def _check_recorded_tokenizer(name: str, workdir: str) -> None:
 
 def classifier_problem(config, where: str):
   """Why a fine-tuned classifier (model.num_classes > 0) is no LM checkpoint, or None."""
-  classes = (config.get('model') or {}).get('num_classes') or 0
+  cfg = ModelConfig.from_config(config.model)
+  classes, family = cfg.num_classes, cfg.family
   if not classes:
     return None
-  family = config.model.family
-  head = {'gpt': "'score'", 'bert': "'pooler' + 'classifier'"}.get(family, 'classification')
-  labels = list((config.get('task') or {}).get('labels') or [])
+  head = ' + '.join(repr(name) for name in family_of(cfg).classifier.params)
+  labels = list(TaskConfig.from_config(config.task).labels) if 'task' in config else []
   return (f'{where} holds a fine-tuned {family} classifier (model.num_classes={classes}, '
           f'labels {labels}, the {head} head) with no language-model head')
 
@@ -196,7 +196,7 @@ def workdir_tokenizer(workdir: str, config, local_dir: str):
   hf_tok = paths.join(workdir, HF_TOKENIZER_DIR)
   if paths.isdir(hf_tok):
     return tok_lib.load_tokenizer(hf_tok), tok_lib.tokenizer_files(hf_tok)
-  sp_path = config.data.get('tokenizer') or ''
+  sp_path = config.data.tokenizer
   if not (sp_path.endswith('.model') and paths.isfile(sp_path)):
     return None, []
   made = families.of(config.model.family).from_sentencepiece(paths.local_copy(sp_path))

@@ -22,9 +22,11 @@ import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
+from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import TrainConfig
 from pretrain_jax.tuning import backends
 
 
@@ -101,6 +103,22 @@ class Pretrained:
   def family(self) -> str:
     return self.model_config.family
 
+  # Read from .config at each use (a ConfigDict its holder may edit); each is a few dict reads.
+  @property
+  def train_config(self) -> Optional[TrainConfig]:
+    """config.train as trained (None: a Hugging Face directory)."""
+    return TrainConfig.from_config(self.config.train) if 'train' in self.config else None
+
+  @property
+  def task(self) -> Optional[TaskConfig]:
+    """A fine-tune's config.task (None: not fine-tuned on a task)."""
+    return TaskConfig.from_config(self.config.task) if 'task' in self.config else None
+
+  @property
+  def data_config(self):
+    """config.data: a DataConfig, a fine-tune's TaskDataConfig, or None (Hugging Face)."""
+    return data_section(self.config.data) if 'data' in self.config else None
+
   @functools.cached_property
   def _apply(self):
     model = build(self.model_config.replace(deterministic=True, decode=False))
@@ -143,8 +161,9 @@ class Pretrained:
     decoded form the text is, classification.label_forms; else the decoded text, which is
     then no label at all). A T5 fine-tuned on inputs -> targets gives the decoded targets."""
     from pretrain_jax.data import classification, tasks  # pylint: disable=g-import-not-at-top
-    labels = tuple((self.config.get('task') or {}).get('labels') or ())
-    text_to_text = self.family == 't5' and not labels and 'task' in self.config
+    family, trained_on = family_of(self.model_config), self.task
+    labels = trained_on.labels if trained_on else ()
+    text_to_text = family.task_layout.text_to_text and not labels and trained_on is not None
     if not labels and not text_to_text:
       raise ValueError('predict needs a fine-tuned checkpoint (config.task.labels); this one '
                        'has none (train one with pretrain-jax finetune)')
@@ -153,12 +172,12 @@ class Pretrained:
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
     if len(pairs) != len(texts):
       raise ValueError(f'{len(texts)} texts but {len(pairs)} text_pairs; expected one each')
-    trained_on_pairs = self.config.task.get('pairs')   # (None: a workdir from before it)
+    trained_on_pairs = trained_on.pairs   # (None: a workdir from before it)
     if trained_on_pairs is not None and not text_to_text and trained_on_pairs != (
         text_pairs is not None):
       raise ValueError(
           f'text_pairs {"missing" if trained_on_pairs else "given"}: this model was fine-tuned '
-          f'on task {self.config.task.get("name")!r} of '
+          f'on task {trained_on.name!r} of '
           f'{"sentence pairs" if trained_on_pairs else "single sentences"}; expected '
           f'{"predict(texts, text_pairs)" if trained_on_pairs else "predict(texts) alone"}')
     if text_to_text and text_pairs is not None:
@@ -168,18 +187,17 @@ class Pretrained:
                 dict({'text': t, 'label': labels[0]}, **({'text_pair': p} if p is not None
                                                          else {}))
                 for t, p in zip(texts, pairs)]
-    task = tasks.Task('predict', {'train': examples}, labels,
-                      prefix=self.config.task.get('prefix', ''))
-    d = self.config.data
-    rows = classification.encode(task, 'train', self.tokenizer, self.family, d.seq_len,
-                                 d.get('target_len', 0)).rows
+    task = tasks.Task('predict', {'train': examples}, labels, prefix=trained_on.prefix)
+    d, text_out = self.data_config, family.task_layout.text_to_text
+    rows = classification.encode(task, 'train', self.tokenizer, family.task_layout, d.seq_len,
+                                 d.target_len if text_out else 0).rows
     out = []
     label_of = (dict(zip(classification.label_forms(self.tokenizer, labels), labels))
-                if self.family == 't5' else {})
+                if text_out else {})
     for start in range(0, len(texts), batch_size):
       batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()
-               if k in family_of(self.model_config).batch_keys}
-      if self.family == 't5':
+               if k in family.batch_keys}
+      if text_out:
         from pretrain_jax.inference import sampling  # pylint: disable=g-import-not-at-top
         ids = sampling.t5_generate(self.params, self.model_config, batch['encoder_input_tokens'],
                                    batch['encoder_segment_ids'], jax.random.key(0),
@@ -198,15 +216,15 @@ class Pretrained:
     """The train loop's validation metrics (training.evaluate) over `batches` of this family's
     layout; `params` replaces the loaded ones (e.g. random_init_params for a baseline);
     `progress` as training.evaluate's (e.g. training.evaluate.Progress(max_batches))."""
-    train = self.config.get('train') or {}
-    max_predictions = step_lib.max_predictions(self.config) if 'data' in self.config else 0
+    t = self.train_config
+    max_predictions = step_lib.max_predictions(t, self.data_config) if t else 0
     params = self.params if params is None else params
     leaf = jax.tree.leaves(params)[0]
     device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
     eval_step = jax.jit(step_lib.make_eval_step(   # tuned for its devices, as make_steps does
         build(self.model_config.replace(deterministic=True, decode=False,
                                         tuning=backends.for_platform(device.platform))),
-        train.get('loss_chunk_len', 0), max_predictions))
+        t.loss_chunk_len if t else 0, max_predictions))
     keep = eval_lib.batch_filter(self.model_config)
     return eval_lib.evaluate(eval_step, params, (keep(b) for b in batches), max_batches,
                              progress)
@@ -270,4 +288,8 @@ def _workdir_tokenizer(workdir: str, config):
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
   from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
   tokenizer = hf_workdir.data_tokenizer(config, workdir)
-  return tokenizer if tokenizer is not None else data.load_tokenizer(config.data)
+  if tokenizer is not None:
+    return tokenizer
+  d = data_section(config.data)
+  # (a fine-tune always names its checkpoint's; a pre-training run with none trains its own)
+  return data.open_tokenizer(d.tokenizer) if d.tokenizer else data.load_tokenizer(d)

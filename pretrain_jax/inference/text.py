@@ -120,7 +120,7 @@ def _language_model(model, use: str):
   where = getattr(model, 'path', None) or 'this checkpoint'
   cfg = model.model_config
   if getattr(cfg, 'num_classes', 0):
-    labels = list((model.config.get('task') or {}).get('labels') or [])
+    labels = list(model.task.labels) if model.task else []
     raise ValueError(f'{where} holds a fine-tuned {cfg.family} classifier (model.num_classes='
                      f'{cfg.num_classes}, labels {labels}); {use} needs a pretrained language '
                      'model: use its predict() for labels, or the checkpoint it was tuned from')

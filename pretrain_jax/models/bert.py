@@ -10,7 +10,7 @@ import numpy as np
 
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
-from pretrain_jax.models.family import Family, Head
+from pretrain_jax.models.family import Family, Head, TaskLayout
 
 
 class BertBlock(nn.Module):
@@ -159,4 +159,5 @@ FAMILY = Family(hf_inputs=(('input_ids', 'inputs'), ('attention_mask', 'segment_
                             enabled='nsp'),
                        Head(name='class', method='classify', label_key='labels',
                             enabled='num_classes', params=('pooler', 'classifier'))),
-                fills_masks=True)
+                fills_masks=True,
+                task_layout=TaskLayout(begin=('cls_id',), end='sep_id', token_types=True))

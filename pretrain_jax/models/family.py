@@ -23,6 +23,20 @@ class Head:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskLayout:
+  """How a labelled example becomes one row of this family (data/classification.py). Special
+  ids are named by their tokenizer attribute, so the record holds no tokenizer."""
+  text_to_text: bool = False   # the label is text the decoder writes (T5), not a class head
+  begin: tuple = ()            # ids before the text ('cls_id',: BERT's [CLS])
+  end: str = 'eos_id'          # the id after each segment (BERT: 'sep_id')
+  token_types: bool = False    # token_type_ids: 0 on the text, 1 on its pair (BERT)
+
+  def specials(self, pair: bool) -> int:
+    """Special ids around one example (with a pair: one more `end`)."""
+    return len(self.begin) + 1 + pair
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
   """How batches feed a family's model, what its loss reads, and what it costs.
 
@@ -42,6 +56,8 @@ class Family:
   heads: tuple = ()                # Head records
   generation: Optional[str] = None  # 'continue' (GPT), 'fill_spans' (T5), None
   fills_masks: bool = False        # predicts [MASK] tokens in place (BERT)
+  task_layout: TaskLayout = TaskLayout()  # a labelled example as a row (fine-tuning, predict)
+  encoder_decoder: bool = False    # a separate decoder stack of cfg.decoder_layers (T5)
 
   @property
   def batch_keys(self) -> tuple:
@@ -61,6 +77,12 @@ class Family:
     if not cfg.causal:
       return 'mlm'
     return 'prefix_lm' if cfg.prefix_lm else self.objective
+
+  @property
+  def classifier(self) -> Optional[Head]:
+    """The sequence-classification head (switched on by model.num_classes), or None: the
+    family classifies text to text (T5), with no head a linear probe could train."""
+    return next((h for h in self.heads if h.enabled == 'num_classes'), None)
 
   def active_heads(self, cfg) -> tuple:
     return tuple(h for h in self.heads if getattr(cfg, h.enabled))

@@ -12,7 +12,7 @@ import numpy as np
 
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
-from pretrain_jax.models.family import Family
+from pretrain_jax.models.family import Family, TaskLayout
 
 
 def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
@@ -231,4 +231,5 @@ FAMILY = Family(hf_inputs=(('input_ids', 'encoder_input_tokens'),
                             'decoder_positions'),
                 target_key='decoder_target_tokens', weight_key='decoder_loss_weights',
                 example_batch=example_batch, forward_flops=flops.encoder_decoder_flops,
-                generation='fill_spans')
+                generation='fill_spans', task_layout=TaskLayout(text_to_text=True),
+                encoder_decoder=True)

@@ -15,13 +15,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.models.layers import attention_path
 from pretrain_jax.objectives import span_corruption
+from pretrain_jax.perf.config import BenchmarkConfig
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 from pretrain_jax.training.synthetic import SyntheticDataset
 
 
@@ -68,26 +71,33 @@ def datasheet_peak_flops() -> float:
   return peak if np.isfinite(peak) else None
 
 
-def target_length(config) -> int:
+def benchmark_section(config) -> BenchmarkConfig:
+  """config.benchmark (the configs/bench_*.py shapes); other configs time with its defaults."""
+  return (BenchmarkConfig.from_config(config.benchmark) if 'benchmark' in config
+          else BenchmarkConfig())
+
+
+def target_length(data: DataConfig, bench: BenchmarkConfig) -> int:
   """T5 decoder length: config.benchmark.target_len if set, else what span corruption makes."""
-  bench = config.get('benchmark') or {}
-  if bench.get('target_len'):
-    return int(bench['target_len'])
-  return span_corruption.target_length(config.data.seq_len, config.data.noise_density,
-                                       config.data.mean_noise_span_length)[1]
+  if bench.target_len:
+    return bench.target_len
+  return span_corruption.target_length(data.seq_len, data.noise_density,
+                                       data.mean_noise_span_length)[1]
 
 
 def synthetic_batch(config) -> dict:
-  """One global batch of the configured shapes (numpy), as the data pipeline lays it out.
+  """One global batch of the shapes a whole config names (numpy), as the data pipeline lays
+  it out.
 
   Token ids follow Zipf(1.1) as natural text's do: uniform ids never repeat enough to show what
   a repeated id costs (e.g. a bf16 embedding-gradient scatter-add on a GPU).
   """
-  m, d = config.model, config.data
-  target_len = target_length(config) if d.objective == 'span_corruption' else 0
+  m, d = ModelConfig.from_config(config.model), DataConfig.from_config(config.data)
+  t = TrainConfig.from_config(config.train)
+  target_len = (target_length(d, benchmark_section(config)) if d.objective == 'span_corruption'
+                else 0)
   data = SyntheticDataset(m.family, vocab_size=m.vocab_size, seq_len=d.seq_len,
-                          batch_size=config.train.batch_size, nsp=bool(m.get('nsp', False)),
-                          zipf=1.1, target_len=target_len)
+                          batch_size=t.batch_size, nsp=m.nsp, zipf=1.1, target_len=target_len)
   return data.batch(0)
 
 
@@ -114,12 +124,12 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   `peak_flops` given: MFU = model_flops / median step_s / peak_flops. Otherwise a matmul probe
   is timed after each step, `peak_flops` is their median and `mfu` the median of the pairs.
   """
-  t = config.train
-  mesh = mesh_lib.make_mesh(config.mesh)
+  t, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh))
   model_cfg = ModelConfig.from_config(config.model)
   trainer = step_lib.make_steps(model_cfg, t, mesh,
-                                  max_predictions=step_lib.max_predictions(config),
-                                  init_length=config.data.seq_len)
+                                max_predictions=step_lib.max_predictions(t, data),
+                                init_length=data.seq_len)
   max_predictions = trainer.max_predictions
   batch_np = synthetic_batch(config)
   state = trainer.create_state(t.seed)
@@ -152,7 +162,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   else:
     mfu = model_flops / step_s / peak_flops
   record = {'family': model_cfg.family, 'params': params,
-            'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
+            'batch_size': t.batch_size, 'seq_len': data.seq_len,
             'step_s': step_s, 'step_s_min': min(times), 'steps': steps,
             'tokens_per_s': tokens / step_s, 'model_flops_per_step': model_flops,
             'peak_flops': statistics.median(peaks),
@@ -161,8 +171,8 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'num_devices': jax.device_count(), 'dtype': jnp.dtype(model_cfg.dtype).name,
             'attention_impl': attention_path(model_cfg.replace(deterministic=False)),
             'scan_layers': model_cfg.scan_layers,
-            'remat': model_cfg.remat, 'prng_impl': t.get('prng_impl'),
-            'loss_chunk_len': int(t.get('loss_chunk_len', 0)),
+            'remat': model_cfg.remat, 'prng_impl': t.prng_impl,
+            'loss_chunk_len': t.loss_chunk_len,
             'max_predictions_per_seq': max_predictions}
   target_len = family_of(model_cfg).lengths(batch_np)[2]
   if target_len:

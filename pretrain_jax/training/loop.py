@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.models import family_of
 from pretrain_jax.models.attention import implementation_notes
 from pretrain_jax.training import agreement
 from pretrain_jax.training import checkpoint as ckpt_lib
@@ -24,8 +24,10 @@ from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import workdir as workdir_lib
+from pretrain_jax.training.config import RunConfig
 
-def open_datasets(config, datasets=None, workdir=None, tokenizer=None):
+
+def open_datasets(run: RunConfig, datasets=None, workdir=None, tokenizer=None):
   """(train iterator, eval iterator or None, tokenizer path) of this host's share of the batch.
 
   `datasets(split=, batch_size=, process_index=, process_count=, repeat=)` replaces
@@ -37,29 +39,30 @@ def open_datasets(config, datasets=None, workdir=None, tokenizer=None):
   Hugging Face tokenizer directory, which this layer does not read).
   """
   tokenizer_path = ''
+  d, model_cfg = run.data, run.model
   if datasets is None:
     from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
-    source = workdir_lib.shared_source(config.data, workdir) if workdir is not None else None
+    source = workdir_lib.shared_source(d, workdir) if workdir is not None else None
     if tokenizer is None:
-      tokenizer = (workdir_lib.shared_tokenizer(config.data, workdir, source) if workdir is not None
-                   else data.load_tokenizer(config.data))
-      if tokenizer.vocab_size != config.model.vocab_size:
-        raise ValueError(f'config.model.vocab_size={config.model.vocab_size} but the tokenizer '
+      tokenizer = (workdir_lib.shared_tokenizer(d, workdir, source) if workdir is not None
+                   else data.load_tokenizer(d))
+      if tokenizer.vocab_size != model_cfg.vocab_size:
+        raise ValueError(f'config.model.vocab_size={model_cfg.vocab_size} but the tokenizer '
                          f'has {tokenizer.vocab_size} pieces; set --config.model.vocab_size='
                          f'{tokenizer.vocab_size}')
-    datasets = functools.partial(data.make_dataset, config.data, tokenizer, source=source)
-    tokenizer_path = getattr(tokenizer, 'path', '') or config.data.tokenizer
-  host_batch = config.train.batch_size // jax.process_count()
+    datasets = functools.partial(data.make_dataset, d, tokenizer, source=source)
+    tokenizer_path = getattr(tokenizer, 'path', '') or d.tokenizer
+  host_batch = run.train.batch_size // jax.process_count()
   kw = dict(batch_size=host_batch, process_index=jax.process_index(),
-            process_count=jax.process_count(), model_max_len=config.model.max_len)
+            process_count=jax.process_count(), model_max_len=model_cfg.max_len)
   # Validation reads the split once, in order, as pretrain-jax evaluate does (the same batches,
   # so the same numbers): with data streams a repeating small split would carry documents of
   # its next epoch into the first batches.
   # No evaluation (train.eval_every <= 0): no validation split is opened, so a corpus without
   # one (data.validation_fraction=0) trains.
-  evaluates = config.train.get('eval_every', 0) > 0
-  return (datasets(split=config.data.train_split, repeat=True, **kw),
-          datasets(split=config.data.eval_split, repeat=False, **kw) if evaluates else None,
+  evaluates = run.train.eval_every > 0
+  return (datasets(split=d.train_split, repeat=True, **kw),
+          datasets(split=d.eval_split, repeat=False, **kw) if evaluates else None,
           tokenizer_path)
 
 
@@ -146,7 +149,7 @@ def check_objective(model_cfg, objective: str, data_nsp: bool = False) -> None:
                      'config of the family that objective trains')
 
 
-def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
+def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_params=None,
                        evaluators=(), tokenizer_path: str = '', tokenizer=None) -> dict:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
 
@@ -155,13 +158,14 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
   `init_params(fresh_params) -> params` (the checkpoint's weights put into a fresh state; not
   used when resuming) and `evaluators`: callables params -> dict of metrics added to each
   evaluation (T5's exact match by decoding), and with its `datasets` the `tokenizer_path` of
-  their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's).
-  `tokenizer`: one loaded from config.data.tokenizer by the caller (see open_datasets)."""
-  workdir_lib.check_cadence(config.train)
-  profiler_lib.check_config(config.train)
+  their sentencepiece model, which the workdir keeps a copy of (as a pre-training run's), and
+  `data`, its data section read (a TaskDataConfig; default DataConfig.from_config(config.data)).
+  `tokenizer`: one loaded from config.data.tokenizer by the caller (see open_datasets).
+  Every section is built and checked here, before the workdir is touched."""
+  run = RunConfig.from_config(config, data)
   workdir_lib.check_not_foreign(workdir)
-  with workdir_lib.hold(workdir, config.train.steps) as check_held:
-    return _train_and_evaluate(config, workdir, datasets=datasets, init_params=init_params,
+  with workdir_lib.hold(workdir, run.train.steps) as check_held:
+    return _train_and_evaluate(config, run, workdir, datasets=datasets, init_params=init_params,
                                evaluators=evaluators, check_held=check_held,
                                tokenizer_path=tokenizer_path, tokenizer=tokenizer)
 
@@ -184,23 +188,22 @@ def check_same_config(config) -> None:
                        'expected the same command, flags and config file on every host')
 
 
-def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None,
+def _train_and_evaluate(config, run: RunConfig, workdir: str, *, datasets=None, init_params=None,
                         evaluators=(), check_held=lambda step: None,
                         tokenizer_path: str = '', tokenizer=None) -> dict:
-  t = config.train
-  mesh = mesh_lib.make_mesh(config.mesh)
-  mesh_lib.check_config(config, mesh, jax.process_count())
+  t, model_cfg = run.train, run.model
+  mesh = mesh_lib.make_mesh(run.mesh)
+  mesh_lib.check_config(t, model_cfg, mesh, jax.process_count())
   check_same_config(config)
-  model_cfg = ModelConfig.from_config(config.model)
-  steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(config),
-                              init_length=config.data.seq_len)
+  steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(
+      t, run.data), init_length=run.data.seq_len)
 
   if datasets is None:
-    check_objective(model_cfg, config.data.objective, config.data.get('nsp', False))
+    check_objective(model_cfg, run.data.objective, run.data.nsp)
   newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
   workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
                            untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
-  train_iter, eval_iter, opened = open_datasets(config, datasets, workdir, tokenizer)
+  train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
   tokenizer_path = opened or tokenizer_path
   eval_start = eval_iter.get_state() if eval_iter is not None else None
   previous = workdir_lib.read_config(workdir) if newest is not None else None
@@ -211,7 +214,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
   # State: restored from the latest checkpoint (onto this mesh), else created in its shards.
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
                                        async_save=t.async_checkpoints,
-                                       timeout_sec=t.get('checkpoint_timeout_sec', 1200))
+                                       timeout_sec=t.checkpoint_timeout_sec)
   state = None
   if newest not in (None, ckpt_lib.WEIGHTS_ONLY_STEP):
     state, data_state = checkpointer.restore(steps.abstract_state)   # (None: only step 0 left)
@@ -239,7 +242,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
     writer.line(restored)
   if start == t.steps:   # the restored step, not the newest listed (a damaged one falls back)
     writer.line(f'{workdir} is already at train.steps={t.steps}: nothing to train')
-  note = start and opt_lib.schedule_change(t, ((previous or {}).get('train') or {}).get('steps'),
+  note = start and opt_lib.schedule_change(t, previous['train']['steps'] if previous else None,
                                            start)
   if note:
     writer.line(note)
@@ -264,7 +267,7 @@ def _train_and_evaluate(config, workdir: str, *, datasets=None, init_params=None
       batch = global_batch(next(train_iter), batch_sharding)
       if step == start:
         tokens_per_step, flops_per_step = metrics_lib.batch_cost(
-            model_cfg, batch, steps.max_predictions, bool(t.get('freeze_backbone', False)))
+            model_cfg, batch, steps.max_predictions, t.freeze_backbone)
       profiler.before(step)
       state, metrics = steps.train_step(state, batch)
       step += 1

@@ -12,7 +12,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+from pretrain_jax.training.config import MESH_AXES, MeshConfig, TrainConfig
 BATCH_AXES = ('data', 'fsdp')
 
 # Logical name (pretrain_jax.models.layers, DESIGN.md) -> mesh axis. Names not listed are
@@ -33,13 +33,9 @@ LOGICAL_RULES = (
 )
 
 
-def mesh_shape(mesh_config, num_devices: int) -> tuple:
+def mesh_shape(mesh_config: MeshConfig, num_devices: int) -> tuple:
   """config.mesh -> (data, fsdp, tensor) sizes; one -1 takes the devices left over."""
-  sizes = [int(mesh_config[a]) for a in MESH_AXES]
-  bad = [(a, s) for a, s in zip(MESH_AXES, sizes) if s == 0 or s < -1]
-  if bad or sizes.count(-1) > 1:
-    raise ValueError(f'config.mesh {dict(zip(MESH_AXES, sizes))}: expected positive sizes and '
-                     'at most one -1')
+  sizes = list(mesh_config.sizes.values())
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
     if num_devices % known:
@@ -52,7 +48,7 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple:
   return tuple(sizes)
 
 
-def make_mesh(mesh_config, devices: Sequence = None) -> Mesh:
+def make_mesh(mesh_config: MeshConfig, devices: Sequence = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_config, len(devices))
   try:  # a topology-aware layout on TPU/GPU; plain order elsewhere
@@ -99,13 +95,10 @@ def check_divisible(abstract_tree, shardings, what: str) -> None:
             f'({size}) is sharded over mesh axes {axes} of size {n} and must be divisible by it')
 
 
-def check_config(config, mesh: Mesh, process_count: int = 1) -> None:
-  """Errors for a batch or head count that does not fit the mesh, before any compilation."""
-  t, m = config.train, config.model
+def check_config(t: TrainConfig, m, mesh: Mesh, process_count: int = 1) -> None:
+  """Errors for a batch (config.train) or a head count (ModelConfig `m`) that does not fit the
+  mesh, before any compilation."""
   shards = axis_size(mesh, BATCH_AXES)
-  if t.batch_size <= 0 or t.microbatches <= 0:
-    raise ValueError(f'train.batch_size={t.batch_size}, train.microbatches={t.microbatches}; '
-                     'expected positive integers')
   if t.batch_size % t.microbatches:
     raise ValueError(f'train.batch_size={t.batch_size} is not divisible by '
                      f'train.microbatches={t.microbatches}')
@@ -126,8 +119,9 @@ def check_config(config, mesh: Mesh, process_count: int = 1) -> None:
                      'parallelism within a host)')
   tensor = mesh.shape['tensor']
   for key in ('num_heads', 'mlp_dim', 'vocab_size'):
-    if m[key] % tensor:
-      raise ValueError(f'model.{key}={m[key]} is not divisible by mesh.tensor={tensor}')
+    if getattr(m, key) % tensor:
+      raise ValueError(f'model.{key}={getattr(m, key)} is not divisible by '
+                       f'mesh.tensor={tensor}')
   if m.emb_dim % mesh.shape['fsdp']:
     raise ValueError(f'model.emb_dim={m.emb_dim} is not divisible by '
                      f'mesh.fsdp={mesh.shape["fsdp"]}')

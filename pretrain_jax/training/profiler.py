@@ -15,22 +15,14 @@ import tempfile
 import jax
 
 from pretrain_jax import paths
-
-
-def check_config(t) -> None:
-  """Refuses profile values the loop cannot use (before anything is written)."""
-  for key in ('profile_steps', 'profile_start_step'):
-    value = t.get(key, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-      raise ValueError(f'train.{key}={value!r}; expected a number of steps >= 0 '
-                       '(train.profile_steps=0 traces nothing)')
+from pretrain_jax.training.config import TrainConfig
 
 
 class StepProfiler:
   """Starts the trace before its first step and stops it once its last step has finished."""
 
-  def __init__(self, t, workdir: str, start: int, line):
-    self.steps, asked = t.get('profile_steps', 0), t.get('profile_start_step', 0)
+  def __init__(self, t: TrainConfig, workdir: str, start: int, line):
+    self.steps, asked = t.profile_steps, t.profile_start_step
     self.after = max(asked, start + 1)            # never the compiling step
     self.target = paths.join(paths.absolute(workdir), 'tensorboard')
     self.local, self.last, self.line = None, self.after, line

@@ -16,11 +16,11 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from pretrain_jax.models import ModelConfig, build, family_of
-from pretrain_jax.objectives import mlm
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import task
+from pretrain_jax.training.config import TrainConfig
 from pretrain_jax.tuning import backends
 
 
@@ -36,18 +36,10 @@ def split_microbatches(batch: dict, microbatches: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def max_predictions(config) -> int:
-  """train.max_predictions_per_seq resolved: -1 = the MLM objective's bound for data.seq_len
-  (objectives.mlm.max_predictions_per_seq; 0 = every position for the other objectives)."""
-  value = config.train.get('max_predictions_per_seq', 0)
-  if value == -1:
-    d = config.data
-    return mlm.max_predictions_per_seq(d.seq_len, d.mlm_probability) if d.objective == 'mlm' \
-        else 0
-  if not isinstance(value, int) or value < 0:
-    raise ValueError(f'train.max_predictions_per_seq={value!r}; expected -1 (the MLM bound), '
-                     '0 (every position) or a positive number of positions per row')
-  return value
+def max_predictions(t: TrainConfig, data) -> int:
+  """train.max_predictions_per_seq resolved by the data section (a DataConfig: -1 = the MLM
+  objective's bound for data.seq_len, 0 = every position for the other objectives)."""
+  return data.max_predictions(t.max_predictions_per_seq)
 
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
@@ -177,7 +169,7 @@ class Steps(NamedTuple):
     return state_lib.init_in_shards(self.init_state, self.state_shardings, seed)
 
 
-def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: int = 0,
+def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions: int = 0,
                init_length: int = 8) -> Steps:
   """The one path from a model and a `config.train` section to jitted, sharded steps.
 
@@ -186,11 +178,9 @@ def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: i
   linear probe) trains only the active heads' parameters (family Head.params). The model's
   tuning is chosen here, once, from the mesh's devices (tuning/backends.py).
   """
-  t = train_config
   model_cfg = model_cfg.replace(tuning=backends.for_platform(mesh.devices.flat[0].platform))
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
-  freeze = bool(t.get('freeze_backbone', False))
-  if freeze:
+  if t.freeze_backbone:
     heads = family_of(model_cfg).active_heads(model_cfg)
     names = tuple(n for h in heads for n in h.params)
     if not names:
@@ -203,10 +193,10 @@ def make_steps(model_cfg: ModelConfig, train_config, mesh, *, max_predictions: i
   shardings = state_lib.shardings_of(abstract)
   train_step = make_train_step(
       build(model_cfg.replace(deterministic=False, decode=False)), tx, schedule, seed=t.seed,
-      microbatches=t.get('microbatches', 1), z_loss=t.get('z_loss', 0.0), mesh=mesh,
-      prng_impl=t.get('prng_impl') or None, loss_chunk_len=t.get('loss_chunk_len', 0),
-      max_predictions=max_predictions, freeze_backbone=freeze)
-  eval_step = make_eval_step(eval_model, t.get('loss_chunk_len', 0), max_predictions)
+      microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh, prng_impl=t.prng_impl or None,
+      loss_chunk_len=t.loss_chunk_len, max_predictions=max_predictions,
+      freeze_backbone=t.freeze_backbone)
+  eval_step = make_eval_step(eval_model, t.loss_chunk_len, max_predictions)
   return Steps(jit_train_step(train_step, shardings, mesh),
                jit_eval_step(eval_step, shardings.params, mesh), abstract, init_state,
                NamedSharding(mesh, P(mesh_lib.BATCH_AXES)), max_predictions,

@@ -8,7 +8,8 @@ repeated ids (an embedding gradient's scatter-add) show up as they do on real da
 """
 import numpy as np
 
-from pretrain_jax.models import family_of
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.models import ModelConfig, family_of
 
 
 class SyntheticDataset:
@@ -51,11 +52,13 @@ class SyntheticDataset:
 
 
 def synthetic_datasets(config, fixed: bool = False):
-  """A `datasets` callable for train_and_evaluate built from config.model / config.data."""
+  """A `datasets` callable for train_and_evaluate built from config.model / config.data (a
+  whole ConfigDict: pretrain-jax train --synthetic_data and tests build its sections here)."""
+  model, data = ModelConfig.from_config(config.model), DataConfig.from_config(config.data)
+
   def datasets(*, split, batch_size, process_index=0, process_count=1, **unused):
     del unused, process_count
-    seed = 1000 * (split != config.data.train_split) + 17 * process_index + config.data.seed
-    return SyntheticDataset(config.model.family, vocab_size=config.model.vocab_size,
-                            seq_len=config.data.seq_len, batch_size=batch_size, seed=seed,
-                            nsp=bool(config.model.get('nsp', False)), fixed=fixed)
+    seed = 1000 * (split != data.train_split) + 17 * process_index + data.seed
+    return SyntheticDataset(model.family, vocab_size=model.vocab_size, seq_len=data.seq_len,
+                            batch_size=batch_size, seed=seed, nsp=model.nsp, fixed=fixed)
   return datasets

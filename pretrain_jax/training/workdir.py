@@ -6,8 +6,8 @@ Files (process 0 writes them; nothing here runs inside the jitted step):
                                when it changes
   config_history/<n>_step<k>.json  every config.json written; k = the checkpoint step it started at
 
-Run the guards in this order, before anything else touches the workdir: `check_cadence`,
-`check_not_foreign`, `hold` (the lock; until the loop's own handler, a SIGTERM releases it and
+Run the guards in this order, before anything else touches the workdir (the config's sections
+already built, so their values are checked): `check_not_foreign`, `hold` (the lock; until the loop's own handler, a SIGTERM releases it and
 exits 143), `check_config` (before any data are opened), then `write_config` once the data
 and tokenizer are known (it checks again, then records).
 """
@@ -24,7 +24,9 @@ import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
+from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 LOCK_FILE = 'LOCK'
 CONFIG_FILE = 'config.json'
@@ -291,27 +293,6 @@ def check_not_foreign(workdir: str) -> None:
                      '--workdir NEW_DIR) and train there')
 
 
-def check_cadence(t) -> None:
-  """Refuses train.* cadence values the loop cannot use."""
-  for key in ('log_every', 'checkpoint_every'):
-    if not isinstance(t[key], int) or t[key] <= 0:
-      hint = ('train.log_every >= train.steps logs only the last step' if key == 'log_every' else
-              'a final checkpoint is always saved: train.checkpoint_every >= train.steps '
-              'saves only at the end')
-      raise ValueError(f'train.{key}={t[key]!r}; expected a positive number of steps ({hint})')
-  eval_batches = t.get('eval_batches', 0)
-  if not isinstance(eval_batches, int) or isinstance(eval_batches, bool) or eval_batches < 0:
-    raise ValueError(f'train.eval_batches={eval_batches!r}; expected >= 0 batches per '
-                     'evaluation (0 = the whole split)')
-  if t.keep_checkpoints < 0:
-    raise ValueError(f'train.keep_checkpoints={t.keep_checkpoints}; expected >= 0 '
-                     '(0 keeps all)')
-  timeout = t.get('checkpoint_timeout_sec', 1200)
-  if not isinstance(timeout, int) or timeout <= 0:
-    raise ValueError(f'train.checkpoint_timeout_sec={timeout!r}; expected a positive number of '
-                     'seconds (orbax\'s default is 1200)')
-
-
 def flatten(d: dict, prefix: str = '') -> dict:
   out = {}
   for k, v in d.items():
@@ -345,12 +326,18 @@ def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
 
 
 def resolved(config: dict) -> dict:
-  """`config` with its model section as the ModelConfig it means (defaults filled in), so a
-  config.json written before a model field existed compares equal to one that spells it out."""
-  try:
-    return dict(config, model=ModelConfig.from_config(config['model']).to_dict())
-  except (KeyError, TypeError, ValueError):   # not a model this version can read: compare raw
-    return config
+  """`config` with each section as the dataclass it means (defaults filled in), so a
+  config.json written before a field existed compares equal to one that spells it out."""
+  sections = {'model': ModelConfig.from_config, 'train': TrainConfig.from_config,
+              'mesh': MeshConfig.from_config, 'task': TaskConfig.from_config,
+              'data': data_section}
+  out = dict(config)
+  for name, read in sections.items():
+    try:
+      out[name] = read(config[name]).to_dict()
+    except (KeyError, TypeError, ValueError):   # absent, or not one this version reads: raw
+      pass
+  return out
 
 
 def read_config(workdir: str):
@@ -370,7 +357,7 @@ def check_config(config, workdir: str, untrained: bool = False):
   saved = read_config(workdir)
   if saved is not None:
     lines = config_differences(resolved(saved), resolved(config.to_dict()),
-                               config.train.get('allow_config_change'))
+                               TrainConfig.from_config(config.train).allow_config_change)
     if untrained:
       lines = [line for line in lines if line.startswith('model.') and
                line.split(':')[0] not in RUN_MODEL_KEYS]

@@ -1,0 +1,143 @@
+"""The train and mesh sections of a config, as frozen dataclasses (pretrain_jax/sections.py).
+
+Built once, at the top of train_and_evaluate / finetune / the commands, and passed down; the
+field defaults are the only defaults (configs/common.py builds its sections from them) and each
+field's comment is its documentation. Checks that read two sections (a batch against the mesh,
+an objective against the model) are small functions called where both are known:
+mesh.check_config, loop.check_objective, data.check_lengths.
+"""
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.sections import Section
+
+OPTIMIZERS = ('adamw', 'adafactor')
+SCHEDULES = ('cosine', 'linear', 'rsqrt', 'constant')
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Section):
+  """config.train: the optimisation and the loop's cadences."""
+  SECTION: ClassVar[str] = 'train'
+
+  batch_size: int                   # global batch (sequences per step, summed over all hosts)
+  steps: int                        # total optimizer steps
+  learning_rate: float              # peak learning rate
+  warmup_steps: int                 # linear warmup from 0 to the peak (configs/common.py:
+                                    # steps // 20, at least 1)
+  schedule: str = 'cosine'          # after warmup: 'cosine', 'linear', 'rsqrt' or 'constant'
+  final_lr_fraction: float = 0.1    # cosine/linear decay ends at this share of the peak
+  optimizer: str = 'adamw'          # 'adamw' or 'adafactor'
+  adam_b1: float = 0.9              # AdamW first-moment decay
+  adam_b2: float = 0.999            # AdamW second-moment decay (0.95 is common for GPTs)
+  weight_decay: float = 0.01        # decoupled; never on norms, biases or embedding scales
+  grad_clip: float = 1.0            # global-norm clip; 0 disables
+  microbatches: int = 1             # gradient accumulation: batch_size splits into this many
+  z_loss: float = 0.0               # coefficient of log(Z)^2 in the loss (0 disables)
+  loss_chunk_len: int = 0           # LM head + cross-entropy this many positions at a time,
+                                    # recomputed in the backward pass: saves the (B, T, V)
+                                    # logits' memory for one more head matmul; 0 = all at once
+  max_predictions_per_seq: int = -1  # LM head only on this many loss-weighted positions per
+                                    # row (BERT: ~15% carry the loss); a batch with a fuller row
+                                    # runs the head on every position (exact). -1 = the MLM
+                                    # objective's bound (128 for 512 tokens; data sections
+                                    # resolve it: max_predictions), 0 = every position
+  seed: int = 0                     # parameter init and dropout randomness
+  prng_impl: str = 'threefry2x32'   # dropout key's PRNG (jax.random.key impl): 'threefry2x32'
+                                    # (JAX's default, works everywhere), 'philox4x32' (cheaper
+                                    # on XLA:CPU; single process only), 'rbg', 'unsafe_rbg'
+  log_every: int = 10               # steps between progress lines / TensorBoard scalars
+  eval_every: int = 100             # steps between validation losses (0 disables)
+  eval_batches: int = 4             # batches per validation loss (0 = the whole split)
+  checkpoint_every: int = 100       # steps between checkpoints, > 0 (a final one is always
+                                    # saved: a value >= steps saves only at the end)
+  keep_checkpoints: int = 3         # checkpoints kept on disk; 0 keeps all
+  async_checkpoints: bool = True    # write checkpoints in the background while training goes on
+  checkpoint_timeout_sec: int = 1200  # several hosts: how long orbax's commit barriers wait for
+                                    # a host whose save failed before every host stops with it
+  allow_config_change: str = ''     # resume: comma-separated train.* keys that may differ
+                                    # from the workdir's config.json (pretrain_jax.training.
+                                    # workdir.ALLOWABLE_KEYS, e.g. 'train.learning_rate');
+                                    # steps and cadences may always change
+  peak_tflops: float = 0.0          # per-device peak for the MFU estimate; 0 = guess from device
+  profile_steps: int = 0            # jax.profiler trace of this many steps into
+                                    # <workdir>/tensorboard/plugins/profile (0: none)
+  profile_start_step: int = 0       # ... starting after this step (and never with the run's
+                                    # first, compiling step)
+  freeze_backbone: bool = False     # train only the active heads' parameters (fine-tuning's
+                                    # linear_probe sets it from its mode)
+
+  def validate(self) -> None:
+    self.check(self.batch_size > 0, 'batch_size', 'a positive number of sequences')
+    self.check(self.steps > 0, 'steps', 'a positive number of steps')
+    self.check(self.learning_rate > 0, 'learning_rate', 'a rate > 0')
+    self.check(self.warmup_steps >= 0, 'warmup_steps', 'a number of steps >= 0')
+    self.check(self.schedule in SCHEDULES, 'schedule', f'one of {SCHEDULES}')
+    self.check(self.schedule not in ('cosine', 'linear') or 0 <= self.final_lr_fraction <= 1,
+               'final_lr_fraction', f'a value in [0, 1] (the {self.schedule} decay ends at that '
+               'fraction of train.learning_rate)')
+    self.check(self.optimizer in OPTIMIZERS, 'optimizer', f'one of {OPTIMIZERS}')
+    for name in ('adam_b1', 'adam_b2'):
+      self.check(0 <= getattr(self, name) < 1, name, 'a value in [0, 1)')
+    for name in ('weight_decay', 'z_loss'):
+      self.check(getattr(self, name) >= 0, name, 'a number >= 0 (0 turns it off)')
+    self.check(self.grad_clip >= 0, 'grad_clip', '>= 0 (0 disables clipping)')
+    self.check(self.microbatches > 0, 'microbatches', 'a positive number of microbatches')
+    self.check(self.loss_chunk_len >= 0, 'loss_chunk_len',
+               'a number of positions >= 0 (0 = all at once)')
+    self.check(self.max_predictions_per_seq >= -1, 'max_predictions_per_seq',
+               '-1 (the MLM bound), 0 (every position) or a positive number of positions per '
+               'row')
+    self.check(self.log_every > 0, 'log_every', 'a positive number of steps '
+               '(train.log_every >= train.steps logs only the last step)')
+    self.check(self.checkpoint_every > 0, 'checkpoint_every', 'a positive number of steps (a '
+               'final checkpoint is always saved: train.checkpoint_every >= train.steps saves '
+               'only at the end)')
+    self.check(self.eval_batches >= 0, 'eval_batches',
+               '>= 0 batches per evaluation (0 = the whole split)')
+    self.check(self.keep_checkpoints >= 0, 'keep_checkpoints', '>= 0 (0 keeps all)')
+    self.check(self.checkpoint_timeout_sec > 0, 'checkpoint_timeout_sec',
+               "a positive number of seconds (orbax's default is 1200)")
+    for name in ('profile_steps', 'profile_start_step'):
+      self.check(getattr(self, name) >= 0, name,
+                 'a number of steps >= 0 (train.profile_steps=0 traces nothing)')
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(Section):
+  """config.mesh: the device mesh's axis sizes (training/mesh.py)."""
+  SECTION: ClassVar[str] = 'mesh'
+
+  data: int = -1                    # pure data parallelism; -1 = all devices left over
+  fsdp: int = 1                     # parameters and optimizer state sharded over this axis
+  tensor: int = 1                   # heads / mlp / vocab split over this axis
+
+  @property
+  def sizes(self) -> dict:
+    return {axis: getattr(self, axis) for axis in MESH_AXES}
+
+  def validate(self) -> None:
+    sizes = list(self.sizes.values())
+    if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
+      raise ValueError(f'config.mesh {self.sizes}: expected positive sizes and at most one -1')
+
+
+class RunConfig(NamedTuple):
+  """The sections a pre-training run reads, built once from its ConfigDict (the top of
+  train_and_evaluate; pretrain-jax train --check_args)."""
+  model: Any          # models.ModelConfig
+  train: TrainConfig
+  mesh: MeshConfig
+  data: Any           # DataConfig; a fine-tune's TaskDataConfig (seq_len, splits, tokenizer,
+                      # max_predictions)
+
+  @classmethod
+  def from_config(cls, config, data=None) -> 'RunConfig':
+    """`data`: the data section already read (a fine-tune's); default config.data."""
+    # (imported here: configs/ import this module, and the model section needs jax)
+    from pretrain_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    return cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
+               MeshConfig.from_config(config.mesh),
+               DataConfig.from_config(config.data) if data is None else data)

@@ -1,0 +1,169 @@
+"""Config sections as frozen dataclasses (pretrain_jax/sections.py): strict keys, one-line errors
+naming the key and value, one place for each default, and old config.json files that load."""
+import dataclasses
+import json
+import os
+
+import ml_collections
+import pytest
+
+from configs import bench_common, common, finetune as finetune_config, tiny_gpt
+from pretrain_jax.data.config import DataConfig, TaskConfig, TaskDataConfig
+from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
+from pretrain_jax.perf.config import BenchmarkConfig
+from pretrain_jax.training import workdir as workdir_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
+
+
+def train(**changes) -> dict:
+  t = common.train_config(batch_size=8, steps=100, learning_rate=1e-3).to_dict()
+  t.update(changes)
+  return t
+
+
+@pytest.mark.parametrize('section, values, key', [
+    (TrainConfig, train(learnin_rate=1.0), 'learnin_rate'),
+    (DataConfig, dict(objective='clm', seq_len=8, seq_length=8), 'seq_length'),
+    (MeshConfig, dict(data=1, model=2), 'model'),
+    (TaskConfig, dict(nmae='x'), 'nmae'),
+    (TaskDataConfig, dict(target_length=4), 'target_length'),
+    (BenchmarkConfig, dict(step=3), 'step'),
+])
+def test_an_unknown_key_is_refused_naming_it(section, values, key):
+  with pytest.raises(ValueError, match=rf"^unknown config\.{section.SECTION} keys \['{key}'\]; "
+                                       'expected a subset of'):
+    section.from_config(ml_collections.ConfigDict(values))
+
+
+def test_an_unknown_fine_tune_key_is_refused_naming_it():
+  c = finetune_config.get_config()
+  c.task.nmae = 'x'
+  with pytest.raises(ValueError, match=r"unknown config\.task keys \['nmae'\]"):
+    FinetuneConfig.from_config(c)
+  c = finetune_config.get_config()
+  c.unlock()
+  c.epochs = 3
+  with pytest.raises(ValueError, match=r"^unknown config keys \['epochs'\]"):
+    FinetuneConfig.from_config(c)
+  with pytest.raises(ValueError, match=r'^model\.num_layers=3: the architecture comes from the '
+                                       'checkpoint'):
+    ModelOverrides.from_config({'num_layers': 3, 'dropout_rate': None})
+
+
+@pytest.mark.parametrize('section, values, message', [
+    (TrainConfig, train(steps=0), r'^train\.steps=0; expected a positive number of steps'),
+    (TrainConfig, train(steps='10'), r"^train\.steps='10'; expected an integer"),
+    (TrainConfig, train(log_every=2.5), r'^train\.log_every=2\.5; expected an integer'),
+    (TrainConfig, train(async_checkpoints=1), r'^train\.async_checkpoints=1; expected True or '
+                                               'False'),
+    (TrainConfig, train(learning_rate=True), r'^train\.learning_rate=True; expected a number'),
+    (TrainConfig, train(schedule='step'), r"^train\.schedule='step'; expected one of"),
+    (TrainConfig, train(eval_batches=-1), r'^train\.eval_batches=-1; expected >= 0 batches'),
+    (TrainConfig, train(max_predictions_per_seq=-2), r'^train\.max_predictions_per_seq=-2; '
+                                                      r'expected -1 \(the MLM bound\)'),
+    (TrainConfig, train(checkpoint_timeout_sec=0), r'^train\.checkpoint_timeout_sec=0; expected '
+                                                    'a positive number of seconds'),
+    (DataConfig, dict(objective='mlm', seq_len=64, mlm_probability=0.0),
+     r'^config\.data\.mlm_probability=0\.0; expected a value in \(0, 1\]'),
+    (DataConfig, dict(objective='clm', seq_len=64, tokenizer_type='wordpiece'),
+     r"^config\.data\.tokenizer_type='wordpiece'; expected one of \('unigram'"),
+    (DataConfig, dict(objective='clm', seq_len=64, num_streams=-2),
+     r'^config\.data\.num_streams=-2; expected a positive integer'),
+    (DataConfig, dict(objective='clm', seq_len=1), r'^config\.data\.seq_len=1 is too short for '
+                                                   'clm; expected >= 2'),
+    (MeshConfig, dict(data=-1, fsdp=-1), r"^config\.mesh \{'data': -1, 'fsdp': -1, 'tensor': 1\}"
+                                         ': expected positive sizes and at most one -1'),
+    (TaskConfig, dict(max_eval_examples=-1), r'^task\.max_eval_examples=-1; expected 0 \(all '
+                                             r'examples\)'),
+    (TaskDataConfig, dict(seq_len=0), r'^data\.seq_len=0; expected a positive input length'),
+    (ModelOverrides, dict(dropout_rate=1.5), r"^model\.dropout_rate=1\.5; expected None \(the "
+                                             "checkpoint's\\) or a rate in \\[0, 1\\)"),
+    (BenchmarkConfig, dict(steps=0), r'^benchmark\.steps=0; expected a positive number'),
+])
+def test_a_bad_value_is_refused_naming_key_and_value(section, values, message):
+  with pytest.raises(ValueError, match=message):
+    section.from_config(values)
+
+
+def test_a_required_key_missing_is_named():
+  values = train()
+  del values['batch_size'], values['steps']
+  with pytest.raises(ValueError, match=r"^config\.train lacks \['batch_size', 'steps'\]"):
+    TrainConfig.from_config(values)
+
+
+def test_sections_are_frozen_and_replace_checks_again():
+  t = TrainConfig.from_config(train())
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    t.steps = 5
+  assert t.replace(steps=5).steps == 5 and t.steps == 100
+  with pytest.raises(ValueError, match=r'^train\.steps=-5'):
+    t.replace(steps=-5)
+
+
+def _defaults(section) -> dict:
+  return {f.name: f.default for f in dataclasses.fields(section)
+          if f.default is not dataclasses.MISSING}
+
+
+@pytest.mark.parametrize('built, section', [
+    (common.data_config('mlm', 32), DataConfig),
+    (common.train_config(batch_size=8, steps=100, learning_rate=1e-3), TrainConfig),
+    (common.mesh_config(), MeshConfig),
+    (bench_common.bench_section(), BenchmarkConfig),
+])
+def test_configs_common_is_built_from_the_dataclass_defaults(built, section):
+  """One source: every field of the dataclass is a key of the shared section (so
+  --config.x.y= overrides reach it), with the field's default as its value."""
+  assert set(built) == {f.name for f in dataclasses.fields(section)}
+  defaults = _defaults(section)
+  assert {k: built[k] for k in defaults} == defaults
+  assert section.from_config(built).to_dict() == built.to_dict()
+
+
+def test_the_fine_tune_config_leaves_its_sections_at_their_defaults():
+  """configs/finetune.py sets the recipe (train) only; its other keys are the dataclasses'."""
+  ft = FinetuneConfig.from_config(finetune_config.get_config())
+  assert (ft.task, ft.data, ft.model, ft.mesh) == (TaskConfig(), TaskDataConfig(),
+                                                   ModelOverrides(), MeshConfig())
+  assert (ft.init, ft.mode, ft.probe_learning_rate) == ('', 'full', 1e-3)
+  assert set(finetune_config.get_config().model) == {'dropout_rate', 'attention_dropout_rate'}
+
+
+def test_every_shipped_pre_training_config_reads():
+  names = sorted(f[:-3] for f in os.listdir(os.path.join(os.path.dirname(common.__file__)))
+                 if f.endswith('.py') and not f.startswith(('_', 'common', 'bench_common',
+                                                              'finetune', 'shakespeare')))
+  assert 'tiny_gpt' in names and 'bert_base' in names
+  for name in names:
+    c = __import__(f'configs.{name}', fromlist=['get_config']).get_config()
+    TrainConfig.from_config(c.train), DataConfig.from_config(c.data)
+    MeshConfig.from_config(c.mesh)
+
+
+def test_an_old_config_json_without_a_newer_key_loads_with_its_default(tmp_path):
+  """A workdir written before train.freeze_backbone, train.prng_impl and data.num_streams
+  existed resumes under a config that spells out their defaults; a value other than the
+  default is still a change (prng_impl is not free, so it is refused)."""
+  config = tiny_gpt.get_config()
+  old = json.loads(config.to_json())
+  for section, key in (('train', 'freeze_backbone'), ('train', 'prng_impl'),
+                       ('data', 'num_streams')):
+    del old[section][key]
+  t = TrainConfig.from_config(old['train'])
+  assert (t.freeze_backbone, t.prng_impl) == (False, 'threefry2x32')
+  assert DataConfig.from_config(old['data']).num_streams == 0
+  work = tmp_path / 'run'
+  work.mkdir()
+  (work / 'config.json').write_text(json.dumps(old))
+  assert workdir_lib.check_config(config, str(work)) == old    # no refusal
+  config.train.prng_impl = 'rbg'
+  with pytest.raises(ValueError, match=r"train\.prng_impl: 'threefry2x32' -> 'rbg'"):
+    workdir_lib.check_config(config, str(work))
+
+
+def test_an_old_fine_tune_config_reads_its_task_without_pairs():
+  task = TaskConfig.from_config({'name': 'toy', 'labels': ['neg', 'pos'], 'metric': 'accuracy',
+                                 'prefix': ''})
+  assert task.pairs is None and task.labels == ('neg', 'pos')
+  assert task.to_dict()['labels'] == ['neg', 'pos']
