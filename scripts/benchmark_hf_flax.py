@@ -47,7 +47,7 @@ drawn with the same PRNG impl as ours. Ours: model.dropout_rate = 0.1 and attent
 dropout --our_attention_dropout, default = our config's own value (t5: 0.0; gpt, bert: 0.1).
 HF's attention dropout draws ONE (1, 1, T, S) mask broadcast over batch and heads (flax
 dot_product_attention_weights, broadcast_dropout=True) with jax.random.bernoulli (32 random bits
-per element); ours draws a full (B, N, T, S) mask with 16 random bits per element (models/dropout).
+per element); ours draws a full (B, N, T, S) mask with 16 random bits per element (tuning/cpu.py).
 
 Work that differs between the two steps (beyond dropout masks, see above), at the bench shapes:
   all  ours adds an all-masked-row guard in attention (out * any(mask)), a z-loss term
@@ -81,7 +81,7 @@ percent within minutes, and the ratio's quartiles (in the record) show how much.
 stdout line is one JSON record.
 
 Both run in one process with glibc malloc as every pretrain_jax script sets it
-(cli.keep_freed_memory: a step's buffers come back from the heap, 0 minor page faults per step;
+(tuning/process.py: a step's buffers come back from the heap, 0 minor page faults per step;
 each round records both sides' faults per step). PRETRAIN_JAX_MALLOC=default gives both
 glibc's defaults instead (docs/performance.md has what that costs).
 """
@@ -325,7 +325,8 @@ def build_hf(config, args, tx):
     params = optax.apply_updates(params, updates)
     metrics = dict(aux, loss=loss)
     if args.hf_metrics:
-      from pretrain_jax.training.step import all_finite
+      from pretrain_jax.tuning import backends   # ours: make_steps' choice for these devices
+      all_finite = backends.for_platform(jax.devices()[0].platform).all_finite
       metrics.update(grad_norm=optax.tree.norm(grads),
                      state_finite=all_finite((params, opt_state)).astype(jnp.float32))
     return (params, opt_state, step + 1), metrics

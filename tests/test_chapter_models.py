@@ -11,7 +11,6 @@ import pytest
 from configs import shakespeare_char
 from modeling import forward, init, tiny, tokens
 from pretrain_jax.models import ModelConfig, build, family_of
-from pretrain_jax.models.dropout import Dropout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +67,7 @@ def _dropout_calls(cfg) -> int:
   calls = []
 
   def count(next_fun, args, kwargs, context):
-    if isinstance(context.module, Dropout) and context.method_name == '__call__':
+    if isinstance(context.module, nn.Dropout) and context.method_name == '__call__':
       calls.append(context.module.name)
     return next_fun(*args, **kwargs)
   params = init(cfg.replace(deterministic=True))

@@ -1,5 +1,6 @@
-"""cli.keep_freed_memory: tiny_gpt's train-step buffers come back from the heap, not fresh
-pages (counted as minor page faults, not timed)."""
+"""tuning/process.py, applied by every command (`from pretrain_jax import cli` first):
+tiny_gpt's train-step buffers come back from the heap, not fresh pages (counted as minor page
+faults, not timed)."""
 import json
 import os
 import subprocess

@@ -1,4 +1,5 @@
-"""16-bit dropout masks: the realised rate, exact mean-preserving scale, flax.linen.Dropout API."""
+"""16-bit dropout masks (tuning/cpu.py, the CPU tuning's): the realised rate, exact
+mean-preserving scale, flax.linen.Dropout API; the train step's dropout PRNG."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,13 +7,13 @@ import optax
 import pytest
 
 from modeling import init
-from pretrain_jax.models import dropout
+from pretrain_jax.tuning import backends, cpu
 from pretrain_jax.models import ModelConfig, build
 from pretrain_jax.training import state as state_lib, step as step_lib
 
 
 def test_keep_mask_rate_and_scale():
-  keep, scale = dropout.keep_mask(jax.random.key(0, impl='philox4x32'), 0.9, (1000, 1000))
+  keep, scale = cpu.keep_mask(jax.random.key(0, impl='philox4x32'), 0.9, (1000, 1000))
   threshold = round(0.9 * 65536)                                          # 58982
   assert scale == pytest.approx(65536 / threshold)
   # 1e6 draws: the kept share has standard deviation 3e-4 around threshold / 2**16
@@ -22,35 +23,37 @@ def test_keep_mask_rate_and_scale():
 def test_dropout_values_gradient_and_determinism():
   x = jnp.linspace(1.0, 2.0, 4096).reshape(64, 64)
   rng = jax.random.key(3)
-  y = dropout.dropout(x, rng, 0.25)
-  keep, scale = dropout.keep_mask(rng, 0.75, x.shape)
+  y = cpu.dropout(x, rng, 0.25)
+  keep, scale = cpu.keep_mask(rng, 0.75, x.shape)
   np.testing.assert_allclose(y, np.where(keep, np.asarray(x) * scale, 0.0), rtol=1e-6)
   assert 0 < int(jnp.sum(y == 0)) < x.size                                # some dropped, not all
-  grad = jax.grad(lambda v: jnp.sum(dropout.dropout(v, rng, 0.25)))(x)
+  grad = jax.grad(lambda v: jnp.sum(cpu.dropout(v, rng, 0.25)))(x)
   np.testing.assert_allclose(grad, np.where(keep, scale, 0.0), rtol=1e-6)
-  np.testing.assert_array_equal(dropout.dropout(x, rng, 0.25), y)         # same key, same mask
-  assert not np.array_equal(dropout.dropout(x, jax.random.key(4), 0.25), y)
+  np.testing.assert_array_equal(cpu.dropout(x, rng, 0.25), y)         # same key, same mask
+  assert not np.array_equal(cpu.dropout(x, jax.random.key(4), 0.25), y)
 
 
 def test_dropout_module_matches_function_and_is_identity_when_deterministic():
   x = jnp.ones((8, 16))
-  module = dropout.Dropout(0.1)
+  module = cpu.Dropout(0.1)
   rng = jax.random.key(5)
   out = module.apply({}, x, deterministic=False, rngs={'dropout': rng})
   # flax hands the module make_rng('dropout'), a key derived from `rng`
   values = np.unique(np.asarray(out))
   np.testing.assert_allclose(values, [0.0, 65536 / round(0.9 * 65536)], rtol=1e-6)
   np.testing.assert_array_equal(module.apply({}, x, deterministic=True), x)
-  np.testing.assert_array_equal(dropout.Dropout(0.0).apply({}, x, deterministic=False), x)
+  np.testing.assert_array_equal(cpu.Dropout(0.0).apply({}, x, deterministic=False), x)
   with pytest.raises(ValueError, match='keep_prob=0'):
-    dropout.keep_mask(rng, 0.0, (2,))
+    cpu.keep_mask(rng, 0.0, (2,))
 
 
-def test_train_step_dropout_prng_impl():
-  """The dropout key's PRNG is a train-step argument: repeatable per step, and it takes effect."""
+@pytest.mark.parametrize('tuning', [backends.CPU, backends.PLAIN], ids=['cpu', 'plain'])
+def test_train_step_dropout_prng_impl(tuning):
+  """The dropout key's PRNG is a train-step argument: repeatable per step, and it takes effect
+  (the CPU tuning's 16-bit masks and flax's)."""
   cfg = ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
                     head_dim=8, mlp_dim=32, max_len=6, dropout_rate=0.5,
-                    attention_dropout_rate=0.5, deterministic=False)
+                    attention_dropout_rate=0.5, deterministic=False, tuning=tuning)
   tx = optax.sgd(0.1)
   params = init(cfg, length=6)
   state = state_lib.TrainState(step=np.int32(3), params=params, opt_state=tx.init(params))

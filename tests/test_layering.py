@@ -5,9 +5,9 @@ objectives and models are independent bottoms; data builds on objectives; traini
 objectives and data; hf, inference, perf and experiments sit on top, and the commands (with
 cli.py, what they share) above everything. Only the commands and cli.py import configs/ (the
 library takes ConfigDicts from its caller), nothing imports scripts/ (comparison tools outside
-the package), and cloud/ (the TPU launcher) is the standard library only. paths.py and
-sections.py are the bottom layer: every package but cloud/ may import them, and they import no
-other pretrain_jax package.
+the package), and cloud/ (the TPU launcher) is the standard library only. paths.py,
+sections.py and tuning/ (how each backend computes, tuning/backends.py) are the bottom layer:
+every package but cloud/ may import them, and they import no other pretrain_jax package.
 """
 import ast
 import os
@@ -19,6 +19,7 @@ PACKAGE = os.path.join(ROOT, 'pretrain_jax')
 ALLOWED = {
     'paths': set(),   # the bottom: every user path (local or gs://) goes through it
     'sections': set(),   # the bottom: a config section as a frozen, checked dataclass
+    'tuning': set(),     # the bottom too: what each backend computes differently
     'models': set(),
     'objectives': set(),
     'data': {'objectives'},
@@ -35,9 +36,8 @@ ALLOWED = {
     '__main__': {'commands'},
     'cli': set(),                  # what commands share: quiet logs, one-line errors
 }
+BOTTOM = ('paths', 'sections', 'tuning')   # importable by every package but cloud/
 
-
-BOTTOM = ('paths', 'sections')
 
 
 def imports_of(path: str) -> set:

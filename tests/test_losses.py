@@ -1,5 +1,6 @@
 """cross_entropy_sums against the textbook formulas: logsumexp, jnp.argmax (ties included),
-for vocabularies searched whole (11) and in blocks (320 = 2 x 160, 3000 = 6 x 500)."""
+for vocabularies searched whole (11) and, with blockwise_max (the CPU tuning's), in blocks
+(320 = 2 x 160, 3000 = 6 x 500)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,15 +35,16 @@ def _case(seed=0, shape=(3, 7), vocab=11):
   return jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
 
 
+@pytest.mark.parametrize('blockwise', [False, True])
 @pytest.mark.parametrize('vocab', [11, 320, 3000])
-def test_sums_match_logsumexp_and_argmax_with_ties(vocab):
+def test_sums_match_logsumexp_and_argmax_with_ties(vocab, blockwise):
   logits, targets, weights = _case(shape=(4, 9), vocab=vocab)
   later_ties = sum(int(np.flatnonzero(row == row.max())[0] != t)
                    for row, t in zip(np.asarray(logits).reshape(-1, vocab),
                                      np.asarray(targets).ravel())
                    if row[t] == row.max())
   assert later_ties > 0                                # the case really has tied maxima
-  got = losses.cross_entropy_sums(logits, targets, weights, z_loss=1e-3)
+  got = losses.cross_entropy_sums(logits, targets, weights, z_loss=1e-3, blockwise_max=blockwise)
   want = _reference(logits, targets, weights, 1e-3)
   assert got.keys() == want.keys()
   for k in want:
@@ -50,8 +52,9 @@ def test_sums_match_logsumexp_and_argmax_with_ties(vocab):
   assert float(got['correct']) == float(want['correct'])
 
 
+@pytest.mark.parametrize('blockwise', [False, True])
 @pytest.mark.parametrize('vocab', [11, 320])
-def test_gradient_matches_logsumexp(vocab):
+def test_gradient_matches_logsumexp(vocab, blockwise):
   logits, targets, weights = _case(seed=1, vocab=vocab)
   logits = jnp.where(jnp.isfinite(logits), logits + 0.1 * jax.random.normal(
       jax.random.key(0), logits.shape), logits)
@@ -59,7 +62,7 @@ def test_gradient_matches_logsumexp(vocab):
   def total(fn):
     return jax.grad(lambda x: (lambda s: s['loss'] + s['z_loss'])(
         fn(x, targets, weights, 1e-3)))(logits)
-  got = total(lambda *a: losses.cross_entropy_sums(*a))
+  got = total(lambda *a: losses.cross_entropy_sums(*a, blockwise_max=blockwise))
   want = total(_reference)
   assert np.all(np.isfinite(np.asarray(got)))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -74,17 +77,19 @@ def test_blocked_search_finds_maxima_in_every_block():
   logits[np.arange(len(places)), places] = 1.0
   logits[2, 2800] = 1.0                                 # a later tie: the first one counts
   targets = jnp.asarray(places, jnp.int32)
-  got = losses.cross_entropy_sums(jnp.asarray(logits), targets, jnp.ones(len(places)))
+  got = losses.cross_entropy_sums(jnp.asarray(logits), targets, jnp.ones(len(places)),
+                                  blockwise_max=True)
   assert float(got['correct']) == len(places)
-  got = losses.cross_entropy_sums(jnp.asarray(logits), targets + 1, jnp.ones(len(places)))
+  got = losses.cross_entropy_sums(jnp.asarray(logits), targets + 1, jnp.ones(len(places)),
+                                  blockwise_max=True)
   assert float(got['correct']) == 0.0
 
 
-def test_accelerator_path_searches_the_whole_row(monkeypatch):
-  """Off CPU the block search is skipped; the whole-row search gives the same sums."""
+def test_the_whole_row_search_gives_the_block_search_sums():
+  """Without blockwise_max (the plain tuning's, off CPU) the whole row is searched, with the
+  same sums."""
   logits, targets, weights = _case(shape=(4, 9), vocab=3000)
-  on_cpu = losses.cross_entropy_sums(logits, targets, weights)
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  on_cpu = losses.cross_entropy_sums(logits, targets, weights, blockwise_max=True)
   whole_row = losses.cross_entropy_sums(logits, targets, weights)
   for k in on_cpu:
     assert float(whole_row[k]) == float(on_cpu[k]), k

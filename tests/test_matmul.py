@@ -1,4 +1,4 @@
-"""models/matmul.py: jnp.dot's values and gradients, with the CPU weight gradient in the form
+"""tuning/cpu.py's matmul: jnp.dot's values and gradients, with the weight gradient in the form
 XLA:CPU sends to its fast library (no dot contracting the LHS's first axis)."""
 import re
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax.models.matmul import matmul
+from pretrain_jax.tuning.cpu import matmul
 
 
 @pytest.mark.parametrize('k,f', [(16, 48), (48, 16), (32, 32)])   # both transpose forms

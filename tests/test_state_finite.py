@@ -1,5 +1,5 @@
-"""training.step.all_finite: the train step's `state_finite`, which keeps a NaN/inf state
-out of every checkpoint."""
+"""tuning.all_finite (plain: all(isfinite); CPU: one sum of x - x per leaf): the train step's
+`state_finite`, which keeps a NaN/inf state out of every checkpoint."""
 import os
 
 import jax
@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax.training.step import all_finite
+from pretrain_jax.tuning import backends
+
+CHECKS = pytest.mark.parametrize(
+    'all_finite', [backends.PLAIN.all_finite, backends.CPU.all_finite], ids=['plain', 'cpu'])
 
 
 def _tree(value=None, where=('params', 'w')):
@@ -19,18 +22,21 @@ def _tree(value=None, where=('params', 'w')):
   return tree
 
 
-def test_finite_state_is_finite_even_near_the_float32_limit():
+@CHECKS
+def test_finite_state_is_finite_even_near_the_float32_limit(all_finite):
   assert bool(jax.jit(all_finite)(_tree()))         # 3e38 values: no overflow in the check
   assert bool(jax.jit(all_finite)({'step': jnp.asarray(3)}))   # no float leaves at all
 
 
+@CHECKS
 @pytest.mark.parametrize('value', [np.inf, -np.inf, np.nan])
 @pytest.mark.parametrize('where', [('params', 'w'), ('params', 'b'), ('opt', 'nu')])
-def test_one_non_finite_element_anywhere_is_caught(value, where):
+def test_one_non_finite_element_anywhere_is_caught(value, where, all_finite):
   assert not bool(jax.jit(all_finite)(_tree(value, where)))
 
 
-def test_complex_leaves_are_checked_in_both_parts():
+@CHECKS
+def test_complex_leaves_are_checked_in_both_parts(all_finite):
   z = jnp.ones((4,), jnp.complex64)
   assert bool(jax.jit(all_finite)({'z': z}))
   assert not bool(jax.jit(all_finite)({'z': z.at[2].set(complex(1.0, np.inf))}))
@@ -43,9 +49,9 @@ def test_fast_math_cannot_make_the_check_blind(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   code = ('import jax, jax.numpy as jnp\n'
-          'from pretrain_jax.training import step\n'
+          'from pretrain_jax.tuning import backends, cpu\n'
           'x = jnp.array([1.0, jnp.nan, 2.0])\n'
-          'print(bool(jax.jit(step.all_finite)({"a": x})), step._subtraction_sees_nan())\n')
+          'print(bool(jax.jit(backends.CPU.all_finite)({"a": x})), cpu.subtraction_sees_nan())\n')
   env = dict(os.environ, XLA_FLAGS='--xla_cpu_enable_fast_math=true', JAX_PLATFORMS='cpu')
   done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
                         timeout=300, cwd=str(tmp_path), check=False)

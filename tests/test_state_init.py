@@ -1,6 +1,7 @@
-"""The train state's init program: compiled at CPU_INIT_COMPILER_OPTIONS on CPU (it runs once;
-its compile time is mostly threefry fusions), it must give the SAME bits as the default
-compilation, for every family and initializer (N(0, 0.02), fan_in, PyTorch's uniform)."""
+"""The train state's init program: compiled with the CPU tuning's init_compiler_options on CPU
+(it runs once; its compile time is mostly threefry fusions), it must give the SAME bits as the
+default compilation, for every family and initializer (N(0, 0.02), fan_in, PyTorch's
+uniform)."""
 import flax.linen as nn
 import jax
 import numpy as np

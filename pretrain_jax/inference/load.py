@@ -27,6 +27,7 @@ from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import TrainConfig
+from pretrain_jax.tuning import backends
 
 
 def check_inputs(cfg, names: dict, batch: dict) -> None:
@@ -217,12 +218,16 @@ class Pretrained:
     `progress` as training.evaluate's (e.g. training.evaluate.Progress(max_batches))."""
     t = self.train_config
     max_predictions = step_lib.max_predictions(t, self.data_config) if t else 0
-    eval_step = jax.jit(step_lib.make_eval_step(
-        build(self.model_config.replace(deterministic=True, decode=False)),
+    params = self.params if params is None else params
+    leaf = jax.tree.leaves(params)[0]
+    device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
+    eval_step = jax.jit(step_lib.make_eval_step(   # tuned for its devices, as make_steps does
+        build(self.model_config.replace(deterministic=True, decode=False,
+                                        tuning=backends.for_platform(device.platform))),
         t.loss_chunk_len if t else 0, max_predictions))
     keep = eval_lib.batch_filter(self.model_config)
-    return eval_lib.evaluate(eval_step, self.params if params is None else params,
-                             (keep(b) for b in batches), max_batches, progress)
+    return eval_lib.evaluate(eval_step, params, (keep(b) for b in batches), max_batches,
+                             progress)
 
 
 def _split_checkpoint_path(path: str):

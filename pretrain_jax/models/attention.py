@@ -17,7 +17,8 @@ packed, padded, cross, relative-position and prefix-LM attention, on whichever p
 import jax
 import jax.numpy as jnp
 
-from pretrain_jax.models import dropout, masks
+from pretrain_jax.models import masks
+from pretrain_jax.tuning import backends
 
 IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash')
 HALF = (jnp.bfloat16, jnp.float16)
@@ -28,7 +29,8 @@ CPU_AUTO = 'reference'
 
 def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=None, scale=None,
                           dropout_rng=None, dropout_rate=0.0, deterministic=True,
-                          implementation='auto'):
+                          implementation='auto', dropout_fn=backends.dropout,
+                          backend: str = ''):
   """softmax(scale * q.k + bias, masked) . v
 
   Args:
@@ -42,8 +44,11 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
       assumes causality: callers that want it say so.
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
     dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities
-      ('reference' only: 'auto' picks it while dropout is on).
-    implementation: one of IMPLEMENTATIONS; what runs is runnable_implementation's answer.
+      ('reference' only: 'auto' picks it while dropout is on), drawn by
+      dropout_fn(probs, dropout_rng, dropout_rate) (default flax.linen.Dropout's).
+    implementation: one of IMPLEMENTATIONS; what runs is runnable_implementation's answer for
+      `backend` ('' = JAX's default backend).
+    Layers pass their ModelConfig's tuning.dropout and tuning.platform (tuning/backends.py).
 
   Returns:
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
@@ -65,15 +70,16 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
                      'model.attention_dropout_rate=0')
   path = runnable_implementation(implementation, dtype=query.dtype,
                                  bias=mask.bias is not None,
-                                 dense=not kernel_readable(mask, t, s), dropout=use_dropout)
+                                 dense=not kernel_readable(mask, t, s), dropout=use_dropout,
+                                 backend=backend)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   if path == 'reference':
     out = _reference(query, key, value, mask.dense(t, s), mask.bias, scale, dropout_rng,
-                     dropout_rate, use_dropout)
+                     dropout_rate, use_dropout, dropout_fn)
   elif path == 'splash':
     from pretrain_jax.models import splash  # Pallas's TPU ops load only where asked for
     out = splash.attention(query, key, value, mask, scale,
-                           interpret=jax.default_backend() != 'tpu')
+                           interpret=(backend or jax.default_backend()) != 'tpu')
   else:
     out = _jax_nn(query, key, value, mask, scale, path)
   sees = mask.rows_that_see(t, s)        # rows that see nothing: zeros, not an average or NaN
@@ -215,7 +221,8 @@ def document_lengths(segment_ids):
   return n, jnp.all(segment_ids == one_document)
 
 
-def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout):
+def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout,
+               dropout_fn):
   logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
                       preferred_element_type=jnp.float32) * scale  # (B, N, T, S)
   if bias is not None:
@@ -224,5 +231,5 @@ def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, 
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
   if use_dropout:
-    probs = dropout.dropout(probs, dropout_rng, dropout_rate)
+    probs = dropout_fn(probs, dropout_rng, dropout_rate)
   return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)

@@ -1,6 +1,6 @@
 """Layers shared by the three families. Every parameter carries logical axis names."""
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -9,8 +9,6 @@ import numpy as np
 
 from pretrain_jax.models import masks
 from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
-from pretrain_jax.models.dropout import Dropout
-from pretrain_jax.models.matmul import matmul
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
@@ -53,7 +51,7 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, sca
     bias_init = _uniform(fan_in ** -0.5)
   return Dense2D(
       features=features, axis=axis, use_bias=use_bias, dtype=cfg.dtype,
-      param_dtype=cfg.param_dtype, name=name,
+      param_dtype=cfg.param_dtype, name=name, matmul=cfg.tuning.matmul,
       kernel_init=partitioned(init or param_init(cfg, fan_in, scale),
                               tuple(in_names) + tuple(out_names)),
       bias_init=partitioned(bias_init, tuple(out_names)))
@@ -61,8 +59,9 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, sca
 
 class Dense2D(nn.DenseGeneral):
   """nn.DenseGeneral (same parameters, names and shapes) computed as ONE 2-D matmul:
-  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out)
-  (models/matmul.py: on CPU, with a weight gradient in XLA's fast matmul library)."""
+  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out).
+  `matmul` computes it (dense() passes cfg.tuning.matmul)."""
+  matmul: Callable = jnp.dot
 
   @nn.compact
   def __call__(self, inputs):
@@ -75,7 +74,7 @@ class Dense2D(nn.DenseGeneral):
     kernel = self.param('kernel', self.kernel_init, in_shape + features, self.param_dtype)
     k_in, k_out = int(np.prod(in_shape)), int(np.prod(features))
     x = inputs.astype(self.dtype).reshape(-1, k_in)                          # (M, K)
-    y = matmul(x, kernel.astype(self.dtype).reshape(k_in, k_out))            # (M, F)
+    y = self.matmul(x, kernel.astype(self.dtype).reshape(k_in, k_out))       # (M, F)
     if self.use_bias:
       bias = self.param('bias', self.bias_init, features, self.param_dtype)
       y = y + bias.astype(self.dtype).reshape(k_out)
@@ -198,7 +197,7 @@ class MLP(nn.Module):
       h = act(wi('wi_0')(x)) * wi('wi_1')(x)
     else:
       h = act(wi('wi')(x))                                  # (B, T, F)
-    h = Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
+    h = cfg.tuning.Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
         h, deterministic=cfg.deterministic)
     return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo', fan_in=cfg.mlp_dim,
                  scale=self.out_scale)(h)                   # (B, T, E)
@@ -233,7 +232,8 @@ class MultiHeadAttention(nn.Module):
     out = dot_product_attention(
         q, k, v, mask=mask, scale=1.0 if cfg.fold_query_scale else None,
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
-        deterministic=cfg.deterministic, implementation=cfg.attention_impl)  # (B, T, N, H)
+        deterministic=cfg.deterministic, implementation=cfg.attention_impl,
+        dropout_fn=cfg.tuning.dropout, backend=cfg.tuning.platform)              # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
                  fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
 
@@ -283,7 +283,8 @@ def attention_path(cfg: ModelConfig, *, bias: bool = False) -> str:
   run on; `bias`: those with an additive bias (T5's relative one, ALiBi)."""
   return runnable_implementation(
       cfg.attention_impl, dtype=cfg.dtype, bias=bias,
-      dropout=not cfg.deterministic and cfg.attention_dropout_rate > 0)
+      dropout=not cfg.deterministic and cfg.attention_dropout_rate > 0,
+      backend=cfg.tuning.platform)
 
 
 class DecodeCache(nn.Module):

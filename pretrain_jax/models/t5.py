@@ -12,7 +12,6 @@ import numpy as np
 
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
-from pretrain_jax.models.dropout import Dropout
 from pretrain_jax.models.family import Family, TaskLayout
 
 
@@ -57,7 +56,7 @@ class RelativePositionBias(nn.Module):
 
 
 def _dropout(cfg, x):
-  return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+  return cfg.tuning.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
 class EncoderBlock(nn.Module):
@@ -106,17 +105,9 @@ class Encoder(nn.Module):
 
 
 def _per_row(cfg: ModelConfig, bias, batch: int):
-  """The reference attention path: (1, N, T, S) -> (B, N, T, S), once for the whole stack.
-
-  Every layer adds the same bias. Broadcast over the batch inside each layer, the backward pass
-  would reduce each layer's (B, N, T, S) logit gradient over B separately (one slow XLA:CPU
-  reduction per layer); broadcast here, the layers' gradients are summed first and reduced
-  once, as in HF's T5. The reference path materializes per-row logits anyway.
-  jax.nn.dot_product_attention ('xla', 'cudnn') keeps the (1, N, T, S) bias, so cuDNN is never
-  handed a per-row bias and gradient it would otherwise reduce over the batch itself; 'xla'
-  thereby stays the per-layer path the tests compare with.
-  """
-  if layers.attention_path(cfg, bias=True) != 'reference':
+  """With cfg.tuning.bias_per_row on the reference attention path: (1, N, T, S) -> (B, N, T, S),
+  once for the whole stack (tuning/backends.py says why); otherwise the bias as it is."""
+  if not cfg.tuning.bias_per_row or layers.attention_path(cfg, bias=True) != 'reference':
     return bias
   return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 

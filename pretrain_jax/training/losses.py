@@ -3,7 +3,8 @@ import jax
 import jax.numpy as jnp
 
 
-def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool = False):
+def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool = False,
+                       blockwise_max: bool = False):
   """Weighted token cross-entropy.
 
   Args:
@@ -11,6 +12,8 @@ def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool
     targets: (...) int ids.
     weights: (...) float weights (0 = ignore).
     z_loss: coefficient of log(Z)^2 (PaLM's auxiliary loss keeping the softmax normaliser near 1).
+    blockwise_max: find the row maximum block by block (_first_max; a ModelConfig's
+      tuning.blockwise_max): the same sums.
 
   Returns:
     dict of sums over all positions: 'loss' (weighted -log p(target)), 'z_loss', 'correct'
@@ -24,7 +27,7 @@ def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool
   """
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
-  row_max, first_max = _first_max(jax.lax.stop_gradient(logits))              # (...), (...)
+  row_max, first_max = _first_max(jax.lax.stop_gradient(logits), blockwise_max)  # (...), (...)
   shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)     # all -inf rows: log Z = -inf
   log_z = shift + jnp.log(jnp.sum(jnp.exp(logits - shift[..., None]), axis=-1))
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
@@ -46,22 +49,20 @@ def _first_index(hit):
   return jnp.min(jnp.where(hit, index, hit.shape[-1]), axis=-1)
 
 
-def _first_max(logits):
+def _first_max(logits, blockwise: bool):
   """(row maximum, first index holding it) over the last axis, without a (value, index) reduce.
 
-  The vocabulary is cut into blocks (the largest divisor of V in 64..min(V / 2, 512); 32128 =
-  64 x 502; a V with none is searched whole):
-  block maxima give the row maximum, the first block holding it is found among the blocks,
-  and only that block's values are searched. So the whole row is read once, by a plain max,
-  instead of once more by a compare-and-select the size of the logits. A row holding a NaN has
-  a NaN loss (its exp-sum) but an unspecified hit: XLA:CPU's max reduction may drop a NaN and
-  return the finite maximum, or -inf (openxla/xla#21461).
-  CPU only: on accelerators a vocabulary-sharded (tensor-parallel) row would be resharded by
-  the block reshape and gather, and the whole-row search is one more fused reduction there.
+  With `blockwise` (XLA:CPU's choice, tuning/backends.py), the vocabulary is cut into blocks
+  (the largest divisor of V in 64..min(V / 2, 512); 32128 = 64 x 502; a V with none is
+  searched whole): block maxima give the row maximum, the first block holding it is found among
+  the blocks, and only that block's values are searched. So the whole row is read once, by a
+  plain max, instead of once more by a compare-and-select the size of the logits. A row holding
+  a NaN has a NaN loss (its exp-sum) but an unspecified hit: XLA:CPU's max reduction may drop a
+  NaN and return the finite maximum, or -inf (openxla/xla#21461).
   """
   vocab = logits.shape[-1]
   block = next((d for d in range(min(vocab // 2, 512), 63, -1) if vocab % d == 0), vocab)
-  if block == vocab or jax.default_backend() != 'cpu':
+  if block == vocab or not blockwise:
     row_max = jnp.max(logits, axis=-1)
     return row_max, _first_index(logits == row_max[..., None])
   blocks = logits.reshape(logits.shape[:-1] + (vocab // block, block))
@@ -74,7 +75,8 @@ def _first_max(logits):
 
 
 def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0.0,
-                               chunk_len: int = 0, top5: bool = False):
+                               chunk_len: int = 0, top5: bool = False,
+                               blockwise_max: bool = False):
   """cross_entropy_sums(head(hidden), ...) without holding all the logits at once.
 
   The head (hidden -> logits) and the cross-entropy run over `chunk_len` sequence positions
@@ -87,13 +89,14 @@ def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0
   Args:
     head: (B, C, E) -> (B, C, V) logits.
     hidden: (B, T, E); targets, weights: (B, T).
+    z_loss, top5, blockwise_max: as in cross_entropy_sums.
   """
   if not isinstance(chunk_len, int) or chunk_len < 0:
     raise ValueError(f'loss_chunk_len={chunk_len!r}; expected 0 (the whole sequence at once) '
                      'or a positive number of positions')
   length = hidden.shape[1]
   if chunk_len == 0 or chunk_len >= length:
-    return cross_entropy_sums(head(hidden), targets, weights, z_loss, top5)
+    return cross_entropy_sums(head(hidden), targets, weights, z_loss, top5, blockwise_max)
   chunks = -(-length // chunk_len)
   pad = chunks * chunk_len - length
 
@@ -104,7 +107,7 @@ def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0
 
   @jax.checkpoint
   def chunk_sums(h, t, w):
-    return cross_entropy_sums(head(h), t, w, z_loss, top5)
+    return cross_entropy_sums(head(h), t, w, z_loss, top5, blockwise_max)
 
   def body(total, xs):
     return jax.tree.map(jnp.add, total, chunk_sums(*xs)), None

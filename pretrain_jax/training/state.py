@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pretrain_jax.models import family_of
 from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.tuning import backends
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -91,21 +92,14 @@ def shardings_of(abstract) -> TrainState:
   return jax.tree.map(lambda a: a.sharding, abstract)
 
 
-# Init programs run once, so on CPU they are compiled at LLVM optimisation level 1: their
-# compile time is dominated by the threefry fusions of the parameter initializers, which
-# level 1 compiles much faster while the values stay bit-identical (tests/test_state_init.py
-# checks all three families). Level 0 would change them (in the last ulp of normal draws).
-CPU_INIT_COMPILER_OPTIONS = {'xla_backend_optimization_level': 1}
-
-
 def run_once(fn, *args, out_shardings=None):
-  """jax.jit(fn, out_shardings=...)(*args) for a program that runs once (an init): on CPU
-  compiled with CPU_INIT_COMPILER_OPTIONS."""
+  """jax.jit(fn, out_shardings=...)(*args) for a program that runs once (an init), compiled
+  with its devices' tuning.init_compiler_options (tuning/backends.py)."""
   lowered = jax.jit(fn, out_shardings=out_shardings).lower(*args)
   device = (next(iter(jax.tree.leaves(out_shardings)[0].device_set)) if out_shardings
             else jax.devices()[0])
-  options = CPU_INIT_COMPILER_OPTIONS if device.platform == 'cpu' else None
-  return lowered.compile(compiler_options=options)(*args)
+  options = backends.for_platform(device.platform).init_compiler_options
+  return lowered.compile(compiler_options=dict(options) if options else None)(*args)
 
 
 def init_in_shards(init_state, shardings, seed: int):

@@ -8,12 +8,10 @@ saves a state that a finite loss hides. Gradient accumulation sums microbatch gr
 `total_loss(sums_microbatch, denominators_of_the_full_batch)`, which adds up to exactly the
 full-batch loss (the denominators are fixed), so M microbatches match one big batch.
 """
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -23,6 +21,7 @@ from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import task
 from pretrain_jax.training.config import TrainConfig
+from pretrain_jax.tuning import backends
 
 
 def split_microbatches(batch: dict, microbatches: int) -> dict:
@@ -41,35 +40,6 @@ def max_predictions(t: TrainConfig, data) -> int:
   """train.max_predictions_per_seq resolved by the data section (a DataConfig: -1 = the MLM
   objective's bound for data.seq_len, 0 = every position for the other objectives)."""
   return data.max_predictions(t.max_predictions_per_seq)
-
-
-def all_finite(tree) -> jax.Array:
-  """() bool: every floating-point leaf of `tree` is free of NaN/inf.
-
-  On CPU: x - x is 0 where x is finite and NaN where it is inf or NaN, so the sum of x - x over
-  every leaf is 0 exactly when all are finite (zeros cannot overflow). One float sum per leaf
-  reads each element once, where all(isfinite(x)) goes through XLA:CPU's slower reduce-window
-  tree for booleans. XLA folds x - x to 0 under fast math (XLA_FLAGS
-  --xla_cpu_enable_fast_math=true), so that form is used only where a compiled probe on a NaN
-  says it is exact (_subtraction_sees_nan); elsewhere, and on other backends, all(isfinite)."""
-  leaves = [part for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
-            for part in ((x.real, x.imag) if jnp.iscomplexobj(x) else (x,))]
-  if not leaves:
-    return jnp.asarray(True)
-  if _subtraction_sees_nan():
-    return jnp.isfinite(sum(jnp.sum(x - x, dtype=jnp.float32) for x in leaves))
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-
-
-@functools.cache
-def _subtraction_sees_nan() -> bool:
-  """On CPU: does this process's XLA keep x - x = NaN for a NaN x (no fast math)? Compiled once
-  per process (the XLA flags are fixed at backend start)."""
-  if jax.default_backend() != 'cpu':
-    return False
-  with jax.ensure_compile_time_eval():   # run now, also when first called inside a trace
-    probe = jax.jit(lambda x: jnp.sum(x - x))(np.asarray([1.0, np.nan], np.float32))
-  return bool(np.isnan(np.asarray(probe)))
 
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
@@ -137,7 +107,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1,
     # (the counts too: a logged row's MCC / F1 are of its steps' summed counts)
     metrics.update({k: v for k, v in sums.items() if k.endswith('_confusion')})
     metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
-                   state_finite=all_finite((params, opt_state)))
+                   state_finite=model.cfg.tuning.all_finite((params, opt_state)))
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -205,8 +175,10 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
 
   `init_length` is the sequence length of the batch that sizes the parameters (any length the
   model accepts; parameters do not depend on it). `train.freeze_backbone` (fine-tuning's
-  linear probe) trains only the active heads' parameters (family Head.params).
+  linear probe) trains only the active heads' parameters (family Head.params). The model's
+  tuning is chosen here, once, from the mesh's devices (tuning/backends.py).
   """
+  model_cfg = model_cfg.replace(tuning=backends.for_platform(mesh.devices.flat[0].platform))
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
   if t.freeze_backbone:
     heads = family_of(model_cfg).active_heads(model_cfg)

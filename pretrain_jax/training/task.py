@@ -88,7 +88,8 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
   targets, weights = batch[family.target_key], batch[family.weight_key]
 
   def lm_sums(h, t, w):
-    return losses.chunked_cross_entropy_sums(head, h, t, w, z_loss, loss_chunk_len, top5)
+    return losses.chunked_cross_entropy_sums(head, h, t, w, z_loss, loss_chunk_len, top5,
+                                             model.cfg.tuning.blockwise_max)
   if 0 < max_predictions < targets.shape[1]:
     overflow = jnp.any(jnp.sum(weights != 0, axis=1) > max_predictions)
     lm = jax.lax.cond(overflow, lm_sums,
