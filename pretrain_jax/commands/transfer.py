@@ -1,17 +1,25 @@
-r"""Does pre-training help? scratch vs linear_probe vs full fine-tuning of one checkpoint on a task.
+r"""Does pre-training help? scratch vs linear_probe vs full fine-tuning of checkpoints on a task.
 
   pretrain-jax transfer --init runs/tiny/gpt --task word_order --workdir runs/transfer/gpt \
       [--modes scratch,linear_probe,full] [--sizes 200,0] [--seeds 0,1,2]
-      [--config.train.steps=300 ...]
+      [--formats head,generation] [--config.train.steps=300 ...]
+  pretrain-jax transfer --init runs/tiny/bert,runs/tiny/gpt,runs/tiny/t5 --task word_order \
+      --workdir runs/compare --modes scratch,full --sizes 100,300,0
 
-Each run is `pretrain-jax finetune` in <workdir>/<mode>[_n<size>][_s<seed>] (rerunning resumes or
-reuses a finished run; pick a new --workdir to start over). --sizes limits the labelled training
-set to the first N examples (0 = all). --seeds repeats each run with train.seed = each value
-(the head's and scratch's init, dropout) and adds the mean and range per mode: on a small
-validation set one seed's margin can be noise. Prints a table (final and best validation
-metric, steps, wall time) to stderr, one JSON line to stdout, and writes
-<workdir>/transfer.png (gs:// too): training loss and the validation metric against step, side
-by side. A plot that fails is reported after the JSON line (with "png": null), never instead.
+Each run is `pretrain-jax finetune` in <workdir>/<mode>[_gen][_n<size>][_s<seed>] (rerunning
+resumes or reuses a finished run; pick a new --workdir to start over); with several --init
+checkpoints (comma-separated) each has <workdir>/<its directory's name>/. --sizes limits the
+labelled training set to the first N examples (0 = all). --seeds repeats each run with
+train.seed = each value (the head's and scratch's init, dropout) and adds the mean and range
+per mode: on a small validation set one seed's margin can be noise. --formats: 'head' (a
+classifier; T5: text to text) and, for the GPT family, 'generation' (the label written after a
+prompt, config.task.format); a checkpoint whose family lacks one runs the others. Prints a
+table (final and best validation metric, steps, wall time) to stderr, one JSON line to stdout,
+and writes (gs:// too) <workdir>/transfer.png for one checkpoint (training loss and the
+validation metric against step) and <workdir>/comparison.png for several checkpoints or sizes
+(the metric against step and against labelled-set size, a line per checkpoint and mode,
+scratch dashed). A plot that fails is reported after the JSON line (its path null), never
+instead.
 """
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
@@ -26,6 +34,8 @@ _MODES = flags.DEFINE_list('modes', [], 'modes to run (default: scratch, linear_
 _SIZES = flags.DEFINE_list('sizes', ['0'], 'labelled training set sizes (0 = all)')
 _SEEDS = flags.DEFINE_list('seeds', [], 'train.seed of each repeat of every run (default: '
                            "the config's, once)")
+_FORMATS = flags.DEFINE_list('formats', [], "task formats: head, generation (GPT family; "
+                             "default: the config's task.format)")
 
 
 def _run(argv):
@@ -43,9 +53,16 @@ def _run(argv):
   seeds = _integers('seeds', _SEEDS.value, 'distinct integers')
   if len(set(seeds)) != len(seeds):
     raise ValueError(f'--seeds={",".join(_SEEDS.value)}; expected distinct integers')
-  rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes, seeds)
-  transfer.report(rows, _WORKDIR.value, f'{rows[0]["family"]} from {_INIT.value} on '
-                  f'{_TASK.value}', init=_INIT.value, task=_TASK.value)
+  inits = [p for p in _INIT.value.split(',') if p]
+  if len(inits) > 1:
+    rows = transfer.run_comparison(config, _WORKDIR.value, inits, _MODES.value, sizes, seeds,
+                                   _FORMATS.value)
+    title = f'{", ".join(transfer.checkpoint_names(inits))} on {_TASK.value}'
+  else:
+    rows = transfer.run_transfer(config, _WORKDIR.value, _MODES.value, sizes, seeds,
+                                 _FORMATS.value)
+    title = f'{rows[0]["family"]} from {_INIT.value} on {_TASK.value}'
+  transfer.report(rows, _WORKDIR.value, title, init=_INIT.value, task=_TASK.value)
 
 
 def _integers(name, values, expected):

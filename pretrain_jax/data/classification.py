@@ -50,11 +50,9 @@ def label_forms(tokenizer, labels) -> tuple:
   return forms
 
 
-def encode(task, split: str, tokenizer, layout, seq_len: int, target_len: int = 0,
-           max_examples: int = 0) -> Encoded:
-  """Every example of `split` (the first `max_examples`; 0 = all) as arrays in a family's
-  layout (`layout`: its record's models.family.TaskLayout); class labels are indices into
-  task.labels."""
+def first_examples(task, split: str, max_examples: int = 0) -> list:
+  """The first `max_examples` of `split` (0 = all), with a warning on stderr when they miss a
+  label the split has (a file sorted by label)."""
   examples = task.splits[split][:max_examples or None]
   if max_examples and task.labels:
     kept, whole = ({e.get('label') for e in rows} for rows in (examples, task.splits[split]))
@@ -63,6 +61,15 @@ def encode(task, split: str, tokenizer, layout, seq_len: int, target_len: int = 
             f'{len(kept & whole)} of its {len(whole)} labels (missing: '
             f'{sorted(whole - kept)[:5]}); the file may be sorted by label: shuffle it to '
             'train on a sample of every class', file=sys.stderr, flush=True)
+  return examples
+
+
+def encode(task, split: str, tokenizer, layout, seq_len: int, target_len: int = 0,
+           max_examples: int = 0) -> Encoded:
+  """Every example of `split` (the first `max_examples`; 0 = all) as arrays in a family's
+  layout (`layout`: its record's models.family.TaskLayout); class labels are indices into
+  task.labels."""
+  examples = first_examples(task, split, max_examples)
   n, truncated = len(examples), 0
   zeros = lambda *shape: np.zeros((n,) + shape, np.int32)
   if layout.text_to_text:

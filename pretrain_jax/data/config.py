@@ -13,6 +13,7 @@ from pretrain_jax.sections import Section
 
 OBJECTIVES = ('clm', 'mlm', 'span_corruption', 'prefix_lm')
 TOKENIZER_TYPES = ('unigram', 'bpe', 'char')
+TASK_FORMATS = ('head', 'generation')   # how BERT / GPT fine-tune on labels (TaskConfig.format)
 # The shortest row each objective can fill: CLM an input and its target, MLM [CLS] x [SEP]
 # (with NSP [CLS] a [SEP] b [SEP]), span corruption a span and its sentinel.
 MIN_SEQ_LEN = {'clm': 2, 'prefix_lm': 2, 'mlm': 3, 'mlm+nsp': 5, 'span_corruption': 3}
@@ -103,6 +104,14 @@ class TaskConfig(Section):
   max_train_examples: int = 0       # use the first N training examples (0 = all): the
                                     # labelled-set size of pretrain-jax transfer --sizes
   max_eval_examples: int = 0        # the first N validation examples (0 = all)
+  format: str = 'head'              # BERT / GPT: 'head' (a classifier on the hidden states)
+                                    # or, GPT only, 'generation' (the label is text the LM
+                                    # writes after the prompt, the loss on its tokens alone,
+                                    # scored by ranking the labels' log-likelihoods:
+                                    # data/prompts.py); T5 is text to text either way
+  question: str = ''                # 'generation': what the prompt asks before the label;
+                                    # '' = the task's ('Sentiment' for glue/sst2); filled in
+  beam_size: int = 1                # T5: decode targets with a beam of this many (1 = greedy)
   labels: tuple = ()                # filled in: the label set collected from train
   metric: str = ''                  # filled in: the headline metric (accuracy, mcc, f1)
   prefix: str = ''                  # filled in: T5's input prefix
@@ -112,6 +121,8 @@ class TaskConfig(Section):
   def validate(self) -> None:
     for name in ('max_train_examples', 'max_eval_examples'):
       self.check(getattr(self, name) >= 0, name, '0 (all examples) or a positive count')
+    self.check(self.format in TASK_FORMATS, 'format', f'one of {TASK_FORMATS}')
+    self.check(self.beam_size >= 1, 'beam_size', '1 (greedy) or more beams')
 
 
 @dataclasses.dataclass(frozen=True)

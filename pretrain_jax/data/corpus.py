@@ -13,14 +13,14 @@ from pretrain_jax import paths
 MAX_CHARS = 3000  # longer sections are cut at paragraph breaks into pieces about this size
 
 
-def _is_underline(line: str, title: str) -> bool:
+def is_underline(line: str, title: str) -> bool:
   return bool(line) and len(line) == len(title) and len(set(line)) == 1 and line[0] in '=-*~^'
 
 
 def _sections(text: str) -> list:
   lines, sections, current = text.split('\n'), [], []
   for i, line in enumerate(lines):
-    if current and i + 1 < len(lines) and _is_underline(lines[i + 1], line):
+    if current and i + 1 < len(lines) and is_underline(lines[i + 1], line):
       sections.append('\n'.join(current))
       current = []
     current.append(line)

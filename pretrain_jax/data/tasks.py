@@ -4,7 +4,10 @@
 (`text`, optional `text_pair`, `label` a string) or text-to-text (`inputs`, `targets`).
 
   name = 'word_order'                 the embedded task (no download; see word_order_examples)
+  name = 'doc_titles'                 the embedded summarisation task: a section's title from its
+                                      text (no download; see title_examples)
   name = 'glue/sst2' (cola, mrpc, qnli, rte, qqp, super_glue/boolq)   tfds, in tfds_data_dir
+  name = 'cnn_dailymail', 'xsum'      tfds summarisation (text to text, scored by ROUGE)
   name = DIR                          DIR/train.* and DIR/validation.* (or dev.*; test.*), each
                                       .jsonl / .json / .csv / .tsv
   name = 'train=a.csv,validation=b.csv'   named files
@@ -26,19 +29,24 @@ import zlib
 from pretrain_jax import paths
 
 EMBEDDED = 'word_order'
+EMBEDDED_SUMMARIES = 'doc_titles'
 SPLIT_FILES = {'train': ('train',), 'validation': ('validation', 'dev'), 'test': ('test',)}
 EXTENSIONS = ('.jsonl', '.json', '.csv', '.tsv')
 RARE_FRACTION, RARE_SINGLE = 0.01, 10   # a train label this rare is warned about (rare_labels)
-# tfds name -> (text feature, pair feature or None, headline metric, T5 task prefix)
+# tfds name -> (text feature, pair feature or None, headline metric, T5 task prefix, the
+# question a GPT prompt ends with: data/prompts.py)
 TFDS_TASKS = {
-    'glue/sst2': ('sentence', None, 'accuracy', 'sst2 sentence'),
-    'glue/cola': ('sentence', None, 'mcc', 'cola sentence'),
-    'glue/mrpc': ('sentence1', 'sentence2', 'f1', 'mrpc sentence1'),
-    'glue/qnli': ('question', 'sentence', 'accuracy', 'qnli question'),
-    'glue/rte': ('sentence1', 'sentence2', 'accuracy', 'rte sentence1'),
-    'glue/qqp': ('question1', 'question2', 'f1', 'qqp question1'),
-    'super_glue/boolq': ('question', 'passage', 'accuracy', 'boolq question'),
+    'glue/sst2': ('sentence', None, 'accuracy', 'sst2 sentence', 'Sentiment'),
+    'glue/cola': ('sentence', None, 'mcc', 'cola sentence', 'Grammar'),
+    'glue/mrpc': ('sentence1', 'sentence2', 'f1', 'mrpc sentence1', 'Paraphrase'),
+    'glue/qnli': ('question', 'sentence', 'accuracy', 'qnli question', 'Entailment'),
+    'glue/rte': ('sentence1', 'sentence2', 'accuracy', 'rte sentence1', 'Entailment'),
+    'glue/qqp': ('question1', 'question2', 'f1', 'qqp question1', 'Duplicate'),
+    'super_glue/boolq': ('question', 'passage', 'accuracy', 'boolq question', 'Answer'),
 }
+# tfds summarisation name -> (document feature, summary feature)
+TFDS_SUMMARIES = {'cnn_dailymail': ('article', 'highlights'), 'xsum': ('document', 'summary')}
+SUMMARY_PREFIX, SUMMARY_METRIC = 'summarize', 'rougeL'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +54,10 @@ class Task:
   name: str
   splits: dict                 # split -> list of example dicts
   labels: tuple = ()           # class names in class order; () for free text-to-text
-  metric: str = 'accuracy'     # headline validation metric: accuracy | mcc | f1
+  metric: str = 'accuracy'     # headline validation metric: accuracy | mcc | f1 (of the
+                               # classes); rougeL for free text to text
   prefix: str = ''             # T5 input prefix, e.g. 'sst2 sentence'
+  question: str = 'Label'      # what a GPT prompt asks before the label (data/prompts.py)
 
   @property
   def pairs(self) -> bool:
@@ -192,18 +202,22 @@ def _split_files(name: str) -> dict:
 def _tfds_task(name: str, data_dir: str) -> Task:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  text_key, pair_key, metric, prefix = TFDS_TASKS[name]
+  if name in TFDS_SUMMARIES:
+    document, summary = TFDS_SUMMARIES[name]
+    builder = sources.open_builder(name, data_dir)
+    splits = {split: _check_examples(name, split, [
+        {'inputs': ex[document].decode('utf-8'), 'targets': ex[summary].decode('utf-8')}
+        for ex in tfds.as_numpy(_tfds_split(builder, name, split, data_dir))],
+        f'tfds {name} {split}') for split in ('train', 'validation')}
+    return Task(name, splits, (), SUMMARY_METRIC, SUMMARY_PREFIX)
+  text_key, pair_key, metric, prefix, question = TFDS_TASKS[name]
   builder = sources.open_builder(name, data_dir)
   names = builder.info.features['label'].names if hasattr(
       builder.info.features['label'], 'names') else None
   splits = {}
   for split in ('train', 'validation'):
     rows = []
-    try:
-      dataset = builder.as_dataset(split=split, shuffle_files=False)
-    except AssertionError:    # tfds: "Dataset glue: could not find data in <data_dir>"
-      raise sources.not_prepared(name, data_dir, 'config.task.tfds_data_dir') from None
-    for ex in tfds.as_numpy(dataset):
+    for ex in tfds.as_numpy(_tfds_split(builder, name, split, data_dir)):
       if int(ex['label']) < 0:       # GLUE's unlabelled test rows
         continue
       label = names[int(ex['label'])] if names else str(int(ex['label']))
@@ -213,7 +227,41 @@ def _tfds_task(name: str, data_dir: str) -> Task:
       rows.append(row)
     splits[split] = _check_examples(name, split, rows, f'tfds {name} {split}')
   labels = tuple(names) if names else collect_labels(name, splits)
-  return Task(name, splits, labels, metric, prefix)
+  return Task(name, splits, labels, metric, prefix, question)
+
+
+def _tfds_split(builder, name: str, split: str, data_dir: str):
+  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  try:
+    return builder.as_dataset(split=split, shuffle_files=False)
+  except AssertionError:    # tfds: "Dataset glue: could not find data in <data_dir>"
+    raise sources.not_prepared(name, data_dir, 'config.task.tfds_data_dir') from None
+
+
+def title_examples() -> dict:
+  """The embedded summarisation task: write a section's title from its text.
+
+  The embedded corpus (data/corpus.py, CPython's documentation) has about 200 titled sections
+  ('The "if" statement', 'Customizing attribute access'); each becomes `inputs` = the section's
+  text (whitespace collapsed; the encoder keeps its first data.seq_len tokens) and `targets` =
+  its title, as headline generation (Gigaword) does. A title names what its text is about, so
+  its words are in the text, mostly in the first sentence: ROUGE rises as a model learns which
+  words to copy, from 0 for a random one. A section the corpus repeats (several topics share it)
+  is kept once; 1 in 5 sections is validation (split by a hash of its text).
+  """
+  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  splits, seen = {'train': [], 'validation': []}, set()
+  for doc in corpus.embedded_documents():
+    lines = doc.split('\n')
+    if len(lines) < 3 or not corpus.is_underline(lines[1], lines[0]):
+      continue
+    title, text = lines[0].strip(), ' '.join(' '.join(lines[2:]).split())
+    if not text or text in seen:
+      continue
+    seen.add(text)
+    split = 'validation' if zlib.crc32(text.encode()) % 5 == 0 else 'train'
+    splits[split].append({'inputs': text, 'targets': title})
+  return splits
 
 
 def word_order_examples(seed: int = 0, window: int = 0) -> dict:
@@ -271,12 +319,15 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
                      'validation=FILE')
   if name == EMBEDDED:
     splits = word_order_examples(seed)
-    return Task(name, splits, ('original', 'shuffled'), 'accuracy', 'word order')
-  if name in TFDS_TASKS:
+    return Task(name, splits, ('original', 'shuffled'), 'accuracy', 'word order', 'Word order')
+  if name == EMBEDDED_SUMMARIES:
+    return Task(name, title_examples(), (), SUMMARY_METRIC, SUMMARY_PREFIX)
+  if name in TFDS_TASKS or name in TFDS_SUMMARIES:
     return _tfds_task(name, tfds_data_dir)
   if '=' not in name and not paths.is_remote(name) and not paths.exists(name):
     raise ValueError(f'task {name!r} is not a directory and not a known task; expected '
-                     f'{EMBEDDED!r}, a tfds task (one of {sorted(TFDS_TASKS)}), a directory '
+                     f'{EMBEDDED!r}, {EMBEDDED_SUMMARIES!r}, a tfds task (one of '
+                     f'{sorted(TFDS_TASKS) + sorted(TFDS_SUMMARIES)}), a directory '
                      'with train.* and validation.* files, or train=FILE,validation=FILE')
   files = _split_files(name)
   splits = {split: _check_examples(name, split, read_rows(path), path)
@@ -286,4 +337,5 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     raise ValueError(f'task {name!r}: some splits are text-to-text (inputs/targets) and some '
                      'classification (text/label); expected one kind')
   labels = () if kinds == {True} else collect_labels(name, splits)
-  return Task(paths.basename(name.rstrip('/')) or name, splits, labels)
+  return Task(paths.basename(name.rstrip('/')) or name, splits, labels,
+              'accuracy' if labels else SUMMARY_METRIC)

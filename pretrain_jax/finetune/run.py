@@ -11,10 +11,15 @@ TensorBoard); this file only decides the config, the batches and the starting we
   mode 'scratch'       the same architecture and recipe from random weights (the baseline)
 
 BERT and GPT get `model.num_classes` = the number of labels and are scored by the class_*
-metrics of training/task.py (class_accuracy, class_mcc, class_f1). T5 is text to text
-(`prefix: text` -> the label string, teacher-forced LM loss); at each evaluation its labels are
-decoded greedily with the KV cache (inference/sampling.t5_generate) and scored by exact match
-(class_accuracy; exact_match), an undecodable answer counting as a wrong class.
+metrics of training/task.py (class_accuracy, class_mcc, class_f1). With task.format=
+'generation' a GPT instead learns to write the label after a prompt (data/prompts.py: the LM
+loss on the label's tokens alone, no head) and is scored by ranking the labels' log-likelihoods
+(evaluators.choice_evaluator). T5 is text to text (`prefix: text` -> the label string or a
+summary, teacher-forced LM loss); at each evaluation its targets are decoded with the KV cache
+(greedy, or a beam of task.beam_size) and scored by exact match (labels: the class metrics of
+the decoded label, an undecodable answer counting as a wrong class; free text: ROUGE-1/2/L).
+A prefix LM reads its whole input (the head format) or its prompt (generation) as its
+bidirectional prefix.
 """
 import dataclasses
 import json
@@ -26,13 +31,15 @@ import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.data import classification, tasks
+from pretrain_jax.data import classification, prompts, tasks
 from pretrain_jax.data.config import TaskDataConfig
+from pretrain_jax.finetune import evaluators
 from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
-from pretrain_jax.inference import load, sampling
+from pretrain_jax.finetune.evaluators import exact_match_evaluator, exact_match_scores  # noqa: F401
+from pretrain_jax.inference import load, sampling, scoring  # noqa: F401  (sampling: tests stub it)
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.training import checkpoint as ckpt_lib
-from pretrain_jax.training import loop, task as task_lib
+from pretrain_jax.training import loop
 from pretrain_jax.training import workdir as workdir_lib
 from pretrain_jax.training.config import TrainConfig
 
@@ -63,14 +70,24 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   model = init.model_config.to_dict()
   model.update({k: v for k, v in ft.model.to_dict().items() if v is not None})  # its dropout
   family = family_of(init.model_config)
-  if family.classifier is not None:
-    if not task.labels:
-      raise ValueError(f'task {task.name!r} is text-to-text (inputs/targets); a '
-                       f'{family.name} model needs text + label columns')
+  generation = ft.task.format == 'generation'
+  if generation:
+    scoring.check_scores(init.model_config, "task.format='generation'",
+                         f'checkpoint {ft.init!r}')
+  if ft.task.beam_size > 1 and not family.task_layout.text_to_text:
+    raise ValueError(f'task.beam_size={ft.task.beam_size} decodes text-to-text targets (T5); '
+                     f'a {family.name} checkpoint\'s labels are {"ranked" if generation else "a head"}'
+                     ': expected task.beam_size=1')
+  if (family.classifier is not None or generation) and not task.labels:
+    raise ValueError(f'task {task.name!r} is text-to-text (inputs/targets); a '
+                     f'{family.name} model needs text + label columns')
+  if family.classifier is not None and not generation:
     model['num_classes'] = len(task.labels)
   elif ft.mode == 'linear_probe':
-    raise ValueError(f'mode=linear_probe on {family.name}: text-to-text has no separate head '
-                     'to probe; use full or scratch')
+    what = ("task.format='generation': the label is written by the LM head, not a separate head"
+            if generation else 'text-to-text has no separate head')
+    raise ValueError(f'mode=linear_probe on {family.name} with {what} to probe; use full or '
+                     'scratch')
   config.model = ml_collections.ConfigDict(model)
   config.train.freeze_backbone = ft.mode == 'linear_probe'
   if ft.mode == 'linear_probe' and ft.probe_learning_rate:
@@ -80,6 +97,7 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.task.labels = list(task.labels)
   config.task.metric = task.metric
   config.task.prefix = task.prefix
+  config.task.question = ft.task.question or task.question   # the generation format's prompt
   config.task.pairs = task.pairs            # what predict() must be given
   # (a Hugging Face directory's config has no data section: its tokenizer is the directory's)
   tokenizer_path = (init.config['data']['tokenizer'] if 'data' in init.config else '') or \
@@ -101,6 +119,10 @@ def check_resume(config, workdir: str) -> None:
   old = workdir_lib.resolved(json.loads(paths.read_text(saved)))   # (defaults filled in)
   if 'init' in old and old['init'] and paths.absolute(old['init']) == config.init:
     config.init = old['init']
+  old_format = old['task'].get('format', 'head') if 'task' in old else 'head'
+  if old_format != config.task.format:
+    raise ValueError(f'{workdir} was fine-tuned with task.format={old_format!r}, not '
+                     f'{config.task.format!r}; use a new --workdir')
   old_classes = old['model']['num_classes']
   if old_classes != config.model.num_classes:
     raise ValueError(f'{workdir} was trained with model.num_classes={old_classes} but this task '
@@ -135,53 +157,6 @@ def starting_params(pretrained, mode: str, head_names: tuple):
   return merge
 
 
-def exact_match_scores(decoded: list, targets: list, truth, label_forms: tuple) -> dict:
-  """Decoded strings against target strings (whitespace-stripped): exact_match, and for a
-  labelled task class_accuracy / class_mcc / class_f1 with `truth` the (N,) class ids and
-  `label_forms` the labels as decoding gives them back (classification.label_forms); a decoded
-  string that is no label counts as a wrong class ((truth + 1) mod C)."""
-  hits = [d.strip() == t.strip() for d, t in zip(decoded, targets)]
-  out = {'exact_match': float(np.mean(hits))}
-  if label_forms:
-    index = {form: c for c, form in enumerate(label_forms)}
-    truth = np.asarray(truth)
-    predicted = np.array([index.get(d.strip(), -1) for d in decoded])
-    predicted = np.where(predicted < 0, (truth + 1) % len(label_forms), predicted)
-    confusion = np.zeros((len(label_forms), len(label_forms)), np.float32)
-    np.add.at(confusion, (truth, predicted), 1.0)
-    out.update(class_accuracy=float(np.mean(truth == predicted)),
-               **{f'class_{k}': float(v) for k, v in
-                  task_lib.confusion_metrics(jnp.asarray(confusion)).items()})
-  return out
-
-
-def exact_match_evaluator(cfg: ModelConfig, encoded, tokenizer, labels: tuple,
-                          batch_size: int, target_len: int):
-  """params -> {class_accuracy, class_mcc, class_f1, exact_match} by greedy T5 decoding."""
-  rows = encoded.rows
-  forms = classification.label_forms(tokenizer, labels) if labels else ()
-  targets = [tokenizer.decode([int(t) for t in row if t not in (0, tokenizer.eos_id)])
-             for row in rows['decoder_target_tokens']]
-
-  def evaluate(params):
-    decoded = []
-    for start in range(0, len(targets), batch_size):
-      stop = min(start + batch_size, len(targets))
-      pad = batch_size - (stop - start)
-      inputs = np.pad(rows['encoder_input_tokens'][start:stop], [(0, pad), (0, 0)])
-      segments = np.pad(rows['encoder_segment_ids'][start:stop], [(0, pad), (0, 0)])
-      segments[stop - start:, 0] = 1   # a padding row still has one token (no empty encoder row)
-      out = sampling.t5_generate(params, cfg, jnp.asarray(inputs), jnp.asarray(segments),
-                                 jax.random.key(0), max_new_tokens=target_len,
-                                 eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-      for row in np.asarray(out)[:stop - start]:
-        ids = [int(t) for t in row]
-        ids = ids[:ids.index(tokenizer.eos_id)] if tokenizer.eos_id in ids else ids
-        decoded.append(tokenizer.decode([t for t in ids if t != tokenizer.pad_id]))
-    return exact_match_scores(decoded, targets, rows.get('class_ids'), forms)
-  return evaluate
-
-
 def load_task(ft: FinetuneConfig):
   return tasks.load_task(ft.task.name, tfds_data_dir=ft.task.tfds_data_dir, seed=ft.data.seed)
 
@@ -201,10 +176,10 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
   family, layout = family_of(cfg), family_of(cfg).task_layout
   d, t = TaskDataConfig.from_config(config.data), TrainConfig.from_config(config.train)
   target_len = d.target_len if layout.text_to_text else 0
-  encoded = {split: classification.encode(
-      task, split, init.tokenizer, layout, d.seq_len, target_len,
-      ft.task.max_train_examples if split == d.train_split else ft.task.max_eval_examples)
-      for split in (d.train_split, d.eval_split)}
+  generation, question = ft.task.format == 'generation', config.task.question
+  limit = {d.train_split: ft.task.max_train_examples, d.eval_split: ft.task.max_eval_examples}
+  encoded = {split: encode(task, split, init.tokenizer, cfg, d, generation, question,
+                           limit[split]) for split in (d.train_split, d.eval_split)}
   keys = set(family.batch_keys)
 
   def datasets(*, split, batch_size, process_index, process_count, repeat, model_max_len):
@@ -215,10 +190,15 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
         process_count=process_count, keys=keys)
 
   head_names = tuple(n for h in family.active_heads(cfg) for n in h.params)
-  evaluators = ()
+  scorers = ()
   if layout.text_to_text:   # scored by decoding its answers
-    evaluators = (exact_match_evaluator(cfg, encoded[d.eval_split], init.tokenizer,
-                                        task.labels, t.batch_size, target_len),)
+    scorers = (evaluators.exact_match_evaluator(cfg, encoded[d.eval_split], init.tokenizer,
+                                                task.labels, t.batch_size, target_len,
+                                                ft.task.beam_size),)
+  elif generation:          # scored by the likeliest label
+    scorers = (evaluators.choice_evaluator(cfg, task, d.eval_split, init.tokenizer, question,
+                                           d.seq_len, ft.task.max_eval_examples,
+                                           t.batch_size),)
   paths.makedirs(workdir)
   # The workdir keeps its own tokenizer, so it loads after the init moves: a sentencepiece
   # model is copied by the loop (as in pre-training), a Hugging Face one here (process 0;
@@ -229,16 +209,33 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
                                                    write=jax.process_index() == 0)
   result = loop.train_and_evaluate(
       config, workdir, datasets=datasets, data=d.replace(tokenizer=config.data.tokenizer),
-      init_params=starting_params(init.params, ft.mode, head_names), evaluators=evaluators,
+      init_params=starting_params(init.params, ft.mode, head_names), evaluators=scorers,
       tokenizer_path=tokenizer_path if paths.isfile(tokenizer_path) else '')
   history = read_curves(workdir)['eval']
-  metric = 'class_' + task.metric if task.labels else 'exact_match'
+  metric = 'class_' + task.metric if task.labels else task.metric
   values = [r[metric] for r in history if metric in r]
-  result.update(mode=ft.mode, task=task.name, init=config.init, metric=metric,
+  result.update(mode=ft.mode, format=ft.task.format, task=task.name, init=config.init,
+                metric=metric,
                 final=values[-1] if values else None, best=max(values) if values else None,
                 train_examples=len(next(iter(encoded[d.train_split].rows.values()))),
                 truncated=encoded[d.train_split].truncated + encoded[d.eval_split].truncated)
   return result
+
+
+def encode(task, split: str, tokenizer, cfg: ModelConfig, d: TaskDataConfig, generation: bool,
+           question: str, max_examples: int = 0) -> classification.Encoded:
+  """`split` of `task` as rows for `cfg`'s family: the generation format's prompts and labels
+  (prompts.encode_generation), else the family's layout (classification.encode); a prefix
+  LM's classifier reads its whole input as its prefix."""
+  if generation:
+    return prompts.encode_generation(task, split, tokenizer, d.seq_len, question,
+                                     max_examples, prefix_lm=cfg.prefix_lm)
+  layout = family_of(cfg).task_layout
+  encoded = classification.encode(task, split, tokenizer, layout, d.seq_len,
+                                  d.target_len if layout.text_to_text else 0, max_examples)
+  if cfg.prefix_lm and not layout.text_to_text:
+    encoded.rows['prefix'] = (encoded.rows['segment_ids'] > 0).astype(np.int32)
+  return encoded
 
 
 def read_curves(workdir: str) -> dict:

@@ -1,10 +1,12 @@
 """The transfer comparison: scratch vs linear_probe vs full on one task, as a table and curves.
 
-Each (mode, labelled-set size, seed) run is an ordinary fine-tuning workdir
-`<root>/<mode>[_n<size>][_s<seed>]` (rerunning resumes / reuses finished runs); wall time is
-measured around each run. Several seeds (`train.seed`: the head's init, scratch's whole init,
-dropout; the task and its example order stay) give each (mode, size) a mean and a range: on a
-validation set of a few hundred examples one seed's margin can be noise.
+Each (mode, format, labelled-set size, seed) run is an ordinary fine-tuning workdir
+`<root>/<mode>[_gen][_n<size>][_s<seed>]` (rerunning resumes / reuses finished runs; `_gen`:
+task.format='generation'); wall time is measured around each run. Several seeds (`train.seed`:
+the head's init, scratch's whole init, dropout; the task and its example order stay) give each
+(mode, size) a mean and a range: on a validation set of a few hundred examples one seed's
+margin can be noise. `run_comparison` does this for several checkpoints, each in
+`<root>/<name>`, for one table and one figure (figures.py).
 """
 import json
 import statistics
@@ -19,14 +21,23 @@ from pretrain_jax.finetune.config import FinetuneConfig
 from pretrain_jax.models import family_of
 
 
-def run_name(mode: str, size: int, seed=None) -> str:
-  return mode + (f'_n{size}' if size else '') + ('' if seed is None else f'_s{seed}')
+def run_name(mode: str, size: int, seed=None, fmt: str = 'head') -> str:
+  return (mode + ('_gen' if fmt == 'generation' else '') + (f'_n{size}' if size else '')
+          + ('' if seed is None else f'_s{seed}'))
 
 
-def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
-  """One fine-tuning run per (size, mode, seed); returns a row per run (see `table`). No
-  `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
-  full). No `seeds`: the config's train.seed, in a workdir without the seed suffix.
+def label(row: dict) -> str:
+  """A run's mode, and its format where that is not the head: 'full', 'full (gen)'."""
+  return row['mode'] + (' (gen)' if row.get('format', 'head') == 'generation' else '')
+
+
+def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), task=None,
+                 checkpoint: str = '') -> list:
+  """One fine-tuning run per (size, format, mode, seed); returns a row per run (see `table`).
+  No `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
+  full; neither has the generation format). No `seeds`: the config's train.seed, in a workdir
+  without the seed suffix. No `formats`: the config's task.format. `task`: already loaded;
+  `checkpoint`: the checkpoint's name in the rows (run_comparison).
   A run stopped by SIGTERM (preemption) or Ctrl-C is the last (its row has `preempted` True
   unless it had reached its last step), and rerunning the same command resumes it and runs the
   rest."""
@@ -37,39 +48,47 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
   for name, values in (('sizes', sizes), ('modes', modes), ('seeds', seeds)):
     if len(set(values)) != len(values):   # one run would count twice
       raise ValueError(f'{name} {list(values)}: expected distinct values')
+  formats = tuple(formats) or (config.task.format,)
+  if len(set(formats)) != len(formats):
+    raise ValueError(f'formats {list(formats)}: expected distinct values')
+
+  def variant(mode, fmt):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.mode, c.task.format = mode, fmt
+    return c
   for mode in modes or ('full',):
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.mode = mode
-    ft = FinetuneConfig.from_config(c)
-  init, task = run_lib.load_init(ft.init), run_lib.load_task(ft)
-  if not modes:   # a family without a classification head has none to probe
-    modes = (('scratch', 'linear_probe', 'full') if family_of(init.model_config).classifier
-             else ('scratch', 'full'))
-  for mode in modes:   # what the checkpoint and the task refuse, also before the first run
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.mode = mode
-    run_lib.build_config(c, init, task)
+    for fmt in formats:
+      ft = FinetuneConfig.from_config(variant(mode, fmt))
+  init, task = run_lib.load_init(ft.init), task or run_lib.load_task(ft)
+  family = family_of(init.model_config)
+  plan = [(fmt, mode) for fmt in formats for mode in modes or (
+      ('scratch', 'linear_probe', 'full') if family.classifier and fmt == 'head'
+      else ('scratch', 'full'))]   # a text-to-text family or format has no head to probe
+  for fmt, mode in plan:   # what the checkpoint and the task refuse, also before the first run
+    run_lib.build_config(variant(mode, fmt), init, task)
   rows = []
   for size in sizes:
-    for mode in modes:
+    for fmt, mode in plan:
       for seed in (seeds or (None,)):
-        c = ml_collections.ConfigDict(config.to_dict())
-        c.mode, c.task.max_train_examples = mode, int(size)
+        c = variant(mode, fmt)
+        c.task.max_train_examples = int(size)
         if seed is not None:
           c.train.seed = int(seed)
-        workdir = paths.join(root, run_name(mode, size, seed))
+        workdir = paths.join(root, run_name(mode, size, seed, fmt))
         start = time.perf_counter()
         result = run_lib.finetune(c, workdir, init, task)
         if size > result['train_examples']:
           print(f'warning: size {size} is more than the task\'s {result["train_examples"]} '
                 f'training examples; {workdir} trained on all of them', file=sys.stderr)
-        rows.append({'mode': mode, 'size': result['train_examples'], 'requested_size': size,
+        rows.append({'checkpoint': checkpoint, 'mode': mode, 'format': fmt,
+                     'size': result['train_examples'], 'requested_size': size,
                      'seed': c.train.seed, 'metric': result['metric'], 'final': result['final'],
                      'best': result['best'], 'steps': result['step'],
                      'wall_sec': time.perf_counter() - start,
                      'step_time_sec': result['step_time_sec'], 'workdir': workdir,
                      'family': result['family'], 'preempted': bool(result.get('preempted'))})
         if result.get('stop_requested'):   # SIGTERM or Ctrl-C, also in a run's last step
+          rows[-1]['stopped'] = True
           print(f'stopped after {workdir} saved step {result["step"]}; the same command '
                 'resumes it and runs the rest', file=sys.stderr, flush=True)
           return rows
@@ -77,18 +96,20 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=()) -> list:
 
 
 def summarize(rows: list) -> list:
-  """One row per (mode, size asked for) over its seeds: the mean, min and max of `final` and
-  `best`, and the seeds' count, in the order the runs came. `size` is the examples trained on.
-  A preempted run (cut short by SIGTERM) counts in none."""
+  """One row per (checkpoint, mode, format, size asked for) over its seeds: the mean, min and
+  max of `final` and `best`, and the seeds' count, in the order the runs came. `size` is the
+  examples trained on. A preempted run (cut short by SIGTERM) counts in none."""
   groups = {}
   for r in rows:
     if r.get('preempted'):   # cut short: its numbers are no result
       continue
-    groups.setdefault((r['mode'], r.get('requested_size', r['size'])), []).append(r)
+    key = (r.get('checkpoint', ''), r['mode'], r.get('format', 'head'),
+           r.get('requested_size', r['size']))
+    groups.setdefault(key, []).append(r)
   out = []
-  for (mode, requested), runs in groups.items():
-    row = {'mode': mode, 'size': runs[0]['size'], 'requested_size': requested,
-           'metric': runs[0]['metric'], 'seeds': len(runs)}
+  for (checkpoint, mode, fmt, requested), runs in groups.items():
+    row = {'checkpoint': checkpoint, 'mode': mode, 'format': fmt, 'size': runs[0]['size'],
+           'requested_size': requested, 'metric': runs[0]['metric'], 'seeds': len(runs)}
     for key in ('final', 'best'):
       values = [r[key] for r in runs if r[key] is not None]
       row[key] = statistics.fmean(values) if values else None
@@ -104,14 +125,19 @@ def _examples(row: dict) -> str:
 
 
 def table(rows: list) -> str:
-  """A line per run; with several seeds, then a line per (mode, size): mean [min, max]."""
-  header = (f'{"mode":<13} {"examples":>8} {"seed":>4} {"metric":<15} {"final":>6} {"best":>6} '
-            f'{"steps":>6} {"wall s":>7} {"step ms":>8}')
+  """A line per run; with several seeds, then a line per (mode, size): mean [min, max]. Runs
+  of several checkpoints (run_comparison) get a first column naming theirs."""
+  names = any(r.get('checkpoint') for r in rows)
+  width = max([len(r.get('checkpoint', '')) for r in rows] + [10]) if names else 0
+  first = lambda r: f'{r.get("checkpoint", ""):<{width}} ' if names else ''
+  header = (f'{"checkpoint":<{width}} ' if names else '') + (
+      f'{"mode":<13} {"examples":>8} {"seed":>4} {"metric":<15} {"final":>6} {"best":>6} '
+      f'{"steps":>6} {"wall s":>7} {"step ms":>8}')
   lines = [header, '-' * len(header)]
   fmt = lambda v, spec: '-' if v is None else format(v, spec)
   for r in rows:
-    lines.append(f'{r["mode"]:<13} {_examples(r):>8} {r["seed"]:>4} {r["metric"]:<15} '
-                 f'{fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} '
+    lines.append(f'{first(r)}{label(r):<13} {_examples(r):>8} {r["seed"]:>4} '
+                 f'{r["metric"]:<15} {fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} '
                  f'{str(r["steps"]) + ("*" if r.get("preempted") else ""):>6} '
                  f'{r["wall_sec"]:>7.1f} '
                  f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8}')
@@ -122,12 +148,59 @@ def table(rows: list) -> str:
   if any(s['seeds'] > 1 for s in summary):
     span = lambda s, k: ('-' if s[k] is None else
                          f'{s[k]:.3f} [{s[k + "_range"][0]:.3f}, {s[k + "_range"][1]:.3f}]')
-    lines += ['', f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean [min, max]":<24} '
+    lines += ['', (f'{"checkpoint":<{width}} ' if names else '') +
+              f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean [min, max]":<24} '
               'best: mean [min, max]']
     for s in summary:
-      lines.append(f'{s["mode"]:<13} {_examples(s):>8} {s["seeds"]:>5}  {span(s, "final"):<24} '
-                   f'{span(s, "best")}')
+      lines.append(f'{first(s)}{label(s):<13} {_examples(s):>8} {s["seeds"]:>5}  '
+                   f'{span(s, "final"):<24} {span(s, "best")}')
   return '\n'.join(lines)
+
+
+def checkpoint_names(inits: list) -> list:
+  """A name per checkpoint path for run_comparison: its directory's name ('runs/tiny/gpt' ->
+  'gpt'; 'W/checkpoints/300' -> 'W-300'); names must differ."""
+  names = []
+  for path in inits:
+    parts = [p for p in str(path).rstrip('/').split('/') if p]
+    name = (f'{parts[-3]}-{parts[-1]}' if len(parts) >= 3 and parts[-2] == 'checkpoints'
+            else parts[-1] if parts else str(path))
+    names.append(name)
+  if len(set(names)) != len(names):
+    raise ValueError(f'--init {",".join(inits)}: the checkpoints are named {names}; expected '
+                     'directories with different names (each gets <workdir>/<name>)')
+  return names
+
+
+def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(),
+                   formats=()) -> list:
+  """run_transfer for each checkpoint of `inits` on config.task, in <root>/<name>
+  (checkpoint_names); returns every row. A format that a checkpoint's family cannot fine-tune
+  with (the generation format on BERT or T5) is left out for it, with a note on stderr; a
+  format no checkpoint can use is refused."""
+  from pretrain_jax.inference import scoring  # pylint: disable=g-import-not-at-top
+  names = checkpoint_names(inits)
+  loaded = [run_lib.load_init(path) for path in inits]
+  formats = tuple(formats) or (config.task.format,)
+  usable = [tuple(f for f in formats if f == 'head' or scoring.continues_text(m.model_config))
+            for m in loaded]
+  for fmt in formats:
+    if not any(fmt in u for u in usable):
+      scoring.check_scores(loaded[0].model_config, f"task.format={fmt!r}", f'--init {inits[0]}')
+  task = run_lib.load_task(FinetuneConfig.from_config(config))
+  rows = []
+  for name, path, fmts in zip(names, inits, usable):
+    skipped = [f for f in formats if f not in fmts]
+    if skipped:
+      print(f'{name}: no {", ".join(skipped)} format for its family; its other runs go on',
+            file=sys.stderr, flush=True)
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.init = path
+    done = run_transfer(c, paths.join(root, name), modes, sizes, seeds, fmts, task, name)
+    rows += done
+    if done and done[-1].get('stopped'):   # SIGTERM or Ctrl-C: the same command resumes
+      break
+  return rows
 
 
 def plot(rows: list, path: str, title: str = '') -> str:
@@ -138,16 +211,17 @@ def plot(rows: list, path: str, title: str = '') -> str:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-  colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red'}
+  colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red',
+            'scratch (gen)': 'tab:brown', 'full (gen)': 'tab:orange'}
   sizes = sorted({r['size'] for r in rows})
   styles = dict(zip(sizes, ['-', '--', ':', '-.'] * 4))
   labelled = set()
   for r in rows:
     curves = run_lib.read_curves(r['workdir'])
-    label = r['mode'] + (f' (n={r["size"]})' if len(sizes) > 1 else '')
-    style = dict(color=colors.get(r['mode']), linestyle=styles[r['size']],
-                 label=None if label in labelled else label)   # one legend entry for all seeds
-    labelled.add(label)
+    name = label(r) + (f' (n={r["size"]})' if len(sizes) > 1 else '')
+    style = dict(color=colors.get(label(r)), linestyle=styles[r['size']],
+                 label=None if name in labelled else name)   # one legend entry for all seeds
+    labelled.add(name)
     train = [(x['step'], x['loss']) for x in curves['train'] if x.get('loss') is not None]
     val = [(x['step'], x[r['metric']]) for x in curves['eval'] if r['metric'] in x]
     if train:
@@ -173,16 +247,28 @@ def plot(rows: list, path: str, title: str = '') -> str:
 
 
 def report(rows: list, root: str, title: str = '', **fields) -> dict:
-  """After the runs: the table on stderr, then <root>/transfer.png, then one JSON line on
-  stdout ({**fields, png, runs, summary}; png None if the plot failed). A failed plot is raised
-  after the JSON line: it never costs the summary of runs already done."""
+  """After the runs: the table on stderr, then the figures, then one JSON line on stdout
+  ({**fields, png, comparison_png, runs, summary}; a figure that failed is None).
+  <root>/transfer.png (plot) shows one checkpoint's runs; <root>/comparison.png
+  (figures.comparison_figure) several checkpoints' or labelled-set sizes'. A failed plot is
+  raised after the JSON line: it never costs the summary of runs already done."""
+  from pretrain_jax.finetune import figures  # pylint: disable=g-import-not-at-top
   print(table(rows), file=sys.stderr, flush=True)
-  png, failed = paths.join(root, 'transfer.png'), None
-  try:
-    plot(rows, png, title)
-  except Exception as e:  # pylint: disable=broad-except  (raised once the summary is out)
-    png, failed = None, e
-  result = dict(fields, png=png, runs=rows, summary=summarize(rows))
+  several = len({r.get('checkpoint', '') for r in rows}) > 1
+  figures_asked = {}
+  if not several:
+    figures_asked['png'] = ('transfer.png', plot)
+  if several or len({r['size'] for r in rows}) > 1:
+    figures_asked['comparison_png'] = ('comparison.png', figures.plot_comparison)
+  written, failed = {}, None
+  for key, (name, draw) in figures_asked.items():
+    written[key] = paths.join(root, name)
+    try:
+      draw(rows, written[key], title)
+    except Exception as e:  # pylint: disable=broad-except  (raised once the summary is out)
+      written[key], failed = None, failed or e
+  result = dict(fields, png=written.get('png', written.get('comparison_png')),
+                comparison_png=written.get('comparison_png'), runs=rows, summary=summarize(rows))
   print(json.dumps(result), flush=True)
   if failed is not None:
     raise failed

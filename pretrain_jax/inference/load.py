@@ -157,9 +157,11 @@ class Pretrained:
 
   def predict(self, texts, text_pairs=None, *, batch_size: int = 32) -> list:
     """A fine-tuned checkpoint's label (a string of config.task.labels) for each text (and
-    pair): BERT/GPT by the argmax of the class logits, T5 by greedy decoding (the label whose
-    decoded form the text is, classification.label_forms; else the decoded text, which is
-    then no label at all). A T5 fine-tuned on inputs -> targets gives the decoded targets."""
+    pair): BERT/GPT by the argmax of the class logits, a GPT fine-tuned with task.format=
+    'generation' by the likeliest label after its prompt (inference/scoring.py), T5 by
+    decoding (greedy, or task.beam_size beams: the label whose decoded form the text is,
+    classification.label_forms; else the decoded text, which is then no label at all). A T5
+    fine-tuned on inputs -> targets gives the decoded targets."""
     from pretrain_jax.data import classification, tasks  # pylint: disable=g-import-not-at-top
     family, trained_on = family_of(self.model_config), self.task
     labels = trained_on.labels if trained_on else ()
@@ -189,8 +191,12 @@ class Pretrained:
                 for t, p in zip(texts, pairs)]
     task = tasks.Task('predict', {'train': examples}, labels, prefix=trained_on.prefix)
     d, text_out = self.data_config, family.task_layout.text_to_text
+    if trained_on.format == 'generation':
+      return self._rank_labels(examples, labels, trained_on.question, d.seq_len, batch_size)
     rows = classification.encode(task, 'train', self.tokenizer, family.task_layout, d.seq_len,
                                  d.target_len if text_out else 0).rows
+    if self.model_config.prefix_lm and not text_out:   # as it was fine-tuned (finetune/run.py)
+      rows['prefix'] = (rows['segment_ids'] > 0).astype(np.int32)
     out = []
     label_of = (dict(zip(classification.label_forms(self.tokenizer, labels), labels))
                 if text_out else {})
@@ -198,11 +204,16 @@ class Pretrained:
       batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()
                if k in family.batch_keys}
       if text_out:
-        from pretrain_jax.inference import sampling  # pylint: disable=g-import-not-at-top
-        ids = sampling.t5_generate(self.params, self.model_config, batch['encoder_input_tokens'],
-                                   batch['encoder_segment_ids'], jax.random.key(0),
-                                   max_new_tokens=d.target_len, eos_id=self.tokenizer.eos_id,
-                                   pad_id=self.tokenizer.pad_id)
+        from pretrain_jax.inference import beam, sampling  # pylint: disable=g-import-not-at-top
+        kw = dict(max_new_tokens=d.target_len, eos_id=self.tokenizer.eos_id,
+                  pad_id=self.tokenizer.pad_id)
+        inputs, segments = batch['encoder_input_tokens'], batch['encoder_segment_ids']
+        if trained_on.beam_size > 1:
+          ids, _ = beam.t5_beam_search(self.params, self.model_config, inputs, segments,
+                                       beam_size=trained_on.beam_size, **kw)
+        else:
+          ids = sampling.t5_generate(self.params, self.model_config, inputs, segments,
+                                     jax.random.key(0), **kw)
         for row in jax.device_get(ids).tolist():
           row = row[:row.index(self.tokenizer.eos_id)] if self.tokenizer.eos_id in row else row
           text = self.tokenizer.decode([i for i in row if i != self.tokenizer.pad_id]).strip()
@@ -211,6 +222,16 @@ class Pretrained:
         logits = self._apply(self.params, batch)                        # (B, C)
         out.extend(labels[int(i)] for i in jax.device_get(jnp.argmax(logits, -1)))
     return out
+
+  def _rank_labels(self, examples, labels, question: str, seq_len: int, batch_size: int):
+    """The likeliest of `labels` after each example's prompt (a generation-format fine-tune)."""
+    from pretrain_jax.data import prompts  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.inference import scoring  # pylint: disable=g-import-not-at-top
+    contexts = [prompts.context(ex, question) for ex in examples]
+    rows, _ = scoring.choice_rows(self.tokenizer, contexts, labels, seq_len + 1)
+    logliks = scoring.loglikelihoods(self.params, self.model_config, rows,
+                                     pad_id=self.tokenizer.pad_id, batch_size=batch_size)
+    return [labels[int(i)] for i in np.argmax(logliks.reshape(len(examples), len(labels)), -1)]
 
   def evaluate(self, batches, max_batches: int = 0, params=None, progress=None) -> dict:
     """The train loop's validation metrics (training.evaluate) over `batches` of this family's
