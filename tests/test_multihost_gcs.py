@@ -22,7 +22,7 @@ from test_multihost import ROOT, SMALL, TRAIN, _env, _free_port
 
 
 def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):
-  run = subprocess.run([sys.executable, TRAIN, *SMALL, '--workdir', str(tmp_path / 'w'),
+  run = subprocess.run([sys.executable, *TRAIN, *SMALL, '--workdir', str(tmp_path / 'w'),
                         '--multihost'], cwd=ROOT, env=_env(), capture_output=True, text=True,
                        timeout=300)
   assert run.returncode == 2   # a user error (pretrain_jax.cli)
@@ -34,7 +34,7 @@ def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):
 def _two_processes(env, workdir, files, caches, steps, prepared):
   port = _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, TRAIN, *SMALL, '--workdir', workdir, f'--config.train.steps={steps}',
+      [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, f'--config.train.steps={steps}',
        f'--config.data.files={files}', f'--config.data.prepared_dir={prepared}', '--multihost', f'--coordinator_address=127.0.0.1:{port}',
        '--num_processes=2', f'--process_id={i}'], cwd=ROOT,
       env=dict(env, PRETRAIN_JAX_CACHE=caches[i]), stdout=subprocess.PIPE,
