@@ -1,10 +1,96 @@
 import os
+import shutil
 import sys
+
+import filelock
 import pytest
 
 # pretrain_jax and configs come from the installed package (pip install -e '.[test]'); the
 # tests' own helpers (modeling.py) from here.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def session_dir(tmp_path_factory, worker_id):
+  """A directory every pytest-xdist worker of this session shares (the parent of their temp
+  directories), so work done once per session is done by one worker."""
+  root = tmp_path_factory.getbasetemp()
+  return root if worker_id == 'master' else root.parent
+
+
+@pytest.fixture(scope='session', autouse=True)
+def compilation_cache(tmp_path_factory, worker_id):
+  """One JAX persistent compilation cache for the session, its workers and the commands the
+  tests start (JAX_COMPILATION_CACHE_DIR wins over the CLI's $PRETRAIN_JAX_CACHE/jax): many
+  tests compile the same tiny steps, and each run of the loop jits its steps anew. A cached
+  executable is the one a compile gives (the key is the program, its options and devices).
+  A trivial compile fixes the cache for the process before any test module sets its own."""
+  if os.environ.get('PRETRAIN_JAX_TEST_CACHE') == '0':
+    yield None
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  path = str(session_dir(tmp_path_factory, worker_id) / 'jax_cache')
+  saved = {k: os.environ.get(k) for k in ('JAX_COMPILATION_CACHE_DIR',
+                                          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS')}
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=path, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+  jax.config.update('jax_compilation_cache_dir', path)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.jit(lambda x: x + 1)(0)
+  yield path
+  for key, value in saved.items():
+    if value is None:
+      os.environ.pop(key, None)
+    else:
+      os.environ[key] = value
+
+
+def once_per_session(tmp_path_factory, worker_id, name: str, build) -> str:
+  """`build(path)` run once per session, by whichever worker asks first, into a directory all
+  workers share; the others wait on its lock and get the same path. A build that failed
+  leaves nothing behind, so the next worker that asks builds again (and fails alike)."""
+  path = session_dir(tmp_path_factory, worker_id) / name
+  with filelock.FileLock(f'{path}.lock'):
+    done = path.parent / f'{name}.done'
+    if not done.exists():
+      shutil.rmtree(path, ignore_errors=True)
+      try:
+        build(str(path))
+      except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+      done.touch()
+  return str(path)
+
+
+def main_job_model(tmp_path_factory, worker_id, family: str) -> str:
+  """The main job's tiny `family` model (configs/tiny_<family>.py, as pretrain-jax train_tiny
+  trains it), trained once per session with its own data cache; read it, never write to it
+  (copy it first)."""
+  def build(path):
+    import importlib  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+    config = importlib.import_module(f'configs.tiny_{family}').get_config()
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
+      loop.train_and_evaluate(config, path)
+  return once_per_session(tmp_path_factory, worker_id, f'main_job_{family}', build)
+
+
+@pytest.fixture(scope='session')
+def gpt_init(tmp_path_factory, worker_id):
+  """The main job's tiny GPT (400 steps)."""
+  return main_job_model(tmp_path_factory, worker_id, 'gpt')
+
+
+@pytest.fixture(scope='session')
+def bert_init(tmp_path_factory, worker_id):
+  """The main job's tiny BERT (400 steps, ALiBi)."""
+  return main_job_model(tmp_path_factory, worker_id, 'bert')
+
+
+@pytest.fixture(scope='session')
+def t5_init(tmp_path_factory, worker_id):
+  """The main job's tiny T5 (250 steps)."""
+  return main_job_model(tmp_path_factory, worker_id, 't5')
 
 
 @pytest.fixture(scope='module')

@@ -368,7 +368,9 @@ def test_a_damaged_checkpoint_is_a_few_lines_naming_the_array_not_thousands(tmp_
       [sys.executable, '-m', 'pretrain_jax.commands.train', '--config',
        os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--workdir', str(tmp_path),
        f'--config.train.steps={steps}', '--config.train.checkpoint_every=2',
-       '--config.train.eval_every=0'], capture_output=True, text=True, timeout=600, check=False)
+       '--config.train.eval_every=0', '--config.model.num_layers=1',
+       '--config.train.batch_size=4', '--config.data.seq_len=32'],
+      capture_output=True, text=True, timeout=600, check=False)
   assert run(4).returncode == 0
   damage(tmp_path, 4, 'delete')
   done = run(6)

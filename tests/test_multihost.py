@@ -6,6 +6,7 @@ an uninterrupted run."""
 import json
 import re
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,6 +58,12 @@ def _one_process(workdir: str, steps: int, extra=()):
   return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def _train_steps(workdir: str) -> list:
+  """The steps of metrics.jsonl's train rows, in order (a row written twice shows twice)."""
+  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  return [l['step'] for l in lines if l['split'] == 'train']
+
+
 def _train_losses(workdir: str) -> dict:
   lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
   return {l['step']: l['loss'] for l in lines if l['split'] == 'train'}
@@ -68,58 +75,53 @@ def _data_state(workdir: str, step: int) -> dict:
 
 
 @pytest.mark.slow
-def test_two_processes_train_resume_and_a_single_process_evaluates(tmp_path):
-  workdir = str(tmp_path / 'run')
-  result = _two_processes(workdir, steps=3)
-  assert result['step'] == 3 and result['checkpoint_steps'] == [3]
-  prepared = os.path.join(workdir, 'prepared_data', 'local_text_files')
-  assert len(os.listdir(prepared)) == 1          # the embedded corpus, prepared once for both
-  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-  assert [l['step'] for l in lines if l['split'] == 'train'] == [1, 2, 3]  # written once
-
-  resumed = _two_processes(workdir, steps=5)
-  assert resumed['start_step'] == 3 and resumed['step'] == 5
-  assert len(os.listdir(prepared)) == 1          # reused
-
-  # One process takes over both hosts' data streams.
-  single = _one_process(workdir, steps=7)
-  assert single['start_step'] == 5 and single['step'] == 7
-  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '5', '7']
-
-  # ... but any single process loads the global checkpoint for evaluation.
-  evaluated = subprocess.run(
-      [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', workdir],
-      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-  record = json.loads(evaluated.stdout.strip().splitlines()[-1])
-  assert record['step'] == 7 and 0 < record['loss'] < 20
-
-
-@pytest.mark.slow
-def test_resuming_on_another_host_count_continues_the_uninterrupted_run(tmp_path):
-  """2 processes x 6 steps then 1 process x 6, and 1 then 2: the losses of steps 7..12 and the
-  data position at 12 are those of an uninterrupted 2-process run; the batches of steps 7..12,
-  rebuilt in-process from the step-6 data state on 1 and on 2 hosts, are bitwise equal."""
+def test_two_processes_train_and_resume_on_one_or_two_and_any_process_evaluates(tmp_path):
+  """2 processes x 6 steps, then 2 more or 1 process x 6 more; and 1 then 2: the losses of steps
+  7..12 and the data position at 12 are those of the uninterrupted 2-process run (bitwise on 2
+  processes); the batches of steps 7..12, rebuilt in-process from the step-6 data state on 1
+  and on 2 hosts, are bitwise equal. Process 0 alone writes the logs, the data are prepared
+  once for the run, and a single process evaluates the global checkpoint."""
   extra = ['--config.train.checkpoint_every=6']
   whole = str(tmp_path / 'whole')
-  _two_processes(whole, steps=12, extra=extra)
+  result = _two_processes(whole, steps=12, extra=extra)
+  assert result['step'] == 12 and result['checkpoint_steps'] == [6, 12]
+  assert _train_steps(whole) == list(range(1, 13))        # each step written once
   expected = _train_losses(whole)
+  two = str(tmp_path / 'two')
+  cut = _two_processes(two, steps=6, extra=extra)
+  assert cut['step'] == 6 and cut['checkpoint_steps'] == [6]
+  prepared = os.path.join(two, 'prepared_data', 'local_text_files')
+  assert len(os.listdir(prepared)) == 1          # the embedded corpus, prepared once for both
+  shutil.copytree(two, str(tmp_path / '2to1'))
   diffs = {}
-  for name, first, second in [('2to1', _two_processes, _one_process),
+  for name, first, second in [('2to2', None, _two_processes), ('2to1', None, _one_process),
                               ('1to2', _one_process, _two_processes)]:
-    workdir = str(tmp_path / name)
-    first(workdir, steps=6, extra=extra)
-    assert second(workdir, steps=12, extra=extra)['start_step'] == 6
+    workdir = str(tmp_path / {'2to2': 'two'}.get(name, name))
+    if first:
+      first(workdir, steps=6, extra=extra)
+    resumed = second(workdir, steps=12, extra=extra)
+    assert resumed['start_step'] == 6 and resumed['step'] == 12, resumed
     losses = _train_losses(workdir)
-    assert sorted(losses) == list(range(1, 13))
+    assert _train_steps(workdir) == list(range(1, 13))
     diffs[name] = max(abs(losses[s] - expected[s]) for s in range(7, 13))
     assert _data_state(workdir, 12) == _data_state(whole, 12)
+  assert len(os.listdir(prepared)) == 1          # reused by the 2-process resume
+  assert sorted(os.listdir(os.path.join(tmp_path, '2to1', 'checkpoints'))) == ['12', '6']
+  assert diffs['2to2'] == 0, diffs               # the same host count: the same sums
   print('largest loss difference, steps 7..12:', diffs)
   # Another host count changes only the order of every reduction (loss and gradient sums over
   # devices), so the losses (~7 here) differ by a few float32 ulps (4.8e-7 in [4, 8)): measured
   # 1.4e-6 / 4.8e-7. 20 ulps bounds that; a wrong batch or a skipped step moves the loss by
   # orders of magnitude more (the batches themselves are checked bitwise below).
   assert max(diffs.values()) <= 20 * np.spacing(np.float32(max(expected.values()))), diffs
+
+  # Any single process loads the global checkpoint for evaluation.
+  evaluated = subprocess.run(
+      [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', two],
+      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  record = json.loads(evaluated.stdout.strip().splitlines()[-1])
+  assert record['step'] == 12 and 0 < record['loss'] < 20
 
   from pretrain_jax import data
   from pretrain_jax.training import checkpoint

@@ -28,23 +28,26 @@ def _small(config, steps=6):
   return config
 
 
-@pytest.fixture(scope='module')
-def cache(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('cache'))
-  old = os.environ.get('PRETRAIN_JAX_CACHE')
-  os.environ['PRETRAIN_JAX_CACHE'] = path
-  yield path
-  if old is None:
-    del os.environ['PRETRAIN_JAX_CACHE']
-  else:
-    os.environ['PRETRAIN_JAX_CACHE'] = old
+@pytest.fixture(scope='session')
+def gpt_workdir(tmp_path_factory, worker_id):
+  """A small GPT trained 6 steps, once per session; tests read it (or copy it). Its data cache
+  (the tokenizer and the prepared corpus every run here reads) is `<workdir>_cache`."""
+  from conftest import once_per_session  # pylint: disable=g-import-not-at-top
+
+  def build(path):
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
+      loop.train_and_evaluate(_small(tiny_gpt.get_config()), path)
+  return once_per_session(tmp_path_factory, worker_id, 'small_gpt_6_steps', build)
 
 
-@pytest.fixture(scope='module')
-def gpt_workdir(cache, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('gpt'))
-  loop.train_and_evaluate(_small(tiny_gpt.get_config()), workdir)
-  return workdir
+@pytest.fixture(scope='module', autouse=True)
+def cache(gpt_workdir):
+  """PRETRAIN_JAX_CACHE for this module: gpt_workdir's, so the runs and commands here find the
+  tokenizer and the prepared corpus already there."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('PRETRAIN_JAX_CACHE', f'{gpt_workdir}_cache')
+    yield f'{gpt_workdir}_cache'
 
 
 def _logged_eval_loss(workdir):
@@ -267,13 +270,14 @@ def test_t5_predict_gives_labels_back_and_text_for_text_to_text(tmp_path, monkey
     model([]).predict(['a'], ['b'])
 
 
-def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(cache, tmp_path):
+def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(gpt_workdir, cache,
+                                                                        tmp_path):
   """finetune.py used to record the init's tokenizer path only: moving the pre-training workdir
   made the fine-tuned classifier unloadable."""
   import shutil  # pylint: disable=g-import-not-at-top
   import modeling  # pylint: disable=g-import-not-at-top
   init = str(tmp_path / 'gpt')
-  loop.train_and_evaluate(_small(tiny_gpt.get_config(), steps=2), init)
+  shutil.copytree(gpt_workdir, init)   # a pre-training workdir of its own, to move
   ft = str(tmp_path / 'ft')
   modeling.two_step_finetune(init, ft)
   saved = json.load(open(os.path.join(ft, 'config.json')))
@@ -299,15 +303,14 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(cache, tmp
     fine_tuned.predict(['a b c'])
 
 
-def test_transfer_runs_share_the_loaded_init_and_each_starts_from_it(cache, tmp_path):
+def test_transfer_runs_share_the_loaded_init_and_each_starts_from_it(gpt_workdir, cache,
+                                                                      tmp_path):
   """run_transfer loads the init once for all runs; the train step donates its state, so a run
   that started from the init's arrays themselves deleted them for the next ('Array has been
   deleted')."""
   import modeling  # pylint: disable=g-import-not-at-top
   from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
-  init = str(tmp_path / 'gpt')
-  loop.train_and_evaluate(_small(tiny_gpt.get_config(), steps=2), init)
-  rows = transfer.run_transfer(modeling.tiny_finetune_config(init), str(tmp_path / 'tr'),
+  rows = transfer.run_transfer(modeling.tiny_finetune_config(gpt_workdir), str(tmp_path / 'tr'),
                                modes=('linear_probe', 'full'), seeds=(0, 1))
   assert [(r['mode'], r['steps']) for r in rows] == [('linear_probe', 2)] * 2 + [('full', 2)] * 2
 

@@ -4,6 +4,7 @@ block. A command that stops working, or a README that names a flag or path that 
 fails here."""
 import json
 import os
+import pathlib
 import re
 import shlex
 import subprocess
@@ -60,14 +61,22 @@ def run(argv: list, cwd) -> dict:
 
 
 @pytest.fixture(scope='module')
-def newcomer(tmp_path_factory):
-  """A directory like a clone's after the main job: configs/ and runs/tiny/{bert,gpt,t5}."""
-  cwd = tmp_path_factory.mktemp('clone')
-  os.symlink(os.path.join(ROOT, 'configs'), cwd / 'configs')
-  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
-  corpus.write_embedded_corpus(str(cwd / 'my_corpus'))   # "your own text" for the train line
-  result = run(main_job_command(), cwd)
-  return cwd, result
+def newcomer(tmp_path_factory, worker_id):
+  """A directory like a clone's after the main job: configs/ and runs/tiny/{bert,gpt,t5}; and
+  the main job's result. Made once per session (pytest-xdist may give this module's tests to
+  both workers)."""
+  from conftest import once_per_session  # pylint: disable=g-import-not-at-top
+
+  def build(path):
+    cwd = pathlib.Path(path)
+    cwd.mkdir()
+    os.symlink(os.path.join(ROOT, 'configs'), cwd / 'configs')
+    from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    corpus.write_embedded_corpus(str(cwd / 'my_corpus'))   # "your own text" for the train line
+    result = run(main_job_command(), cwd)
+    (cwd.parent / 'clone.json').write_text(json.dumps(result))
+  cwd = pathlib.Path(once_per_session(tmp_path_factory, worker_id, 'clone', build))
+  return cwd, json.loads((cwd.parent / 'clone.json').read_text())
 
 
 @pytest.mark.slow   # ~160 s: the main job shortened; CI runs it (.ci/run)
