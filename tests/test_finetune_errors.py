@@ -142,7 +142,8 @@ def test_transfer_reports_the_examples_trained_on_not_the_size_asked(tmp_path, m
     return {'train_examples': min(c.task.max_train_examples or 300, 300), 'metric': 'acc',
             'final': 0.5, 'best': 0.6, 'step': 3, 'step_time_sec': 0.1, 'family': 'gpt'}
   monkeypatch.setattr(run_lib, 'finetune', finetune)
-  monkeypatch.setattr(run_lib, 'load_init', lambda path: type('Init', (), {'family': 'gpt'}))
+  monkeypatch.setattr(run_lib, 'load_init', lambda path: type(
+      'Init', (), {'family': 'gpt', 'model_config': type('Cfg', (), {'family': 'gpt'})}))
   monkeypatch.setattr(run_lib, 'load_task', lambda config: None)
   monkeypatch.setattr(run_lib, 'build_config', lambda config, init, task: config)
   c = finetune_config.get_config()
@@ -248,7 +249,7 @@ def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, 
 def test_a_task_name_that_is_nothing_says_what_a_task_can_be(name):
   """'nosuchtask' said "found splits []" (globbed as a directory), as if it were an empty one."""
   with pytest.raises(ValueError, match=rf"task '{name}' is not a directory and not a known "
-                                       r"task; expected 'word_order', a tfds task \(one of "):
+                                       r"task; expected 'word_order', 'doc_titles', a tfds task"):
     tasks.load_task(name)
 
 
