@@ -1,7 +1,9 @@
-"""Benchmark the real train step of a config; the last stdout line is one JSON record.
+"""Benchmark the real train step of a config, or of a suite of configs.
 
   pretrain-jax benchmark --config bench_gpt [--config.model.KEY=VALUE ...]
       [--steps 10] [--peak_flops 0]
+  pretrain-jax benchmark --suite gpu [--variants baseline,xla_attention,...] [--models ...]
+  pretrain-jax benchmark --suite cpu_smoke     # the gpu suite's configs at tiny shapes
 
 Compiles the train step (donated state, the configured mesh), times `--steps` steps on a
 device-resident synthetic batch of the configured shapes, and prints: family, params, step_s
@@ -9,15 +11,31 @@ device-resident synthetic batch of the configured shapes, and prints: family, pa
 forward + backward), peak_flops (large jitted matmuls on the same device and dtype, timed after
 every step; datasheet_peak_flops beside it on TPU/GPU), mfu (the median over steps of
 model_flops_per_step / step time / the probe beside it; with --peak_flops, that fixed peak),
-compile_s and peak memory where the backend reports it. No XLA flags are set.
+mfu_datasheet, compile_s and peak memory where the backend reports it. With --config the last
+stdout line is that one JSON record.
+
+With --suite (perf/suite.py) every stdout line is one compact JSON record per (model, variant),
+and a table of them follows on stderr. A config's `benchmark.xla_flags` and `mem_fraction` are
+set before JAX starts its backend (the environment's XLA_FLAGS win for a flag both name).
+Variants that set XLA flags run in a process of their own, started here with the same command
+line, one per variant; the rest run in this process, each right after its model's baseline.
 """
 import json
+import os
+import subprocess
+import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=False)
+_SUITE = flags.DEFINE_string('suite', None, 'time a suite of configs in one process: gpu, '
+                             'cpu_smoke, cpu (configs/bench_common.py: SUITES) or a comma-'
+                             'separated list of config names')
+_VARIANTS = flags.DEFINE_list('variants', ['baseline'], 'with --suite: the variants to time '
+                              '(perf/suite.py: VARIANTS), or "all"')
+_MODELS = flags.DEFINE_list('models', [], 'with --suite: only these of its configs')
 _STEPS = flags.DEFINE_integer('steps', None, 'timed steps (default: config.benchmark.steps '
                               'or 10)', lower_bound=1)
 _WARMUP = flags.DEFINE_integer('warmup', None, 'untimed steps after compiling (default 2)',
@@ -26,20 +44,131 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
                            '(0: measure)', lower_bound=0.0)
 
 
-def _run(argv):
-  del argv
-  from pretrain_jax.perf import benchmark
+def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
+  """Set XLA_FLAGS (and the GPU memory fraction) for the benchmarks before JAX starts its
+  backend; returns the XLA_FLAGS this process runs with."""
+  from pretrain_jax.perf import suite  # pylint: disable=g-import-not-at-top
+  wanted = {b.xla_flags for b in bench_sections}
+  if len(wanted) > 1:
+    raise ValueError(f'the configs name different benchmark.xla_flags {sorted(wanted)}; '
+                     'expected one set per process (time them in separate commands)')
+  env = os.environ.get('XLA_FLAGS', '')
+  merged = suite.merge_xla_flags(wanted.pop() if wanted else '', env, variant_flags)
+  fractions = {b.mem_fraction for b in bench_sections if b.mem_fraction}
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if merged != env or fractions:
+    if getattr(xla_bridge, 'backends_are_initialized', lambda: False)():
+      raise ValueError(f'XLA_FLAGS={merged!r} came too late: JAX already started its backend; '
+                       'expected them set before starting (run the command afresh)')
+    os.environ['XLA_FLAGS'] = merged
+    if fractions:
+      os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(max(fractions)))
+  return merged
+
+
+def _run_config():
+  from pretrain_jax.perf import benchmark  # pylint: disable=g-import-not-at-top
   config = cli.config_of(_CONFIG, 'pre-training')
   bench = benchmark.benchmark_section(config)
+  _start_backend_with([bench])
   record = benchmark.benchmark_train_step(
       config, steps=_STEPS.value if _STEPS.value is not None else bench.steps,
       warmup=_WARMUP.value if _WARMUP.value is not None else bench.warmup,
-      peak_flops=_PEAK.value or None)
+      peak_flops=_PEAK.value or None, probe_size=bench.probe_size)
   print(json.dumps(record), flush=True)
 
 
+def _argv_for(variant: str) -> list:
+  """This command line with `--variants` replaced by one variant (a child process's)."""
+  out, skip = [], False
+  for arg in sys.argv[1:]:
+    if skip:
+      skip = False
+      continue
+    if arg == '--variants':
+      skip = True
+      continue
+    if not arg.startswith('--variants='):
+      out.append(arg)
+  return [sys.executable, '-m', 'pretrain_jax.commands.benchmark', *out, f'--variants={variant}']
+
+
+_CHILD = 'PRETRAIN_JAX_BENCHMARK_CHILD'   # set in a variant's process: its parent prints the table
+
+
+def _child(variant: str, models: list) -> list:
+  """Run one XLA-flag variant in its own process; its records (errors as records too)."""
+  proc = subprocess.run(_argv_for(variant), stdout=subprocess.PIPE, text=True, check=False,
+                        env={**os.environ, _CHILD: '1'})
+  records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{')]
+  if proc.returncode and not records:
+    records = [{'model': m, 'variant': variant,
+                'error': f'its process exited {proc.returncode} (its stderr above)'}
+               for m in models]
+  return records
+
+
+def _error_line(error: Exception) -> str:
+  """A failed benchmark's record text: the error's one line (--verbose: its traceback)."""
+  if flags.FLAGS.verbose:
+    raise error
+  text = cli.one_line(error)[len('error: '):]
+  return (text if cli.is_user_error(error) else f'{type(error).__name__}: {text}')[:300]
+
+
+def _run_suite():
+  import configs.bench_common  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.perf import benchmark, suite  # pylint: disable=g-import-not-at-top
+  if _CONFIG.value is not None:
+    raise ValueError('--config and --suite were both given; expected one of them')
+  entries = configs.bench_common.suite(_SUITE.value)
+  names = [n for n, _ in entries]
+  unknown = [m for m in _MODELS.value if m not in names]
+  if unknown:
+    raise ValueError(f'--models names {unknown}; expected configs of --suite={_SUITE.value}: '
+                     f'{names}')
+  entries = [(n, c) for n, c in entries if not _MODELS.value or n in _MODELS.value]
+  variants = list(suite.VARIANTS) if _VARIANTS.value == ['all'] else _VARIANTS.value
+  variants = sorted(dict.fromkeys(variants), key=lambda v: v != 'baseline')  # baseline first
+  flagged = [v for v in variants if suite.variant(v).xla_flags]
+  here = [v for v in variants if not suite.variant(v).xla_flags]
+  if not here and len(flagged) == 1:     # a child: this process starts with its flags
+    here, flagged = flagged, []
+  own_flags = suite.variant(here[0]).xla_flags if here else ''
+  xla_flags = _start_backend_with([benchmark.benchmark_section(c) for _, c in entries],
+                                  own_flags)
+  records = []
+
+  def emit(record):
+    records.append(record)
+    suite.add_ratios(records)
+    print(json.dumps(suite.compact(record), separators=(',', ':')), flush=True)
+  for record in suite.run(entries, here, steps=_STEPS.value, warmup=_WARMUP.value,
+                          peak_flops=_PEAK.value or None, xla_flags=xla_flags,
+                          on_error=_error_line):
+    emit(record)
+  for v in flagged:
+    for record in _child(v, [n for n, _ in entries]):
+      emit(record)
+  if not os.environ.get(_CHILD):
+    print(suite.table(suite.compact(r) for r in records), file=sys.stderr, flush=True)
+  failed = [f"{r['model']}/{r['variant']}" for r in records if 'error' in r]
+  if failed:
+    raise ValueError(f'{len(failed)} of {len(records)} benchmarks failed ({", ".join(failed)}); '
+                     'expected every one to run: see their error lines')
+
+
+def _run(argv):
+  del argv
+  if _SUITE.value:
+    _run_suite()
+  elif _CONFIG.value is None:
+    raise ValueError('no --config or --suite; expected one (--config bench_gpt, --suite gpu)')
+  else:
+    _run_config()
+
+
 def main(argv=None) -> None:
-  flags.mark_flags_as_required(['config'])
   cli.run(_run, argv)
 
 
