@@ -46,6 +46,8 @@ VARIANTS = types.MappingProxyType({
                                      lambda c: max(c.data.seq_len // 4, 1)}),
     'remat': Variant('per-block rematerialisation (minimal policy)',
                      overrides={'model.remat': 'minimal'}),
+    'fp8': Variant('dense layers in fp8 (train.fp8: e4m3, gradients e5m2; GPUs of compute '
+                   'capability >= 8.9)', overrides={'train.fp8': True}),
     'host_feed': Variant('the batch copied from the host inside every step (no prefetch)',
                          feed='host'),
     'prefetch': Variant("the next step's batch copied while this one runs", feed='prefetch'),
