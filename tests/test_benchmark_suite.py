@@ -168,3 +168,13 @@ def test_feeds():
   assert record['feed'] == 'prefetch' and record['tokens_per_s'] > 0
   with pytest.raises(ValueError, match="feed='pipe'"):
     benchmark.benchmark_train_step(config, steps=1, warmup=0, peak_flops=1e9, feed='pipe')
+
+
+def test_profile_dir_traces_each_benchmark(tmp_path):
+  config = configs.bench_common.smoke(bench_gpu_t5.get_config())
+  [record] = suite.run([('t5', config)], ['baseline'], steps=1, warmup=0, peak_flops=1e9,
+                       profile_dir=str(tmp_path))
+  assert 'error' not in record and record['profile'] == str(tmp_path / 't5-baseline')
+  traces = [p.name for p in (tmp_path / 't5-baseline').rglob('*') if p.is_file()]
+  assert any(n.endswith('.xplane.pb') for n in traces), traces
+  assert 'perfetto_trace.json.gz' in traces

@@ -36,6 +36,8 @@ _SUITE = flags.DEFINE_string('suite', None, 'time a suite of configs in one proc
 _VARIANTS = flags.DEFINE_list('variants', ['baseline'], 'with --suite: the variants to time '
                               '(perf/suite.py: VARIANTS), or "all"')
 _MODELS = flags.DEFINE_list('models', [], 'with --suite: only these of its configs')
+_PROFILE = flags.DEFINE_string('profile_dir', None, 'also trace 3 untimed steps of each '
+                               'benchmark into this directory (<model>-<variant>/ with --suite)')
 _STEPS = flags.DEFINE_integer('steps', None, 'timed steps (default: config.benchmark.steps '
                               'or 10)', lower_bound=1)
 _WARMUP = flags.DEFINE_integer('warmup', None, 'untimed steps after compiling (default 2)',
@@ -74,7 +76,7 @@ def _run_config():
   record = benchmark.benchmark_train_step(
       config, steps=_STEPS.value if _STEPS.value is not None else bench.steps,
       warmup=_WARMUP.value if _WARMUP.value is not None else bench.warmup,
-      peak_flops=_PEAK.value or None, probe_size=bench.probe_size)
+      peak_flops=_PEAK.value or None, probe_size=bench.probe_size, profile_dir=_PROFILE.value)
   print(json.dumps(record), flush=True)
 
 
@@ -145,7 +147,7 @@ def _run_suite():
     print(json.dumps(suite.compact(record), separators=(',', ':')), flush=True)
   for record in suite.run(entries, here, steps=_STEPS.value, warmup=_WARMUP.value,
                           peak_flops=_PEAK.value or None, xla_flags=xla_flags,
-                          on_error=_error_line):
+                          on_error=_error_line, profile_dir=_PROFILE.value):
     emit(record)
   for v in flagged:
     for record in _child(v, [n for n, _ in entries]):

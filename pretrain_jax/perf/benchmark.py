@@ -128,13 +128,16 @@ def peak_memory(compiled) -> dict:
 
 def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
                          peak_flops: float = None, feed: str = 'device',
-                         probe_size: int = None) -> dict:
+                         probe_size: int = None, profile_dir: str = None,
+                         profile_steps: int = 3) -> dict:
   """Compile and time the real train step on `config`; returns the benchmark record.
 
   `peak_flops` given: MFU = model_flops / median step_s / peak_flops. Otherwise a matmul probe
   (of side `probe_size`, default peak_probe's) is timed after each step, `peak_flops` is their
   median and `mfu` the median of the pairs. `mfu_datasheet` divides by the datasheet peak
   (None on CPU). `feed` is where each step's batch comes from (module docstring: FEEDS).
+  `profile_dir`: after the timed steps, `profile_steps` more run under a jax.profiler trace
+  written there (TensorBoard's profile plugin, and perfetto_trace.json.gz), untimed.
   """
   if feed not in FEEDS:
     raise ValueError(f'feed={feed!r}; expected one of {FEEDS}')
@@ -177,6 +180,11 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
     peaks.append(probe() * jax.device_count() if probe else peak_flops)
+  if profile_dir:
+    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+      for _ in range(profile_steps):
+        state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
   step_s = statistics.median(times)
   if probe:
     mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks))
@@ -202,4 +210,6 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   if target_len:
     record['target_len'] = int(target_len)
   record.update(peak_memory(compiled))
+  if profile_dir:
+    record['profile'] = profile_dir
   return record

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import ml_collections
 
+from pretrain_jax import paths
 from pretrain_jax.perf import benchmark
 
 
@@ -80,11 +81,12 @@ def with_variant(config: ml_collections.ConfigDict, name: str) -> ml_collections
 
 def run(entries: Iterable[tuple], variants: Iterable[str], *, steps: Optional[int] = None,
         warmup: Optional[int] = None, peak_flops: Optional[float] = None,
-        xla_flags: str = '', on_error: Callable = None):
+        xla_flags: str = '', on_error: Callable = None, profile_dir: Optional[str] = None):
   """Yield one record per (model, variant): each entry (name, config) is timed under each
   in-process variant in turn (benchmark.benchmark_train_step). A failure (out of memory, a
   path the backend lacks) is a record with `error` (its one line, from `on_error(exc)` or
-  str) and the suite goes on. `xla_flags` is what this process started with (recorded)."""
+  str) and the suite goes on. `xla_flags` is what this process started with (recorded).
+  `profile_dir`: each record's steps are also traced, into profile_dir/<model>-<variant>."""
   variants = list(variants)
   for name, config in entries:
     for v in variants:
@@ -94,7 +96,8 @@ def run(entries: Iterable[tuple], variants: Iterable[str], *, steps: Optional[in
         bench = benchmark.benchmark_section(cfg)
         record.update(benchmark.benchmark_train_step(
             cfg, steps=steps or bench.steps, warmup=bench.warmup if warmup is None else warmup,
-            peak_flops=peak_flops, feed=variant(v).feed, probe_size=bench.probe_size))
+            peak_flops=peak_flops, feed=variant(v).feed, probe_size=bench.probe_size,
+            profile_dir=profile_dir and paths.join(profile_dir, f'{name}-{v}')))
       except Exception as e:  # pylint: disable=broad-except  # one model's failure, not all
         record['error'] = on_error(e) if on_error else f'{type(e).__name__}: {e}'
       record['xla_flags'] = xla_flags
@@ -106,7 +109,7 @@ RECORD_KEYS = ('model', 'variant', 'family', 'params', 'batch_size', 'seq_len', 
                'datasheet_peak_flops', 'model_flops_per_step', 'peak_bytes_in_use',
                'step_bytes', 'compile_s', 'loss', 'steps', 'feed', 'dtype', 'attention_impl',
                'remat', 'loss_chunk_len', 'device', 'num_devices', 'xla_flags', 'vs_baseline',
-               'error')
+               'profile', 'error')
 
 
 def _round(value):
@@ -137,7 +140,7 @@ def add_ratios(records: list) -> list:
 
 def table(records: Iterable[Mapping]) -> str:
   """The records as a short fixed-width table (one row each)."""
-  rows = [('model', 'variant', 'tokens/s', 'step ms', 'MFU', 'MFU(sheet)', 'peak GiB',
+  rows = [('model', 'variant', 'tokens/s', 'step ms', 'MFU', 'MFU(sheet)', 'step GiB',
            'compile s', 'vs base')]
   def fmt(value, spec):
     return '-' if value is None else format(value, spec)
@@ -146,7 +149,7 @@ def table(records: Iterable[Mapping]) -> str:
       rows.append((r['model'], r['variant'], 'error: ' + r['error'][:60], '', '', '', '', '',
                    ''))
       continue
-    mem = r.get('peak_bytes_in_use', r.get('step_bytes'))
+    mem = r.get('step_bytes')
     rows.append((r['model'], r['variant'], fmt(r.get('tokens_per_s'), ',.0f'),
                  fmt(r.get('step_ms'), '.1f'), fmt(r.get('mfu'), '.3f'),
                  fmt(r.get('mfu_datasheet'), '.3f'), fmt(mem and mem / 2 ** 30, '.2f'),
