@@ -17,8 +17,10 @@ stdout line is that one JSON record.
 With --suite (perf/suite.py) every stdout line is one compact JSON record per (model, variant),
 and a table of them follows on stderr. A config's `benchmark.xla_flags` and `mem_fraction` are
 set before JAX starts its backend (the environment's XLA_FLAGS win for a flag both name).
-Variants that set XLA flags run in a process of their own, started here with the same command
-line, one per variant; the rest run in this process, each right after its model's baseline.
+XLA reads its flags once per process, so variants that need more than one flag set run in one
+process per set (the baseline's set first), started here one after another with the same
+command line, while this process starts no backend (it would hold the device's memory);
+variants of one flag set run in one process, each right after its model's baseline.
 """
 import json
 import os
@@ -80,8 +82,8 @@ def _run_config():
   print(json.dumps(record), flush=True)
 
 
-def _argv_for(variant: str) -> list:
-  """This command line with `--variants` replaced by one variant (a child process's)."""
+def _argv_for(variants: list) -> list:
+  """This command line with `--variants` replaced by `variants` (a child process's)."""
   out, skip = [], False
   for arg in sys.argv[1:]:
     if skip:
@@ -92,22 +94,29 @@ def _argv_for(variant: str) -> list:
       continue
     if not arg.startswith('--variants='):
       out.append(arg)
-  return [sys.executable, '-m', 'pretrain_jax.commands.benchmark', *out, f'--variants={variant}']
+  return [sys.executable, '-m', 'pretrain_jax.commands.benchmark', *out,
+          '--variants=' + ','.join(variants)]
 
 
-_CHILD = 'PRETRAIN_JAX_BENCHMARK_CHILD'   # set in a variant's process: its parent prints the table
+_CHILD = 'PRETRAIN_JAX_BENCHMARK_CHILD'   # set in a child process: its parent prints the table
 
 
-def _child(variant: str, models: list) -> list:
-  """Run one XLA-flag variant in its own process; its records (errors as records too)."""
-  proc = subprocess.run(_argv_for(variant), stdout=subprocess.PIPE, text=True, check=False,
-                        env={**os.environ, _CHILD: '1'})
-  records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{')]
-  if proc.returncode and not records:
-    records = [{'model': m, 'variant': variant,
-                'error': f'its process exited {proc.returncode} (its stderr above)'}
-               for m in models]
-  return records
+def _child(variants: list, models: list):
+  """Yield the records of `variants` timed in a process of their own, as its lines come; a
+  process that ends without its lines yields an error record for each it owed."""
+  with subprocess.Popen(_argv_for(variants), stdout=subprocess.PIPE, text=True,
+                        env={**os.environ, _CHILD: '1'}) as proc:
+    done = set()
+    for line in proc.stdout:
+      if line.startswith('{'):
+        record = json.loads(line)
+        done.add((record.get('model'), record.get('variant')))
+        yield record
+  for model in models:
+    for v in variants:
+      if (model, v) not in done:
+        yield {'model': model, 'variant': v,
+               'error': f'its process exited {proc.returncode} before it (its stderr above)'}
 
 
 def _error_line(error: Exception) -> str:
@@ -132,26 +141,29 @@ def _run_suite():
   entries = [(n, c) for n, c in entries if not _MODELS.value or n in _MODELS.value]
   variants = list(suite.VARIANTS) if _VARIANTS.value == ['all'] else _VARIANTS.value
   variants = sorted(dict.fromkeys(variants), key=lambda v: v != 'baseline')  # baseline first
-  flagged = [v for v in variants if suite.variant(v).xla_flags]
-  here = [v for v in variants if not suite.variant(v).xla_flags]
-  if not here and len(flagged) == 1:     # a child: this process starts with its flags
-    here, flagged = flagged, []
-  own_flags = suite.variant(here[0]).xla_flags if here else ''
-  xla_flags = _start_backend_with([benchmark.benchmark_section(c) for _, c in entries],
-                                  own_flags)
   records = []
 
   def emit(record):
     records.append(record)
     suite.add_ratios(records)
     print(json.dumps(suite.compact(record), separators=(',', ':')), flush=True)
-  for record in suite.run(entries, here, steps=_STEPS.value, warmup=_WARMUP.value,
-                          peak_flops=_PEAK.value or None, xla_flags=xla_flags,
-                          on_error=_error_line, profile_dir=_PROFILE.value):
-    emit(record)
-  for v in flagged:
-    for record in _child(v, [n for n, _ in entries]):
+  flag_sets = {suite.variant(v).xla_flags for v in variants}
+  if len(flag_sets) == 1:          # one XLA flag set: all of them in this process
+    xla_flags = _start_backend_with([benchmark.benchmark_section(c) for _, c in entries],
+                                    flag_sets.pop())
+    for record in suite.run(entries, variants, steps=_STEPS.value, warmup=_WARMUP.value,
+                            peak_flops=_PEAK.value or None, xla_flags=xla_flags,
+                            on_error=_error_line, profile_dir=_PROFILE.value):
       emit(record)
+  else:
+    # One process per flag set, one after another, while this one starts no backend (it would
+    # hold the device's memory while they run).
+    groups = {}
+    for v in variants:
+      groups.setdefault(suite.variant(v).xla_flags, []).append(v)
+    for group in groups.values():
+      for record in _child(group, [n for n, _ in entries]):
+        emit(record)
   if not os.environ.get(_CHILD):
     print(suite.table(suite.compact(r) for r in records), file=sys.stderr, flush=True)
   failed = [f"{r['model']}/{r['variant']}" for r in records if 'error' in r]
