@@ -178,3 +178,16 @@ def test_profile_dir_traces_each_benchmark(tmp_path):
   traces = [p.name for p in (tmp_path / 't5-baseline').rglob('*') if p.is_file()]
   assert any(n.endswith('.xplane.pb') for n in traces), traces
   assert 'perfetto_trace.json.gz' in traces
+
+
+def test_suites_name_their_configs():
+  gpu = configs.bench_common.suite('gpu')
+  smoke = configs.bench_common.suite('cpu_smoke')
+  assert [n for n, _ in gpu] == [n for n, _ in smoke] == list(configs.bench_common.SUITES['gpu'])
+  assert [c.model.num_layers for _, c in gpu] == [12, 12, 12]
+  assert [c.model.num_layers for _, c in smoke] == [1, 1, 1]
+  assert [c.benchmark.xla_flags for _, c in smoke] == [c.benchmark.xla_flags for _, c in gpu]
+  listed = configs.bench_common.suite('bench_gpt,bench_t5')
+  assert [(n, c.model.family) for n, c in listed] == [('bench_gpt', 'gpt'), ('bench_t5', 't5')]
+  with pytest.raises(ValueError, match="'bench_common'"):
+    configs.bench_common.suite('bench_common')
