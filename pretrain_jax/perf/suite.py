@@ -4,9 +4,10 @@ variants, as one compact JSON record per (model, variant) and a short table.
 A variant is a technique measured against the suite's own settings (`baseline`): config
 overrides and the batch feed change per step build, so they run in the same process as the
 baseline, right after it for each model (interleaved, so the ratio `vs_baseline` compares
-steps timed minutes apart); XLA flags are read once, when JAX starts its backend, so a variant
-that sets one needs a process of its own (pretrain_jax/commands/benchmark.py starts it).
+steps timed minutes apart); XLA flags are read once, when JAX starts its backend, so each set
+of them needs a process of its own (pretrain_jax/commands/benchmark.py starts them).
 """
+import copy
 import dataclasses
 import math
 import types
@@ -72,7 +73,7 @@ def merge_xla_flags(*layers: str) -> str:
 
 def with_variant(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """A copy of `config` with the variant's overrides applied."""
-  out = ml_collections.ConfigDict(config.to_dict())
+  out = copy.deepcopy(config)
   for key, value in variant(name).overrides.items():
     section, field = key.split('.')
     out[section][field] = value(out) if callable(value) else value
