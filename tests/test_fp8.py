@@ -102,3 +102,14 @@ def test_fp8_on_this_cpu_is_one_error_line():
   assert out.returncode == 2 and out.stdout == ''
   assert out.stderr.startswith('error: train.fp8=True on cpu') and len(
       out.stderr.strip().splitlines()) == 1
+
+
+def test_a_resume_switches_fp8_only_when_allowed():
+  """fp8 changes how the step computes, not what the state is: an allowable change."""
+  from configs import tiny_gpt  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import workdir  # pylint: disable=g-import-not-at-top
+  saved = tiny_gpt.get_config().to_dict()
+  on = tiny_gpt.get_config()
+  on.train.fp8 = True
+  assert workdir.config_differences(saved, on.to_dict()) == ['train.fp8: False -> True']
+  assert workdir.config_differences(saved, on.to_dict(), 'train.fp8') == []
