@@ -5,8 +5,10 @@ MFU is "share of what this machine's matmul achieves", not of a datasheet number
 beside it on TPU/GPU); the probe runs after every timed step and MFU is the median of the
 per-step ratios.
 `benchmark_train_step` compiles the real train step (pretrain_jax.training.step, donated state)
-and times it on a device-resident synthetic batch of the configured shapes; the input pipeline
-is benchmarked separately (pretrain-jax benchmark_data).
+and times it on a synthetic batch of the configured shapes: device-resident (`feed='device'`),
+copied from the host inside every timed step (`'host'`: what an input pipeline without
+prefetch pays) or copied for the next step while this one runs (`'prefetch'`). The input
+pipeline itself is benchmarked separately (pretrain-jax benchmark_data).
 """
 import statistics
 import time
@@ -101,8 +103,13 @@ def synthetic_batch(config) -> dict:
   return data.batch(0)
 
 
+FEEDS = ('device', 'host', 'prefetch')
+
+
 def peak_memory(compiled) -> dict:
-  """Peak device bytes where the backend reports them, plus XLA's static buffer sizes."""
+  """Peak device bytes where the backend reports them (the process's peak so far), plus XLA's
+  static buffer sizes and `step_bytes`, what one step holds live by XLA's count: arguments,
+  outputs that do not reuse a donated argument, and temporaries."""
   out = {}
   stats = jax.devices()[0].memory_stats()
   if stats and 'peak_bytes_in_use' in stats:
@@ -111,19 +118,29 @@ def peak_memory(compiled) -> dict:
     mem = compiled.memory_analysis()
     out.update(compiled_temp_bytes=int(mem.temp_size_in_bytes),
                compiled_argument_bytes=int(mem.argument_size_in_bytes),
-               compiled_output_bytes=int(mem.output_size_in_bytes))
+               compiled_output_bytes=int(mem.output_size_in_bytes),
+               step_bytes=int(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                              - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
   except Exception:  # pylint: disable=broad-except  # not every backend implements it
     pass
   return out
 
 
 def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
-                         peak_flops: float = None) -> dict:
+                         peak_flops: float = None, feed: str = 'device',
+                         probe_size: int = None, profile_dir: str = None,
+                         profile_steps: int = 3) -> dict:
   """Compile and time the real train step on `config`; returns the benchmark record.
 
   `peak_flops` given: MFU = model_flops / median step_s / peak_flops. Otherwise a matmul probe
-  is timed after each step, `peak_flops` is their median and `mfu` the median of the pairs.
+  (of side `probe_size`, default peak_probe's) is timed after each step, `peak_flops` is their
+  median and `mfu` the median of the pairs. `mfu_datasheet` divides by the datasheet peak
+  (None on CPU). `feed` is where each step's batch comes from (module docstring: FEEDS).
+  `profile_dir`: after the timed steps, `profile_steps` more run under a jax.profiler trace
+  written there (TensorBoard's profile plugin, and perfetto_trace.json.gz), untimed.
   """
+  if feed not in FEEDS:
+    raise ValueError(f'feed={feed!r}; expected one of {FEEDS}')
   t, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh))
   model_cfg = ModelConfig.from_config(config.model)
@@ -135,7 +152,10 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   state = trainer.create_state(t.seed)
   params = state_lib.count_params(state.params)
   train_step = trainer.train_step
-  batch = {k: jax.device_put(v, trainer.batch_sharding) for k, v in batch_np.items()}
+
+  def put():
+    return {k: jax.device_put(v, trainer.batch_sharding) for k, v in batch_np.items()}
+  batch = put()
 
   start = time.perf_counter()
   compiled = train_step.lower(state, batch).compile()
@@ -146,27 +166,39 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   # With no peak given, a matmul probe runs after every timed step and each step's MFU is taken
   # against the probe beside it, so a shared machine whose speed drifts between runs (step and
   # matmul slowing down together) still reads the same MFU.
-  probe = None if peak_flops else peak_probe(model_cfg.dtype)
+  probe = None if peak_flops else peak_probe(model_cfg.dtype, probe_size or None)
   tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np,
                                                 max_predictions)
   times, peaks = [], []
   for _ in range(steps):
     start = time.perf_counter()
+    if feed == 'host':
+      batch = put()
     state, metrics = compiled(state, batch)
+    if feed == 'prefetch':
+      batch = put()         # the next step's copy, issued while this step runs
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
     peaks.append(probe() * jax.device_count() if probe else peak_flops)
+  if profile_dir:
+    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+      for _ in range(profile_steps):
+        state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
   step_s = statistics.median(times)
   if probe:
     mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks))
   else:
     mfu = model_flops / step_s / peak_flops
+  datasheet = datasheet_peak_flops()
   record = {'family': model_cfg.family, 'params': params,
             'batch_size': t.batch_size, 'seq_len': data.seq_len,
             'step_s': step_s, 'step_s_min': min(times), 'steps': steps,
             'tokens_per_s': tokens / step_s, 'model_flops_per_step': model_flops,
             'peak_flops': statistics.median(peaks),
-            'datasheet_peak_flops': datasheet_peak_flops(), 'mfu': mfu, 'compile_s': compile_s,
+            'datasheet_peak_flops': datasheet, 'mfu': mfu,
+            'mfu_datasheet': model_flops / step_s / datasheet if datasheet else None,
+            'compile_s': compile_s, 'feed': feed,
             'loss': float(metrics['loss']), 'device': jax.devices()[0].device_kind,
             'num_devices': jax.device_count(), 'dtype': jnp.dtype(model_cfg.dtype).name,
             'attention_impl': attention_path(model_cfg.replace(deterministic=False)),
@@ -178,4 +210,6 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   if target_len:
     record['target_len'] = int(target_len)
   record.update(peak_memory(compiled))
+  if profile_dir:
+    record['profile'] = profile_dir
   return record

@@ -44,6 +44,9 @@ class TrainConfig(Section):
                                     # runs the head on every position (exact). -1 = the MLM
                                     # objective's bound (128 for 512 tokens; data sections
                                     # resolve it: max_predictions), 0 = every position
+  fp8: bool = False                 # dense layers in fp8 (e4m3, gradients e5m2, per-tensor
+                                    # scales; tuning/fp8.py); NVIDIA GPUs with fp8 tensor cores
+                                    # only (compute capability >= 8.9: H100, L4, ...)
   seed: int = 0                     # parameter init and dropout randomness
   prng_impl: str = 'threefry2x32'   # dropout key's PRNG (jax.random.key impl): 'threefry2x32'
                                     # (JAX's default, works everywhere), 'philox4x32' (cheaper

@@ -178,7 +178,7 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
   linear probe) trains only the active heads' parameters (family Head.params). The model's
   tuning is chosen here, once, from the mesh's devices (tuning/backends.py).
   """
-  model_cfg = model_cfg.replace(tuning=backends.for_platform(mesh.devices.flat[0].platform))
+  model_cfg = model_cfg.replace(tuning=backends.for_device(mesh.devices.flat[0], t.fp8))
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
   if t.freeze_backbone:
     heads = family_of(model_cfg).active_heads(model_cfg)

@@ -50,7 +50,7 @@ FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_b
 ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
                   'train.final_lr_fraction', 'train.weight_decay', 'train.grad_clip',
                   'train.adam_b1', 'train.adam_b2', 'train.z_loss', 'train.microbatches',
-                  'train.seed', 'train.prng_impl')
+                  'train.seed', 'train.prng_impl', 'train.fp8')
 # Model keys that say how the weights run, not what they are: a run starting from an import's
 # weights (checkpoint 0) may set them (the import writes float32, reference attention, no
 # remat); a trained checkpoint's resume may not.

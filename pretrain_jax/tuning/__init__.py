@@ -1,7 +1,9 @@
 """Backend tuning behind one seam; model code reads as plain Flax.
 
   backends.py  the Tuning record: PLAIN (every ModelConfig's default) and CPU, chosen once per
-               train step from its devices by training.step.make_steps (for_platform)
+               train step from its devices by training.step.make_steps (for_device)
+  fp8.py       fp8 dense layers (train.fp8; GPUs with fp8 tensor cores): e4m3 operands, e5m2
+               gradients, one scale per tensor from its current maximum
   cpu.py       the XLA:CPU forms CPU swaps in (dense-layer weight gradients, 16-bit dropout
                masks, the state's finiteness check, init programs' compiler options)
   process.py   glibc malloc and library env settings, applied by the commands at start

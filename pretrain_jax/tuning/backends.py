@@ -18,6 +18,9 @@ summed first and reduced once, as in HF's T5. The reference path materializes pe
 anyway. jax.nn.dot_product_attention ('xla', 'cudnn') keeps the (1, N, T, S) bias, so cuDNN is
 never handed a per-row bias and gradient it would otherwise reduce over the batch itself.
 
+`matmul` with train.fp8 (`for_device`): every dense layer in fp8 on GPUs that have fp8 tensor
+cores (tuning/fp8.py); refused on other devices, where it would only emulate the rounding.
+
 `blockwise_max` (training/losses.py): the loss finds each row's maximum block by block, so the
 row is read once by a plain max. Not on accelerators: a vocabulary-sharded (tensor-parallel)
 row would be resharded by the block reshape and gather, and the whole-row search is one more
@@ -32,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from pretrain_jax.tuning import cpu
+from pretrain_jax.tuning import fp8
 
 
 def dropout(x, rng, rate: float):
@@ -94,3 +98,29 @@ def for_platform(platform: str) -> Tuning:
   if platform == 'cpu':
     return CPU
   return dataclasses.replace(PLAIN, name=platform, platform=platform)
+
+
+@functools.cache
+def with_fp8(platform: str) -> Tuning:
+  """for_platform(platform) with fp8 dense layers (tuning/fp8.py); one record per process."""
+  return dataclasses.replace(for_platform(platform), name=f'{platform}+fp8', matmul=fp8.matmul)
+
+
+def for_device(device, fp8_dense: bool = False) -> Tuning:
+  """The tuning of a step on `device` (a jax.Device): for_platform(its platform), or with
+  `fp8_dense` (train.fp8) its fp8 form, refused (ValueError) where the device has no fp8
+  tensor cores (not an NVIDIA GPU of compute capability >= fp8.MIN_COMPUTE_CAPABILITY)."""
+  if not fp8_dense:
+    return for_platform(device.platform)
+  capability = getattr(device, 'compute_capability', None) if device.platform == 'gpu' else None
+  try:
+    ok = capability is not None and float(capability) >= fp8.MIN_COMPUTE_CAPABILITY
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    where = (f'compute capability {capability}' if capability is not None
+             else f'platform {device.platform}')
+    raise ValueError(f'train.fp8=True on {device.device_kind} ({where}); expected an NVIDIA '
+                     f'GPU of compute capability >= {fp8.MIN_COMPUTE_CAPABILITY} (Ada, Hopper '
+                     'or newer: fp8 tensor cores), or train.fp8=False')
+  return with_fp8(device.platform)
