@@ -57,7 +57,7 @@ def _new_folders(workdir: str) -> list:
   """`workdir` and the folders above it that do not exist yet, deepest first."""
   if paths.is_remote(workdir):   # an object store has no folders above the workdir's objects
     return [] if paths.exists(workdir) else [workdir]
-  new, folder = [], os.path.abspath(paths.absolute(workdir))
+  new, folder = [], paths.absolute(workdir)
   while not os.path.exists(folder) and folder != os.path.dirname(folder):
     new.append(folder)
     folder = os.path.dirname(folder)
@@ -92,6 +92,6 @@ def removed_if_refused(workdir: str):
     if new:
       try:
         _clear(new[-1])
-      except OSError:   # (a file written meanwhile) never hides the error being raised
-        pass
+      except Exception:  # pylint: disable=broad-except  (e.g. a file written meanwhile)
+        pass             # never hides the error being raised
     raise
