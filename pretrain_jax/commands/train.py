@@ -14,7 +14,8 @@ In a multi-process run a process that stops with an error leaves at once (os._ex
 handlers), so the others' collectives fail at once instead of JAX's 5-minute exit barrier.
 
 Progress and a summary go to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one
-JSON line of results. A run refused before it trained leaves no new workdir behind. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
+JSON line of results. A run refused before it trained leaves no new workdir behind.
+--synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
 --config.data.tokenizer takes a sentencepiece .model or a Hugging Face tokenizer directory
 (the hf_tokenizer/ of a workdir pretrain-jax convert_hf imported: GPT-2's BPE, BERT's WordPiece).
 """
