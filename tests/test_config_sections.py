@@ -57,6 +57,8 @@ def test_an_unknown_fine_tune_key_is_refused_naming_it():
     (TrainConfig, train(async_checkpoints=1), r'^train\.async_checkpoints=1; expected True or '
                                                'False'),
     (TrainConfig, train(learning_rate=True), r'^train\.learning_rate=True; expected a number'),
+    (TrainConfig, train(learning_rate=1e40), r'^train\.learning_rate=1e\+40; expected a rate > 0 '
+                                             'that float32 holds'),
     (TrainConfig, train(schedule='step'), r"^train\.schedule='step'; expected one of"),
     (TrainConfig, train(eval_batches=-1), r'^train\.eval_batches=-1; expected >= 0 batches'),
     (TrainConfig, train(max_predictions_per_seq=-2), r'^train\.max_predictions_per_seq=-2; '

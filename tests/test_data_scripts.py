@@ -26,8 +26,10 @@ def test_train_tokenizer_script(tmp_path, corpus_file, capsys):
   out = str(tmp_path / 'char.model')
   load('train_tokenizer').main(['pretrain-jax train_tokenizer', '--output', out, '--files', corpus_file, '--type', 'char',
                                 '--vocab_size', '300'])
-  line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  out_text, err = capsys.readouterr()
+  line = json.loads(out_text.strip().splitlines()[-1])
   assert line['path'] == out and line['vocab_size'] == 384 and line['type'] == 'char'
+  assert f'{out}: a char tokenizer of 384 pieces ({line["learned_pieces"]} learned)' in err
   assert 50 < line['learned_pieces'] < 200 and os.path.isfile(out)
 
 

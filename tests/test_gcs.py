@@ -37,6 +37,17 @@ def gcs(tmp_path_factory):
       os.environ.update(saved)
 
 
+def test_a_refused_start_removes_its_new_gcs_workdir(gcs):
+  from pretrain_jax.commands import terminal  # pylint: disable=g-import-not-at-top
+  for written, kept in (('tokenizer.model', []), ('LOCK', ['LOCK'])):
+    workdir = f'{gcs}/refused/{written}'
+    with pytest.raises(ValueError, match='no file'):
+      with terminal.removed_if_refused(workdir):
+        paths.write_text(f'{workdir}/{written}', 'x')
+        raise ValueError('matches no file')
+    assert paths.listdir(workdir) == kept, written   # another's lock keeps the workdir
+
+
 def test_paths_round_trip(gcs):
   target = f'{gcs}/t/a/b.txt'
   paths.write_text(target, 'hello')

@@ -124,10 +124,12 @@ def test_cli_import_scan_layers_and_export(tmp_path):
   done = run('import', f'--hf_dir={src}', f'--workdir={tmp_path / "work"}', '--scan_layers')
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads(done.stdout.strip().splitlines()[-1])['family'] == 'bert'
+  assert f'imported {src}: a bert of ' in done.stderr   # the summary, for a person
   with open(tmp_path / 'work' / 'config.json') as f:
     assert json.load(f)['model']['scan_layers'] is True
   done = run('export', f'--workdir={tmp_path / "work"}', f'--hf_dir={tmp_path / "out"}')
   assert done.returncode == 0, done.stderr[-2000:]
+  assert f'exported step 0 of {tmp_path / "work"} (bert) to {tmp_path / "out"}' in done.stderr
   cfg2, params2, _ = hf.load_hf(str(tmp_path / 'out'))
   assert cfg2 == cfg and same_params(params, params2)
   done = run('frobnicate', f'--workdir={tmp_path}', f'--hf_dir={tmp_path}')

@@ -165,6 +165,15 @@ def test_published_parameter_counts(name):
   assert total == PUBLISHED[name]
 
 
+def test_parameter_table_counts_layers_in_order():
+  config = importlib.import_module('configs.gpt2_small').get_config()
+  rows, _ = describe.parameter_table(ModelConfig.from_config(config.model))
+  layers = list(dict.fromkeys(r[0].split('/')[0] for r in rows))
+  assert layers == [f'h_{i}' for i in range(12)] + ['ln_f', 'wpe', 'wte']   # h_2 before h_10
+  assert sorted(['b/h_10/x', 'b/h_9/x', 'a', 'b/h_1/y', 'b/h_1/x'],
+                key=describe.counting_order) == ['a', 'b/h_1/x', 'b/h_1/y', 'b/h_9/x', 'b/h_10/x']
+
+
 def test_bert_encoder_and_pooler_count_without_heads():
   cfg = ModelConfig.from_config(importlib.import_module('configs.bert_base').get_config().model)
   rows, total = describe.parameter_table(cfg)

@@ -88,11 +88,20 @@ def test_main_job_trains_three_models_and_probes_them(newcomer):
     assert m['workdir'] == os.path.join('runs', 'tiny', m['family'])
     assert m['step'] == 2 and m['checkpoint_steps'] == [2]
     assert os.path.isdir(cwd / 'runs' / 'tiny' / m['family'] / 'checkpoints' / '2')
+  # The stdout line is the headline (read at a glance, piped to jq); every number is in the
+  # details file it names.
+  line = json.dumps({k: v for k, v in result.items() if k != '_stderr'})
+  assert len(line.encode()) < 1024, len(line.encode())
+  assert result['details'] == os.path.join('runs', 'tiny', 'train_tiny_results.json')
+  details = json.loads((cwd / result['details']).read_text())
+  assert [m['name'] for m in details['models']] == ['tiny_bert', 'tiny_gpt', 'tiny_t5']
+  for m, headline in zip(details['models'], result['models']):
     held_out = m['held_out']
     assert held_out['trained']['target_tokens'] > 0
     assert set(held_out['trained']) == set(held_out['random_init'])
+    assert headline['held_out_loss_trained'] == round(held_out['trained']['lm_loss'], 4)
   assert 'tiny_gpt' in result['_stderr'] and 'train loss' in result['_stderr']
-  bert, gpt, t5 = (m['held_out'] for m in result['models'])
+  bert, gpt, t5 = (m['held_out'] for m in details['models'])
   assert bert['masked_word']['sentences'] == 3
   assert len(gpt['continuations']) == 3 and len(t5['span_fills']) == 3
   hint = result['_stderr'].rsplit('next: ', 1)[1].splitlines()[0]   # a README command

@@ -14,11 +14,12 @@ transformers' from_pretrained loads. Neither ever writes into an existing non-em
 and a failure leaves nothing behind. One JSON line of results goes to stdout; an import without
 tokenizer files also prints a `warning:` line on stderr (the workdir then refuses text use).
 """
-import json
 import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import app, flags
+
+from pretrain_jax.commands import terminal
 
 _HF_DIR = flags.DEFINE_string('hf_dir', None, 'Hugging Face model directory (read or written)')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (written or read)')
@@ -42,9 +43,15 @@ def _run(argv):
                                base=_BASE.value, scan_layers=_SCAN.value)
     if result.get('warning'):
       print(f"warning: {result['warning']}", file=sys.stderr, flush=True)
+    summary = (f"imported {_HF_DIR.value}: a {result['family']} of {result['params']:,} "
+               f"parameters, now checkpoint 0 of {result['workdir']} (data, train and mesh "
+               f"from {result['base_config']})")
   else:
     result = workdir.export_hf(_WORKDIR.value, _HF_DIR.value, step=_STEP.value)
-  print(json.dumps(result), flush=True)
+    summary = (f"exported step {result['step']} of {_WORKDIR.value} ({result['family']}) to "
+               f"{result['hf_dir']}, with tokenizer files "
+               f"{', '.join(result['tokenizer_files']) or 'none'}")
+  terminal.finish(result, summary=[summary])
 
 
 def main(argv=None) -> None:

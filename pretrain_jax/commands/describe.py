@@ -2,16 +2,16 @@
 
   pretrain-jax describe --config gpt2_small [--config.model.num_layers=24]
 
-Ends with one JSON line: {"params": N, "family": ..., "layers": ..., "emb_dim": ...,
-"vocab_size": ...}.
+The table (stderr) lists the parameters as a person counts layers (h_0, h_1, ..., h_10), under a
+header row, with the total. Ends with one JSON line: {"params": N, "family": ..., "layers": ...,
+"emb_dim": ..., "vocab_size": ...}.
 """
-import json
-import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 from ml_collections import config_flags
 
+from pretrain_jax.commands import terminal
 from pretrain_jax.models import ModelConfig, describe
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
@@ -21,12 +21,17 @@ def _run(argv):
   del argv
   cfg = ModelConfig.from_config(cli.config_of(_CONFIG, 'pre-training').model)
   rows, total = describe.parameter_table(cfg)
-  width = max(len(r[0]) for r in rows)
-  for path, shape, axes, count in rows:
-    print(f'{path:<{width}}  {str(shape):<20} {str(axes):<32} {count:>12,}', file=sys.stderr)
-  print(f'total parameters: {total:,}', file=sys.stderr)
-  print(json.dumps({'params': total, 'family': cfg.family, 'layers': cfg.num_layers,
-                    'emb_dim': cfg.emb_dim, 'vocab_size': cfg.vocab_size}))
+  last = f'total ({len(rows)} arrays)'
+  width = max(len(r[0]) for r in [*rows, (last,)])
+
+  def row(path, shape, axes, count):
+    return f'{path:<{width}}  {shape:<20} {axes:<32} {count:>12}'
+  header = row('parameter', 'shape', 'logical axes', 'count')
+  table = [header, '-' * len(header)]
+  table += [row(p, str(s), str(a), f'{c:,}') for p, s, a, c in rows]
+  table += ['-' * len(header), row(last, '', '', f'{total:,}')]
+  terminal.finish({'params': total, 'family': cfg.family, 'layers': cfg.num_layers,
+                   'emb_dim': cfg.emb_dim, 'vocab_size': cfg.vocab_size}, summary=table)
 
 
 def main(argv=None) -> None:

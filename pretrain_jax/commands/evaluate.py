@@ -11,14 +11,14 @@ lm_perplexity, lm_accuracy, lm_top5_accuracy, z_loss, nsp_loss, nsp_accuracy.
 line says how many batches were read.
 
 The masking / span noise uses the config's fixed data seed, so two runs print the same numbers.
-Ends with one JSON line of metrics.
+Prints what it measured on what (stderr), then one JSON line of metrics.
 """
-import json
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
 from pretrain_jax import data
+from pretrain_jax.commands import terminal
 from pretrain_jax.data import local_builder
 from pretrain_jax import hf
 from pretrain_jax.inference import load_pretrained
@@ -71,8 +71,24 @@ def _run(argv):
     count = t.eval_batches if same else 20
   metrics = model.evaluate(batches, count, params=params, progress=eval_lib.Progress(count))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
-  print(json.dumps({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,
-                    'split': split, 'random_init': _RANDOM.value, **metrics}))
+  what = 'its architecture, random init' if _RANDOM.value else f'step {step}'
+  data_name = d.tfds_name or d.files or 'the embedded corpus'
+  count = metrics['batches']
+  terminal.finish({'family': model.family, 'workdir': _WORKDIR.value, 'step': step,
+                   'split': split, 'random_init': _RANDOM.value, **metrics},
+                  summary=[f'{model.family} {_WORKDIR.value} ({what}) on {data_name}, split '
+                           f'{split!r}: {count} batch{"es" if count != 1 else ""}, '
+                           f'{metrics["target_tokens"]:,} target tokens',
+                           '  ' + summary(metrics)])
+
+
+def summary(metrics: dict) -> str:
+  """The measured numbers in a line, e.g. `loss 3.412  perplexity 30.3  accuracy 0.351`."""
+  shown = [('loss', 'loss', '.4f'), ('lm_perplexity', 'perplexity', '.2f'),
+           ('lm_accuracy', 'accuracy', '.3f'), ('lm_top5_accuracy', 'top-5 accuracy', '.3f'),
+           ('nsp_accuracy', 'NSP accuracy', '.3f')]
+  return '  '.join(f'{label} {metrics[k]:{spec}}' for k, label, spec in shown
+                   if metrics.get(k) is not None)
 
 
 def main(argv=None) -> None:

@@ -11,15 +11,15 @@ glue/mrpc, glue/qnli, glue/rte, glue/qqp, super_glue/boolq), a directory with tr
 validation.* (.jsonl/.json/.csv/.tsv with text [, text_pair], label or inputs, targets), or
 'train=FILE,validation=FILE'. --mode: full | linear_probe | scratch (pretrain_jax/finetune).
 Checkpoints, SIGTERM and resuming work as in pretrain-jax train (rerun the command to resume).
-Progress goes to stderr, metrics.jsonl and TensorBoard; stdout gets one JSON line. Predict
+Progress and a summary go to stderr, metrics.jsonl and TensorBoard; stdout gets one JSON line
+(a run refused before it trained leaves no new workdir behind). Predict
 with `pretrain_jax.load_pretrained(WORKDIR).predict(['a sentence', ...])`.
 """
-import json
-
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
 from pretrain_jax.commands import finetune_flags as ft_flags
+from pretrain_jax.commands import terminal
 
 _CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
@@ -33,8 +33,13 @@ def _run(argv):
   config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name, config.mode = _INIT.value, _TASK.value, _MODE.value
-  result = finetune.finetune(config, _WORKDIR.value)
-  print(json.dumps(result), flush=True)
+  with terminal.removed_if_refused(_WORKDIR.value):
+    result = finetune.finetune(config, _WORKDIR.value)
+  best = '-' if result['best'] is None else f"{result['best']:.4f}"
+  terminal.finish(result, summary=[
+      terminal.run_summary(result),
+      f"{result['mode']} on {result['task']} from {result['init']}: {result['metric']} "
+      f"{'-' if result['final'] is None else format(result['final'], '.4f')} (best {best})"])
 
 
 def main(argv=None) -> None:

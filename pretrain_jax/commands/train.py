@@ -13,18 +13,21 @@ SIGTERM saves a checkpoint at the current step and exits cleanly; rerunning the 
 In a multi-process run a process that stops with an error leaves at once (os._exit, no atexit
 handlers), so the others' collectives fail at once instead of JAX's 5-minute exit barrier.
 
-Progress goes to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one JSON line of
-results. --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
+Progress and a summary go to stderr, TensorBoard and <workdir>/metrics.jsonl; stdout gets one
+JSON line of results. A run refused before it trained leaves no new workdir behind.
+--synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
 --config.data.tokenizer takes a sentencepiece .model or a Hugging Face tokenizer directory
 (the hf_tokenizer/ of a workdir pretrain-jax convert_hf imported: GPT-2's BPE, BERT's WordPiece).
 """
-import json
+import contextlib
 import re
 import sys
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 from ml_collections import config_flags
+
+from pretrain_jax.commands import terminal
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
@@ -87,10 +90,13 @@ def _run(argv):
     tokenizer = hf_workdir.data_tokenizer(config, _WORKDIR.value)
     if tokenizer is not None:
       hf_tokenizers.check_fits(tokenizer, config.model.vocab_size, 'this config')
-  results = loop.train_and_evaluate(config, _WORKDIR.value, datasets=datasets,
-                                    tokenizer=tokenizer)
+  # (In a multi-process run the other processes may be writing the workdir: it stays.)
+  with (contextlib.nullcontext() if _MULTIHOST.value
+        else terminal.removed_if_refused(_WORKDIR.value)):
+    results = loop.train_and_evaluate(config, _WORKDIR.value, datasets=datasets,
+                                      tokenizer=tokenizer)
   if jax.process_index() == 0:
-    print(json.dumps(results), flush=True)
+    terminal.finish(results, summary=[terminal.run_summary(results)])
 
 
 def main(argv=None) -> None:

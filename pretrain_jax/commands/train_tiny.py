@@ -9,15 +9,17 @@ metrics.jsonl, exactly as `pretrain-jax train --config <name> --workdir
 checkpoint is loaded as a user would (`pretrain_jax.load_pretrained`) and probed on sentences of
 the held-out split (pretrain_jax.inference.demo): BERT fills one masked word per sentence, GPT
 continues the first words of sentences, T5 fills a masked span. Progress and the tables go to
-stderr; stdout gets one JSON line with every number.
+stderr; stdout gets one compact JSON line (each model's headline numbers and paths), and
+<workdir>/train_tiny_results.json every number (the line names it: `details`).
 """
 import importlib
-import json
 import sys
 import time
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
+
+from pretrain_jax.commands import terminal
 
 DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
 EXPECTED = 'about 3-4.5 minutes on 2 idle cores (docs/performance.md)'
@@ -105,6 +107,21 @@ def report(family: str, result: dict) -> None:
     say(f'  {e["input"]!r}: <extra_id_0> = {e["filled"]!r} (was {e["answer"]!r})')
 
 
+HEADLINE = ('name', 'family', 'workdir', 'step', 'checkpoint_steps', 'train_loss', 'eval_loss',
+            'eval_accuracy')   # a model's keys in the stdout line
+
+
+def headline(result: dict) -> dict:
+  """A model's entry in the stdout line: HEADLINE and its held-out loss, trained vs random
+  init (rounded: the details file has every number whole)."""
+  out = {k: round(result[k], 4) if isinstance(result[k], float) else result[k]
+         for k in HEADLINE}
+  held_out = result['held_out']
+  for kind in ('trained', 'random_init'):
+    out[f'held_out_loss_{kind}'] = round(held_out[kind]['lm_loss'], 4)
+  return out
+
+
 def _run(argv):
   del argv
   from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
@@ -120,24 +137,25 @@ def _run(argv):
   if unknown:
     raise ValueError(f'--models names {unknown}; expected configs/<name>.py names such as '
                      f'{DEFAULT_MODELS} (configs/ has {known})')
-  for name in _MODELS.value:
-    config = importlib.import_module(f'configs.{name}').get_config()
-    if _STEPS.value:
-      config.train.steps = _STEPS.value
-      config.train.warmup_steps = min(config.train.warmup_steps, max(_STEPS.value // 10, 1))
-      config.train.checkpoint_every = min(config.train.checkpoint_every, _STEPS.value)
-    say(f'== {name}: {config.train.steps} steps of {config.train.batch_size} x '
-        f'{config.data.seq_len} tokens')
-    start = time.perf_counter()
-    workdir = paths.join(_WORKDIR.value, config.model.family)
-    result = loop.train_and_evaluate(config, workdir)
-    result.update(name=name, wall_sec=time.perf_counter() - start)
-    texts = []
-    if _PROBES.value:
-      d = DataConfig.from_config(config.data)
-      texts = demo.sentences(sources.iter_texts(d, d.eval_split), count=_PROBES.value)
-    result['held_out'] = probe(workdir, texts, _EVAL_BATCHES.value)
-    results.append(result)
+  with terminal.removed_if_refused(_WORKDIR.value):
+    for name in _MODELS.value:
+      config = importlib.import_module(f'configs.{name}').get_config()
+      if _STEPS.value:
+        config.train.steps = _STEPS.value
+        config.train.warmup_steps = min(config.train.warmup_steps, max(_STEPS.value // 10, 1))
+        config.train.checkpoint_every = min(config.train.checkpoint_every, _STEPS.value)
+      say(f'== {name}: {config.train.steps} steps of {config.train.batch_size} x '
+          f'{config.data.seq_len} tokens')
+      start = time.perf_counter()
+      workdir = paths.join(_WORKDIR.value, config.model.family)
+      result = loop.train_and_evaluate(config, workdir)
+      result.update(name=name, wall_sec=time.perf_counter() - start)
+      texts = []
+      if _PROBES.value:
+        d = DataConfig.from_config(config.data)
+        texts = demo.sentences(sources.iter_texts(d, d.eval_split), count=_PROBES.value)
+      result['held_out'] = probe(workdir, texts, _EVAL_BATCHES.value)
+      results.append(result)
 
   header = (f'{"model":<10} {"params":>9} {"steps":>7} {"train loss":>10} {"val loss":>9} '
             f'{"val acc":>8} {"tokens/s":>9} {"step ms":>8} {"wall s":>7}')
@@ -153,9 +171,12 @@ def _run(argv):
     report(r['family'], r['held_out'])
   total = time.perf_counter() - start_all
   hint = next_command(_WORKDIR.value, [r['family'] for r in results])
-  say(f'\ndone in {total:.0f} s; next: {hint}')
-  print(json.dumps({'workdir': _WORKDIR.value, 'wall_sec': total, 'models': results}),
-        flush=True)
+  say(f'\ndone in {total:.0f} s; every number in '
+      f'{paths.join(_WORKDIR.value, "train_tiny_results.json")}\nnext: {hint}')
+  terminal.finish({'workdir': _WORKDIR.value, 'wall_sec': round(total, 1),
+                   'models': [headline(r) for r in results]},
+                  details={'workdir': _WORKDIR.value, 'wall_sec': total, 'models': results},
+                  where=_WORKDIR.value, name='train_tiny')
 
 
 def main(argv=None) -> None:

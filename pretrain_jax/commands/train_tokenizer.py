@@ -7,13 +7,14 @@ r"""Train a SentencePiece tokenizer (T5 sentinels last, BERT specials, size a mu
 
 Layout: 0 <pad>, 1 </s>, 2 <unk>, 3 [CLS], 4 [SEP], 5 [MASK], learned pieces, filler, then
 ▁<extra_id_99> ... ▁<extra_id_0> (the last id). Point config.data.tokenizer at the output.
-Prints one JSON line: path, vocab_size, pieces learned, characters read, seconds.
+Prints a summary (stderr), then one JSON line: path, vocab_size, pieces learned, characters
+read, seconds.
 """
-import json
 import sys
 import time
 
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from pretrain_jax.commands import terminal
 
 
 def _run(argv=None):
@@ -48,9 +49,11 @@ def _run(argv=None):
   path = tokenizer.train_sentencepiece(texts(), args.output, vocab_size=args.vocab_size,
                                        model_type=args.type)
   tok = tokenizer.Tokenizer(path)
-  print(json.dumps({'path': path, 'vocab_size': tok.vocab_size, 'type': args.type,
-                    'learned_pieces': int((~tok.special).sum()), 'chars': chars[0],
-                    'seconds': round(time.time() - start, 2)}), flush=True)
+  learned, seconds = int((~tok.special).sum()), round(time.time() - start, 2)
+  terminal.finish({'path': path, 'vocab_size': tok.vocab_size, 'type': args.type,
+                   'learned_pieces': learned, 'chars': chars[0], 'seconds': seconds},
+                  summary=[f'{path}: a {args.type} tokenizer of {tok.vocab_size:,} pieces '
+                           f'({learned:,} learned) from {chars[0]:,} characters in {seconds:g} s'])
 
 
 def main(argv=None) -> None:

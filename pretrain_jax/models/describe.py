@@ -1,4 +1,6 @@
 """Shapes and logical axes of a model's parameters, via jax.eval_shape (no weights allocated)."""
+import re
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -14,8 +16,14 @@ def abstract_variables(cfg: ModelConfig, length: int = 8):
   return jax.eval_shape(lambda: model.init(jax.random.key(0), *args, **kwargs))
 
 
+def counting_order(path: str) -> list:
+  """A sort key that orders numbered names as a person counts: h_2 before h_10."""
+  parts = re.split(r'(\d+)', path)   # text, number, text, ...: odd places hold the numbers
+  return [int(p) if i % 2 else p for i, p in enumerate(parts)]
+
+
 def parameter_table(cfg: ModelConfig):
-  """[(path, shape, logical axes, count)], total count."""
+  """[(path, shape, logical axes, count)] in counting order (h_0, h_1, ..., h_10), total count."""
   params = abstract_variables(cfg)['params']
   leaves = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
@@ -25,4 +33,5 @@ def parameter_table(cfg: ModelConfig):
     value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
     rows.append((name, tuple(value.shape), axes, int(np.prod(value.shape))))
+  rows.sort(key=lambda r: counting_order(r[0]))
   return rows, sum(r[3] for r in rows)

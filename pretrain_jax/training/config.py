@@ -15,6 +15,7 @@ from pretrain_jax.sections import Section
 OPTIMIZERS = ('adamw', 'adafactor')
 SCHEDULES = ('cosine', 'linear', 'rsqrt', 'constant')
 MESH_AXES = ('data', 'fsdp', 'tensor')
+FLOAT32_MAX = 3.4028234663852886e38   # numpy.finfo(numpy.float32).max
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,9 @@ class TrainConfig(Section):
   def validate(self) -> None:
     self.check(self.batch_size > 0, 'batch_size', 'a positive number of sequences')
     self.check(self.steps > 0, 'steps', 'a positive number of steps')
-    self.check(self.learning_rate > 0, 'learning_rate', 'a rate > 0')
+    # The schedule and the update run in float32: a larger rate becomes inf there.
+    self.check(0 < self.learning_rate <= FLOAT32_MAX, 'learning_rate',
+               f'a rate > 0 that float32 holds (<= {FLOAT32_MAX:.4g})')
     self.check(self.warmup_steps >= 0, 'warmup_steps', 'a number of steps >= 0')
     self.check(self.schedule in SCHEDULES, 'schedule', f'one of {SCHEDULES}')
     self.check(self.schedule not in ('cosine', 'linear') or 0 <= self.final_lr_fraction <= 1,

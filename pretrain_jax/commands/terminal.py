@@ -1,0 +1,97 @@
+"""What a command leaves for a person: a short summary, one compact JSON line, no litter.
+
+  terminal.finish(line, summary=[...], details=big_dict, where=workdir, name='train_tiny')
+
+A command ends with finish(): its summary lines (a few lines or a small table) on stderr, then
+one JSON line on stdout holding the headline numbers and the paths, compact (under
+LINE_BYTES) so that it reads at a glance and pipes to `jq`; anything larger (per-probe
+results, whole tables) goes to `<where>/<name>_results.json`, which the line names as
+`details`.
+
+A command that starts a run in a workdir does it inside `removed_if_refused(workdir)`: a run
+refused before it trained (a data glob that matches no file, a tokenizer that does not fit the
+model) leaves no new, empty workdir behind.
+"""
+import contextlib
+import json
+import os
+import sys
+
+from pretrain_jax import paths
+
+LINE_BYTES = 1024   # the stdout line stays under this; the details file takes the rest
+# The files a start writes before its checks against the data can refuse it: the workdir's
+# copy of the tokenizer (the run's only once config.json exists, docs/training.md). Any other
+# file (config.json, a checkpoint, metrics.jsonl, another process's LOCK) keeps the folder.
+START_UP_FILES = ('tokenizer.model',)
+
+
+def finish(line: dict, summary=(), details=None, where: str = '', name: str = '') -> dict:
+  """Prints `summary` on stderr and `line` as one JSON line on stdout; returns the line. With
+  `details`, writes them to `<where>/<name>_results.json` first and names that file in the
+  line (key `details`)."""
+  for text in summary:
+    print(text, file=sys.stderr)
+  sys.stderr.flush()
+  if details is not None:
+    path = paths.join(where, f'{name}_results.json')
+    paths.write_text(path, json.dumps(details, indent=1) + '\n')
+    line = {**line, 'details': path}
+  print(json.dumps(line), flush=True)
+  return line
+
+
+def run_summary(result: dict) -> str:
+  """A line for the train loop's summary (loop.train_and_evaluate's result)."""
+  def num(key, spec='.4f'):
+    return '-' if result.get(key) is None else format(result[key], spec)
+  stopped = ' (stopped by SIGTERM; rerun to resume)' if result.get('preempted') else ''
+  saved = ', '.join(map(str, result.get('checkpoint_steps') or [])) or 'none'
+  return (f"{result['family']} in {result['workdir']}: steps {result['start_step']}-"
+          f"{result['step']} of {result['steps']}{stopped}; train loss {num('train_loss')}, "
+          f"validation loss {num('eval_loss')} (accuracy {num('eval_accuracy', '.3f')}); "
+          f'checkpoints: {saved}')
+
+
+def _new_folders(workdir: str) -> list:
+  """`workdir` and the folders above it that do not exist yet, deepest first."""
+  if paths.is_remote(workdir):   # an object store has no folders above the workdir's objects
+    return [] if paths.exists(workdir) else [workdir]
+  new, folder = [], paths.absolute(workdir)
+  while not os.path.exists(folder) and folder != os.path.dirname(folder):
+    new.append(folder)
+    folder = os.path.dirname(folder)
+  return new
+
+
+def _clear(folder: str) -> bool:
+  """Removes `folder` if it and its subfolders hold nothing but START_UP_FILES; True if
+  removed. Each subfolder that qualifies is removed even where the folder stays."""
+  names = paths.listdir(folder)
+  subfolders = [n for n in names if paths.isdir(paths.join(folder, n))]
+  files = [n for n in names if n not in subfolders]
+  cleared = [_clear(paths.join(folder, n)) for n in subfolders]
+  if not all(cleared) or any(n not in START_UP_FILES for n in files):
+    return False
+  for name in files:
+    paths.remove(paths.join(folder, name))
+  if not paths.is_remote(folder):
+    os.rmdir(folder)   # refuses a folder that is not empty: nothing written meanwhile is lost
+  return True
+
+
+@contextlib.contextmanager
+def removed_if_refused(workdir: str):
+  """Runs the body; when it raises (a refusal, Ctrl-C), removes the workdir and the folders
+  above it that did not exist before, if they hold nothing but start-up files. A workdir that
+  existed, or that holds a checkpoint, a config.json, logs or a lock, stays as it is."""
+  new = _new_folders(workdir) if workdir else []
+  try:
+    yield
+  except BaseException:
+    if new:
+      try:
+        _clear(new[-1])
+      except Exception:  # pylint: disable=broad-except  (e.g. a file written meanwhile)
+        pass             # never hides the error being raised
+    raise
