@@ -45,6 +45,9 @@ ALLOWED = {
     ('data/sources.py', "os.path.join(directory, 'corpus')"): 'the embedded corpus in the cache',
     ('data/tokenizer.py', 'else os.path.expanduser(path)'):
         'the local branch (is_remote checked just before)',
+    ('commands/terminal.py', 'os.path.exists(folder)'): 'the local branch of the refused-start '
+                                                        'clean-up (is_remote checked first)',
+    ('commands/terminal.py', 'folder = os.path.dirname(folder)'): 'the same local branch',
     ('experiments/char_lm.py', 'open(config.corpus'): 'the experiment\'s bundled local corpus',
     # Hugging Face: readers run on paths.local_copy(...) output, writers on a local temp dir.
     ('hf/tokenizers.py', ''): 'every reader first turns hf_dir into paths.local_copy(hf_dir)',
