@@ -169,3 +169,15 @@ def test_an_old_fine_tune_config_reads_its_task_without_pairs():
                                  'prefix': ''})
   assert task.pairs is None and task.labels == ('neg', 'pos')
   assert task.to_dict()['labels'] == ['neg', 'pos']
+
+
+def test_a_seq_len_past_the_models_max_len_is_refused_before_the_model_is_built():
+  """seq_len=100000 on tiny_gpt was killed for memory while the model's init traced a row of
+  that length, before the data pipeline's own check could say so."""
+  from pretrain_jax.training.config import RunConfig  # pylint: disable=g-import-not-at-top
+  c = tiny_gpt.get_config()
+  c.data.seq_len = 100000
+  with pytest.raises(ValueError, match=r'seq_len=100000 .*\(max_len=128\)'):
+    RunConfig.from_config(c)
+  c.data.seq_len = 128
+  assert RunConfig.from_config(c).data.seq_len == 128

@@ -663,19 +663,20 @@ def test_a_rerun_after_a_crash_before_the_first_checkpoint_logs_each_step_once(t
 
 
 def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
-  """The first run trains the workdir's tokenizer, then is refused (seq_len too long); the
-  corrected command asks for another vocabulary and gets it, not the leftover copy."""
+  """The first run trains the workdir's tokenizer, then is refused (the model's vocabulary is
+  not the tokenizer's); the corrected command asks for another vocabulary and gets it, not the
+  leftover copy."""
   from configs import tiny_gpt  # pylint: disable=g-import-not-at-top
   from test_pretrained import _small  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
   config = _small(tiny_gpt.get_config(), steps=2)
-  config.data.update(tokenizer_vocab_size=256, tokenizer_train_chars=200_000, seq_len=100)
-  config.model.vocab_size = 256
+  config.data.update(tokenizer_vocab_size=256, tokenizer_train_chars=200_000, seq_len=64)
+  config.model.vocab_size = 384
   workdir = str(tmp_path / 'run')
-  with pytest.raises(ValueError, match='seq_len=100 is longer than the model holds'):
+  with pytest.raises(ValueError, match='vocab_size=384 but the tokenizer has 256'):
     loop.train_and_evaluate(config, workdir)
   assert os.listdir(workdir) == [workdir_lib.TOKENIZER_FILE]
-  config.data.update(seq_len=64, tokenizer_vocab_size=384)
+  config.data.update(tokenizer_vocab_size=384)
   config.model.vocab_size = 384
   assert loop.train_and_evaluate(config, workdir)['step'] == 2
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top

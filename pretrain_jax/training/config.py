@@ -144,6 +144,12 @@ class RunConfig(NamedTuple):
     """`data`: the data section already read (a fine-tune's); default config.data."""
     # (imported here: configs/ import this module, and the model section needs jax)
     from pretrain_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
-    return cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
-               MeshConfig.from_config(config.mesh),
-               DataConfig.from_config(config.data) if data is None else data)
+    run = cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
+              MeshConfig.from_config(config.mesh),
+              DataConfig.from_config(config.data) if data is None else data)
+    # Checked before the model is built: initialising it traces a row of seq_len, whose dense
+    # mask alone would not fit in memory for a seq_len far past max_len.
+    if run.data.seq_len > run.model.max_len:
+      raise ValueError(f'config.data.seq_len={run.data.seq_len} is longer than the model holds '
+                       f'(max_len={run.model.max_len})')
+    return run
