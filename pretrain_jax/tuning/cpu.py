@@ -114,6 +114,6 @@ def subtraction_sees_nan() -> bool:
   """Does this process's XLA:CPU keep x - x = NaN for a NaN x (no fast math)? Compiled once per
   process (the XLA flags are fixed at backend start), on a CPU device whatever the default."""
   with jax.ensure_compile_time_eval():   # run now, also when first called inside a trace
-    x = jax.device_put(np.asarray([1.0, np.nan], np.float32), jax.devices('cpu')[0])
+    x = jax.device_put(np.asarray([1.0, np.nan], np.float32), jax.local_devices(backend='cpu')[0])
     probe = jax.jit(lambda x: jnp.sum(x - x))(x)
   return bool(np.isnan(np.asarray(probe)))
