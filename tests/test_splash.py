@@ -185,7 +185,8 @@ def sharded_vs_single():
   (training/mesh.traced_in: shard_map over batch and heads) against one device."""
   from jax.sharding import NamedSharding, PartitionSpec as P
   from pretrain_jax.training import mesh as mesh_lib
-  mesh = mesh_lib.make_mesh(dict(data=2, fsdp=1, tensor=2))
+  from pretrain_jax.training.config import MeshConfig
+  mesh = mesh_lib.make_mesh(MeshConfig(data=2, fsdp=1, tensor=2))
   q, k, v = (jnp.concatenate([x, x[::-1]]) for x in _qkv(20))        # 4 rows, 2 heads
   seg, prefix = np.concatenate([SEG, SEG[::-1]]), np.concatenate([PREFIX, PREFIX[::-1]])
 
