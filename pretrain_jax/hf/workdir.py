@@ -27,6 +27,7 @@ from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.data.config import TaskConfig
 from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.training import workdir as train_workdir
 
 HF_TOKENIZER_DIR = 'hf_tokenizer'
 
@@ -88,11 +89,11 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
     for path in files:
       paths.copy(path, paths.join(tmp, HF_TOKENIZER_DIR, paths.basename(path)))
     if isinstance(tokenizer, tok_lib.SentencePieceTokenizer):
-      paths.copy(tokenizer.path, paths.join(tmp, ckpt_lib.TOKENIZER_FILE))
-      config.data.tokenizer = paths.join(final, ckpt_lib.TOKENIZER_FILE)
+      paths.copy(tokenizer.path, paths.join(tmp, train_workdir.TOKENIZER_FILE))
+      config.data.tokenizer = paths.join(final, train_workdir.TOKENIZER_FILE)
     else:  # not sentencepiece (pretrain_jax.data cannot read it yet), or absent (a marker)
       config.data.tokenizer = paths.join(final, HF_TOKENIZER_DIR)
-    ckpt_lib.save_workdir_files(config, tmp)
+    train_workdir.write_config(config, tmp, '', None)
     state_params = jax.tree.map(jnp.asarray, params)
     tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
     state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=state_params,
@@ -159,7 +160,6 @@ def _check_recorded_tokenizer(name: str, workdir: str) -> None:
   imported with, or a switch between such a directory and a sentencepiece model: its ids mean
   other pieces to the trained embedding. Sentencepiece to sentencepiece is
   training.workdir.write_config's check (it compares the workdir's copy)."""
-  from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
   saved = train_workdir.read_config(workdir) if paths.isdir(workdir) else None
   recorded = saved['data']['tokenizer'] if saved and 'data' in saved else ''
   if paths.basename(recorded) == HF_TOKENIZER_DIR and not paths.isdir(recorded):
@@ -219,7 +219,7 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
                      'a Hugging Face config); export reads a training workdir: load the directory as it '
                      'is, or import it first (pretrain-jax convert_hf import)')
-  problem = classifier_problem(ckpt_lib.load_config(workdir), workdir)
+  problem = classifier_problem(train_workdir.load_config(workdir), workdir)
   if problem:
     raise ValueError(f'{problem}; export supports pretrained LM checkpoints only (the head and '
                      'labels would be dropped): export the checkpoint it was fine-tuned from')

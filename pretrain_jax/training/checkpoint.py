@@ -1,9 +1,6 @@
-"""Orbax checkpoints of the train state plus the data iterator's position, and the workdir
-files that let any script load a checkpoint with nothing else.
+"""Orbax checkpoints of the train state plus the data iterator's position, verified.
 
-Workdir layout:
-  config.json        the full config (ml_collections JSON) the run was started with
-  tokenizer.model    a copy of the sentencepiece model (config.json's data.tokenizer points here)
+Workdir layout (config.json and the tokenizer: workdir.py):
   checkpoints/<step>/state  TrainState (orbax StandardSave; sharded arrays)
   checkpoints/<step>/data   the data position: every data stream's (data/streams.py), merged
                             from all hosts, so any host count dividing the streams resumes it;
@@ -29,7 +26,6 @@ import time
 import zlib
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
@@ -38,9 +34,8 @@ from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
 from pretrain_jax.training import agreement
 from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import workdir as workdir_lib
 
-CONFIG_FILE = 'config.json'
-TOKENIZER_FILE = 'tokenizer.model'
 COMMIT_SUCCESS_FILE = 'commit_success.txt'  # orbax's marker of a finished step on GCS
 
 
@@ -62,15 +57,6 @@ class CheckpointError(RuntimeError):
 def _log(text: str) -> None:
   if jax.process_index() == 0:
     print(text, file=sys.stderr, flush=True)
-
-
-def _all_processes(*flags: bool):
-  """Each flag ANDed over all processes (one all-gather on several): a bool for one flag, a
-  tuple for several."""
-  if jax.process_count() > 1:
-    gathered = multihost_utils.process_allgather(np.asarray(flags, bool))   # (P, len(flags))
-    flags = tuple(bool(f) for f in np.all(gathered.reshape(-1, len(flags)), axis=0))
-  return flags[0] if len(flags) == 1 else tuple(flags)
 
 
 class Checkpointer:
@@ -103,9 +89,9 @@ class Checkpointer:
     the donated state buffers are safe to reuse). All processes must call this.
     Raises CheckpointSaveError when this or the previous save failed."""
     self.wait()  # orbax waits for the previous save here anyway; this names its failure
-    data = saved_data_state(gather_json(data_state))
+    data = saved_data_state(agreement.gather_json(data_state))
     sums = {}
-    for part in gather_json(shard_checksums(state)):
+    for part in agreement.gather_json(shard_checksums(state)):
       for name, rows in part.items():
         sums.setdefault(name, []).extend(rows)
     self.pending = int(step)
@@ -133,7 +119,7 @@ class Checkpointer:
         call()
     except Exception as e:  # pylint: disable=broad-exception-caught
       error = e
-    ok_all, flag_all = _all_processes(error is None, flag)
+    ok_all, flag_all = agreement.all_processes(error is None, flag)
     if not ok_all:
       error = error or RuntimeError('the save failed on another process')
       raise self._save_error(error) from error
@@ -200,7 +186,7 @@ class Checkpointer:
       except CheckpointError as e:
         failures.append((s, str(e)))
         ok = False
-      if _all_processes(ok):
+      if agreement.all_processes(ok):
         break
       if ok:
         failures.append((s, f'checkpoint {s} failed to verify on another process'))
@@ -306,8 +292,8 @@ def _why(error) -> str:
 
 
 def leaf_name(path) -> str:
-  """'params/decoder/kernel' for a key path (attribute, dict key or index entries)."""
-  return '/'.join(str(getattr(k, 'name', getattr(k, 'key', getattr(k, 'idx', k)))) for k in path)
+  """'params/decoder/kernel' for a key path (the checksums file's keys)."""
+  return jax.tree_util.keystr(path, simple=True, separator='/')
 
 
 def _index(index, shape) -> list:
@@ -401,48 +387,6 @@ def remove_temporary(workdir: str, quiet: bool = False) -> list:
   return gone
 
 
-def gather_json(obj) -> list:
-  """Every process's JSON-serializable `obj`, in process order (a collective)."""
-  if jax.process_count() == 1:
-    return [obj]
-  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-  sizes = multihost_utils.process_allgather(np.asarray([data.size], np.int32))
-  padded = np.zeros(int(np.max(sizes)), np.uint8)
-  padded[:data.size] = data
-  everyone = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(row[:int(n)]).decode()) for row, n in
-          zip(everyone, np.asarray(sizes).reshape(-1))]
-
-
-def save_workdir_files(config, workdir: str, tokenizer_path: str = '') -> ml_collections.ConfigDict:
-  """Copies the tokenizer into the workdir and writes config.json (process 0 only).
-
-  Returns the config as saved: `data.tokenizer` names the copy when there is one.
-  """
-  config = ml_collections.ConfigDict(config.to_dict())
-  if tokenizer_path and paths.isfile(tokenizer_path):
-    copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
-    if jax.process_index() == 0 and paths.absolute(tokenizer_path) != copy:
-      paths.copy(tokenizer_path, copy)
-    config.data.tokenizer = copy
-  if jax.process_index() == 0:
-    paths.write_text(paths.join(workdir, CONFIG_FILE), config.to_json(indent=2, sort_keys=True))
-  return config
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a workdir was trained with. A tokenizer path that no longer exists (the workdir
-  was moved) is pointed at the workdir's copy."""
-  path = paths.join(workdir, CONFIG_FILE)
-  if not paths.isfile(path):
-    raise FileNotFoundError(f'{path} not found; expected a workdir written by pretrain-jax train')
-  config = ml_collections.ConfigDict(paths.read_json(path))
-  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
-  if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
-    config.data.tokenizer = copy
-  return config
-
-
 class _ReadOnlyNotes(py_logging.Filter):
   """Drops orbax's warning that a read-only manager's directory is read-only (on every
   load_pretrained in a notebook, where cli.quiet does not run; _reader's options avoid the
@@ -496,7 +440,7 @@ def restore_params(workdir: str, step=None):
   Raises CheckpointError (naming the checkpoint and array) when the parameters do not match
   their checksums or are not all finite.
   """
-  config = load_config(workdir)
+  config = workdir_lib.load_config(workdir)
   manager = _reader(checkpoint_dir(workdir))
   step = manager.latest_step() if step is None else int(step)
   if step is None or step not in manager.all_steps():
