@@ -17,7 +17,6 @@ import json
 import jax
 import ml_collections
 from flax import traverse_util
-from jax.experimental import multihost_utils
 
 from pretrain_jax import paths
 from pretrain_jax.data.config import TaskConfig, data_section
@@ -243,6 +242,5 @@ def shared_tokenizer(data_config, workdir: str, source=None):
     made = data.load_tokenizer(data_config, source).path
     if not (paths.isfile(copy) and _same_bytes(made, copy)):
       paths.copy(made, copy)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices('pretrain_jax: the workdir tokenizer is written')
+  agreement.barrier('pretrain_jax: the workdir tokenizer is written')
   return data.Tokenizer(copy)
