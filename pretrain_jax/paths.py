@@ -13,6 +13,7 @@ The first time a process touches a bucket, `check_bucket` lists one object with 
 and no retries, so a bucket that is unreachable, missing or not readable with the credentials
 at hand is one clear error naming the path within seconds (gcsfs would retry for ~35 s).
 """
+import atexit
 import contextlib
 import fnmatch
 import glob as glob_lib
@@ -296,7 +297,6 @@ def local_copy(path) -> str:
   path = absolute(path)
   if path not in _STAGED:
     if not _STAGED:
-      import atexit  # pylint: disable=g-import-not-at-top
       atexit.register(remove_staged)
     local = os.path.join(tempfile.mkdtemp(prefix='pretrain_jax-staged-'), basename(path))
     if isdir(path):

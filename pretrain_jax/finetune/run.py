@@ -38,7 +38,6 @@ from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
 from pretrain_jax.finetune.evaluators import exact_match_evaluator, exact_match_scores  # noqa: F401
 from pretrain_jax.inference import load, sampling, scoring  # noqa: F401  (sampling: tests stub it)
 from pretrain_jax.models import ModelConfig, family_of
-from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import loop
 from pretrain_jax.training import workdir as workdir_lib
 from pretrain_jax.training.config import TrainConfig

@@ -19,6 +19,10 @@ hf_tokenizer/'s files or those the family's record makes of the run's sentencepi
 """
 import tempfile
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
@@ -27,7 +31,11 @@ from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.data.config import TaskConfig
 from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import workdir as train_workdir
+from pretrain_jax.training.config import TrainConfig
 
 HF_TOKENIZER_DIR = 'hf_tokenizer'
 
@@ -40,7 +48,6 @@ def model_section(cfg: ModelConfig) -> dict:
 def training_config(cfg: ModelConfig, base):
   """The full ml_collections config for `cfg`: the base config's data, train and mesh sections
   with `cfg` as the model section."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(base.to_dict())
   config.model = ml_collections.ConfigDict(model_section(cfg))
   for key, value in families.of(cfg).data_settings(cfg, config.data).items():
@@ -72,12 +79,6 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
   never imports configs/). Returns a summary: family, parameter count, tokenizer, and the
   pretrain-jax train flags that reproduce the imported model from its base config.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
 
   io_lib.check_free(workdir)  # before the (possibly long) read
   cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
@@ -210,9 +211,6 @@ def workdir_tokenizer(workdir: str, config, local_dir: str):
 
 def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   """Writes checkpoint `step` (default latest) of `workdir` as the HF directory `hf_dir`."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
 
   from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
   if hf.is_hf_dir(workdir):

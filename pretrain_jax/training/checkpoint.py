@@ -13,13 +13,11 @@ Workdir layout (config.json and the tokenizer: workdir.py):
 
 Verification (checksums and finiteness): checksums.py.
 """
-import json
 import logging as py_logging
 import sys
 import time
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from pretrain_jax import paths

@@ -10,10 +10,14 @@ generation (a number that changes on every write):
              the heartbeat stops and says so, and the trainer stops before its next save (the
              newer trainer owns the run)
   release    delete with if_generation_match=<our generation>
+Imported only for gs:// workdirs (lock.open_lock), so google-cloud-storage loads only there.
 """
 import json
 import sys
 import time
+
+from google.api_core import exceptions
+from google.cloud import storage
 
 from pretrain_jax import paths
 from pretrain_jax.training import lock as lock_lib
@@ -26,7 +30,6 @@ class GcsLock(lock_lib.WorkdirLock):
 
   def __init__(self, workdir: str, *, heartbeat_sec: float = lock_lib.HEARTBEAT_SEC,
                stale_sec: float = lock_lib.STALE_SEC):
-    from google.cloud import storage  # pylint: disable=g-import-not-at-top
     super().__init__(paths.join(paths.absolute(workdir), lock_lib.LOCK_FILE), heartbeat_sec,
                      stale_sec)
     _, bucket = paths.bucket_of(self.path)
@@ -36,7 +39,6 @@ class GcsLock(lock_lib.WorkdirLock):
 
   def _holder(self):
     """(record or None, age in seconds, generation) of the lock object."""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     blob = self.blob.bucket.blob(self.blob.name)
     try:
       text = blob.download_as_bytes(timeout=TIMEOUT_SEC)
@@ -50,7 +52,6 @@ class GcsLock(lock_lib.WorkdirLock):
 
   def _write(self, record: dict, generation: int) -> bool:
     """Uploads `record` if the object's generation is `generation` (0: absent); False on 412."""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     self.pending = record
     try:
       self.blob.upload_from_string(json.dumps(record), content_type='application/json',
@@ -82,7 +83,6 @@ class GcsLock(lock_lib.WorkdirLock):
         self.lost, self.record = True, None
 
   def _delete(self) -> None:
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     generation = self.generation
     if self.lost:
       generation = None       # another trainer's now
