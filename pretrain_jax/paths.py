@@ -1,7 +1,6 @@
 """Every path a user gives (workdir, data files, tokenizer, Hugging Face dirs) goes through here.
 
-Local paths use the standard library; `gs://` (and any scheme etils.epath reads) goes through
-etils.epath, which orbax uses too. With `EPATH_USE_TF=false` (set below unless the user chose)
+Each operation is one etils.epath call, local or `gs://` alike (orbax uses epath too). With `EPATH_USE_TF=false` (set below unless the user chose)
 epath reads gs:// with gcsfs, and the lock uses google-cloud-storage: both honour
 STORAGE_EMULATOR_HOST and the same Application Default Credentials, while tf.io.gfile would
 ignore an emulator. Functions take and return strings; nothing here imports pretrain_jax.
@@ -14,6 +13,7 @@ The first time a process touches a bucket, `check_bucket` lists one object with 
 and no retries, so a bucket that is unreachable, missing or not readable with the credentials
 at hand is one clear error naming the path within seconds (gcsfs would retry for ~35 s).
 """
+import atexit
 import contextlib
 import fnmatch
 import glob as glob_lib
@@ -121,76 +121,61 @@ def check_bucket(path) -> None:
   _CHECKED.add(bucket)
 
 
-def _epath(path) -> epath.Path:
-  check_bucket(path)
-  return epath.Path(str(path))
+def epath_of(p) -> epath.Path:
+  """`p` as an epath.Path (local: absolute, user-expanded; gs://: its bucket checked once)."""
+  if is_remote(p):
+    check_bucket(p)
+    return epath.Path(str(p))
+  return epath.Path(absolute(p))
 
 
-def exists(path) -> bool:
-  if not str(path):
-    return False
-  return os.path.exists(absolute(path)) if not is_remote(path) else _epath(path).exists()
+def exists(p) -> bool:
+  return bool(str(p)) and epath_of(p).exists()
 
 
-def isfile(path) -> bool:
-  if not str(path):
-    return False
-  if not is_remote(path):
-    return os.path.isfile(absolute(path))
-  p = _epath(path)
-  return p.exists() and not p.is_dir()
+def isfile(p) -> bool:
+  return bool(str(p)) and epath_of(p).is_file()
 
 
-def isdir(path) -> bool:
-  if not str(path):
-    return False
-  return os.path.isdir(absolute(path)) if not is_remote(path) else _epath(path).is_dir()
+def isdir(p) -> bool:
+  return bool(str(p)) and epath_of(p).is_dir()
 
 
-def listdir(path) -> list:
+def listdir(p) -> list:
   """Sorted names in a folder ([] when it does not exist)."""
-  if not is_remote(path):
-    path = absolute(path)
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
-  p = _epath(path)
-  return sorted(c.name for c in p.iterdir()) if p.is_dir() else []
+  folder = epath_of(p)
+  return sorted(c.name for c in folder.iterdir()) if folder.is_dir() else []
 
 
-def makedirs(path) -> None:
+def makedirs(p) -> None:
   """Creates a folder and its parents (a no-op on object stores, which have no folders)."""
-  if not is_remote(path):
-    try:
-      os.makedirs(absolute(path), exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-      raise NotADirectoryError(f'{path} (or a folder above it) is a file; expected a '
-                               'directory, or a path where one can be made') from None
-  else:
-    _epath(path).mkdir(parents=True, exist_ok=True)
-
-
-def read_bytes(path) -> bytes:
-  if not is_remote(path):
-    with open(absolute(path), 'rb') as f:
-      return f.read()
-  return _epath(path).read_bytes()
-
-
-def read_text(path) -> str:
-  return read_bytes(path).decode('utf-8')
-
-
-def read_json(path):
-  """The JSON value in `path`; a file that is not JSON is a ValueError naming it."""
   try:
-    return json.loads(read_text(path))
+    epath_of(p).mkdir(parents=True, exist_ok=True)
+  except (FileExistsError, NotADirectoryError):
+    raise NotADirectoryError(f'{p} (or a folder above it) is a file; expected a '
+                             'directory, or a path where one can be made') from None
+
+
+def read_bytes(p) -> bytes:
+  return epath_of(p).read_bytes()
+
+
+def read_text(p) -> str:
+  return read_bytes(p).decode('utf-8')
+
+
+def read_json(p):
+  """The JSON value in `p`; a file that is not JSON is a ValueError naming it."""
+  try:
+    return json.loads(read_text(p))
   except (ValueError, UnicodeDecodeError) as e:
-    raise ValueError(f'{path} is not valid JSON ({e}); expected the file as written') from None
+    raise ValueError(f'{p} is not valid JSON ({e}); expected the file as written') from None
 
 
 def write_bytes(path, data: bytes) -> None:
   """Replaces `path` whole, atomically (readers see the old or the new content)."""
   if is_remote(path):
-    _epath(path).write_bytes(data)
+    epath_of(path).write_bytes(data)
     return
   path = absolute(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -227,26 +212,17 @@ def copy_tree(src, dst) -> None:
       copy(source, join(dst, name))
 
 
-def remove(path) -> None:
-  if not is_remote(path):
-    os.remove(absolute(path))
-  else:
-    _epath(path).unlink()
+def remove(p) -> None:
+  epath_of(p).unlink()
 
 
-def rmtree(path) -> None:
-  if not is_remote(path):
-    shutil.rmtree(absolute(path), ignore_errors=True)
-  elif exists(path):
-    _epath(path).rmtree()
+def rmtree(p) -> None:
+  epath_of(p).rmtree(missing_ok=True)
 
 
 def rename(src, dst) -> None:
   """Moves a file or folder (on GCS: a copy then a delete, so not atomic)."""
-  if not is_remote(src) and not is_remote(dst):
-    os.rename(absolute(src), absolute(dst))
-  else:
-    _epath(src).rename(str(dst))
+  epath_of(src).rename(str(epath_of(dst)))
 
 
 def size_and_mtime(path) -> tuple:
@@ -254,7 +230,7 @@ def size_and_mtime(path) -> tuple:
   if not is_remote(path):
     st = os.stat(absolute(path))
     return st.st_size, st.st_mtime_ns
-  st = _epath(path).stat()
+  st = epath_of(path).stat()
   return st.length, int(st.mtime * 1e9)
 
 
@@ -268,7 +244,7 @@ def glob(pattern) -> list:
   if fixed == len(parts):
     return [pattern] if isfile(pattern) else []
   base, rest = '/'.join(parts[:fixed]), '/'.join(parts[fixed:])
-  root = _epath(base)
+  root = epath_of(base)
   if not root.is_dir():
     return []
   found = []
@@ -297,8 +273,7 @@ def local_file(path):
     return
   with tempfile.TemporaryDirectory(prefix='pretrain_jax-') as tmp:
     local = os.path.join(tmp, basename(path))
-    with open(local, 'wb') as f:
-      f.write(read_bytes(path))
+    copy(path, local)
     yield local
 
 
@@ -322,24 +297,13 @@ def local_copy(path) -> str:
   path = absolute(path)
   if path not in _STAGED:
     if not _STAGED:
-      import atexit  # pylint: disable=g-import-not-at-top
       atexit.register(remove_staged)
     local = os.path.join(tempfile.mkdtemp(prefix='pretrain_jax-staged-'), basename(path))
     if isdir(path):
-      _download_tree(path, local)
+      makedirs(local)
+      copy_tree(path, local)
     else:
-      with open(local, 'wb') as f:
-        f.write(read_bytes(path))
+      copy(path, local)
     _STAGED[path] = local
   return _STAGED[path]
 
-
-def _download_tree(src, local: str) -> None:
-  os.makedirs(local, exist_ok=True)
-  for name in listdir(src):
-    source = join(src, name)
-    if isdir(source):
-      _download_tree(source, os.path.join(local, name))
-    else:
-      with open(os.path.join(local, name), 'wb') as f:
-        f.write(read_bytes(source))

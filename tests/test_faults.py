@@ -19,6 +19,7 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from pretrain_jax.training import checkpoint, loop, synthetic
 from pretrain_jax.training import metrics as metrics_lib
+from pretrain_jax.training import lock as lock_lib
 from pretrain_jax.training import workdir as workdir_lib
 from test_train import tiny_config
 
@@ -66,12 +67,12 @@ def train_steps(workdir) -> list:
 def test_second_trainer_is_refused_and_changes_nothing(tmp_path):
   config = gpt(steps=2, checkpoint_every=1)
   train(config, tmp_path)
-  holder = workdir_lib.LocalLock(str(tmp_path))   # a live trainer: this very process
+  holder = lock_lib.LocalLock(str(tmp_path))   # a live trainer: this very process
   holder.acquire()
   try:
     before = snapshot(tmp_path)
     config.train.steps = 4
-    with pytest.raises(workdir_lib.LockHeld,
+    with pytest.raises(lock_lib.LockHeld,
                        match=f'in use by pid {os.getpid()} on {re.escape(socket.gethostname())}'):
       train(config, tmp_path)
     assert snapshot(tmp_path) == before
@@ -101,7 +102,7 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, holder, reason):
   (tmp_path / 'LOCK').write_text(json.dumps(holder) if holder else '')
   if not holder:
     os.utime(tmp_path / 'LOCK', (time.time() - 3600,) * 2)
-  lock = workdir_lib.LocalLock(str(tmp_path), heartbeat_sec=0.05)
+  lock = lock_lib.LocalLock(str(tmp_path), heartbeat_sec=0.05)
   message = lock.acquire()
   try:
     assert 'took over the stale lock' in message and re.search(reason, message), message
@@ -120,7 +121,7 @@ def test_a_lock_created_but_not_yet_noted_is_still_released(tmp_path):
   start-up SIGTERM test failed that way on a loaded machine). The LOCK is created with its
   record in one step and release() knows the record it was writing; another process's LOCK
   and a LOCK this process lost stay."""
-  lock = workdir_lib.LocalLock(str(tmp_path))
+  lock = lock_lib.LocalLock(str(tmp_path))
   assert lock._create()
   assert json.loads((tmp_path / 'LOCK').read_text())['pid'] == os.getpid()   # never empty
   lock.record = None                      # the signal landed before the assignment
@@ -141,8 +142,8 @@ def test_a_lock_created_but_not_yet_noted_is_still_released(tmp_path):
 def test_a_live_lock_on_another_host_is_respected(tmp_path):
   (tmp_path / 'LOCK').write_text(json.dumps(dict(host='elsewhere', pid=1, start=time.time(),
                                                  heartbeat=time.time() - 5)))
-  with pytest.raises(workdir_lib.LockHeld, match='in use by pid 1 on elsewhere'):
-    workdir_lib.LocalLock(str(tmp_path)).acquire()
+  with pytest.raises(lock_lib.LockHeld, match='in use by pid 1 on elsewhere'):
+    lock_lib.LocalLock(str(tmp_path)).acquire()
 
 
 # 2. A resume with another model or data stream is refused before anything is written.
@@ -210,7 +211,7 @@ def test_refused_resume_leaves_config_json_unchanged(tmp_path):
                allow_config_change='train.learning_rate')
   assert train(faster, tmp_path)['step'] == 3
   assert sorted(os.listdir(tmp_path / 'config_history')) == ['0_step0.json', '1_step2.json']
-  assert checkpoint.load_config(str(tmp_path)).train.learning_rate == 0.02
+  assert workdir_lib.load_config(str(tmp_path)).train.learning_rate == 0.02
 
 
 def test_a_refused_resume_at_the_last_step_does_not_say_nothing_to_train(tmp_path, capsys):
@@ -597,7 +598,7 @@ def test_a_trainer_whose_lock_was_taken_over_stops_before_its_next_save(tmp_path
   """A newer trainer took the workdir over (it judged this one's heartbeat stale: a stalled
   host): this one must not go on saving checkpoints into the run the other now owns."""
   config = gpt(steps=6, checkpoint_every=2, log_every=1, eval_every=0, async_checkpoints=False)
-  lock_path = tmp_path / workdir_lib.LOCK_FILE
+  lock_path = tmp_path / lock_lib.LOCK_FILE
   other = {'host': 'elsewhere', 'pid': 1, 'start': 1.0, 'heartbeat': time.time()}
 
   def taken_over_at_batch_3(**kw):
@@ -616,7 +617,7 @@ def test_a_trainer_whose_lock_was_taken_over_stops_before_its_next_save(tmp_path
       def __getattr__(self, name):
         return getattr(it, name)
     return Watched()
-  with pytest.raises(workdir_lib.LockHeld, match='another trainer took over .* stops without '
+  with pytest.raises(lock_lib.LockHeld, match='another trainer took over .* stops without '
                                                  'saving step 4'):
     train(config, tmp_path, datasets=taken_over_at_batch_3)
   assert checkpoint.complete_steps(str(tmp_path)) == [2]
@@ -627,7 +628,7 @@ def test_a_lock_that_cannot_be_checked_before_a_save_does_not_stop_training(tmp_
                                                                            monkeypatch, capsys):
   def unreachable(self):
     raise OSError('storage timed out')
-  monkeypatch.setattr(workdir_lib.LocalLock, 'refresh', unreachable)
+  monkeypatch.setattr(lock_lib.LocalLock, 'refresh', unreachable)
   assert train(gpt(steps=4, checkpoint_every=2, eval_every=0), tmp_path)['step'] == 4
   assert checkpoint.complete_steps(str(tmp_path))[-1] == 4
   assert 'could not check it before saving step 2 (OSError: storage timed out)' in (
@@ -739,7 +740,7 @@ def test_sigterm_during_startup_releases_the_lock(tmp_path):
       [sys.executable, '-m', 'pretrain_jax.commands.train', '--config',
        os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--workdir', str(tmp_path),
        '--config.train.steps=50'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  lock = tmp_path / workdir_lib.LOCK_FILE
+  lock = tmp_path / lock_lib.LOCK_FILE
   try:
     while not lock.exists() and proc.poll() is None:
       time.sleep(0.02)

@@ -19,8 +19,8 @@ import pretrain_jax
 from configs import tiny_gpt
 from pretrain_jax import data, paths
 from pretrain_jax.data import corpus
-from pretrain_jax.training import checkpoint, loop, metrics, workdir as workdir_lib
-from pretrain_jax.training import gcs_lock
+from pretrain_jax.training import checkpoint, loop, metrics
+from pretrain_jax.training import gcs_lock, lock as lock_lib
 
 
 @pytest.fixture(scope='module')
@@ -107,7 +107,7 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   workdir = f'{gcs}/locked'
   first = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
   assert first.acquire() == ''
-  with pytest.raises(workdir_lib.LockHeld, match=r'gs://bucket/locked is in use by pid'):
+  with pytest.raises(lock_lib.LockHeld, match=r'gs://bucket/locked is in use by pid'):
     gcs_lock.GcsLock(workdir).acquire()
   generation = first.generation
   first.refresh()                                   # heartbeat: a new generation, still ours
@@ -140,7 +140,7 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   third.release()
   assert paths.exists(f'{workdir}/LOCK')
   second.release()
-  assert isinstance(workdir_lib.open_lock(workdir), gcs_lock.GcsLock)
+  assert isinstance(lock_lib.open_lock(workdir), gcs_lock.GcsLock)
 
 
 def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):

@@ -47,6 +47,7 @@ def classifier_workdir(root) -> str:
   from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
   sp_path = data_tok.train_sentencepiece(TEXT, str(root / 'sp.model'), vocab_size=256)
   cfg = modeling.tiny('gpt', vocab_size=data_tok.Tokenizer(sp_path).vocab_size, num_classes=2)
@@ -57,7 +58,7 @@ def classifier_workdir(root) -> str:
                                            'metric': 'class_accuracy', 'prefix': ''})
   work = root / 'classifier'
   work.mkdir()
-  ckpt_lib.save_workdir_files(config, str(work))
+  train_workdir.write_config(config, str(work), config.data.tokenizer, None)
   tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
   state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                opt_state=tx.init(params))

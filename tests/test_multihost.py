@@ -124,8 +124,8 @@ def test_two_processes_train_and_resume_on_one_or_two_and_any_process_evaluates(
   assert record['step'] == 12 and 0 < record['loss'] < 20
 
   from pretrain_jax import data
-  from pretrain_jax.training import checkpoint
-  config = checkpoint.load_config(whole)
+  from pretrain_jax.training import workdir as workdir_lib
+  config = workdir_lib.load_config(whole)
   tokenizer = data.load_tokenizer(config.data)
   state = _data_state(whole, 6)
   batches = {}

@@ -333,8 +333,8 @@ def test_create_setup_run_watch_survives_a_preemption(fake):
   assert calls[0] == gcloud.create_argv(VM)[1:] and calls[11] == calls[0]
   assert calls[9] == gcloud.delete_argv(VM)[1:]
   assert calls[10] == ['storage', 'rm', 'gs://bkt/runs/gpt2/LOCK', '--quiet']
-  from pretrain_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  assert gcloud.LOCK_FILE == workdir_lib.LOCK_FILE
+  from pretrain_jax.training import lock as lock_lib  # pylint: disable=g-import-not-at-top
+  assert gcloud.LOCK_FILE == lock_lib.LOCK_FILE
   assert calls[3] == ['compute', 'tpus', 'tpu-vm', 'scp',
                       os.path.join(str(fake.log.parent), 'pretrain_jax-ptj.tar.gz'),
                       'ptj:pretrain_jax.tar.gz', '--zone=us-west4-a', '--worker=all', '--quiet']

@@ -38,7 +38,6 @@ from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
 from pretrain_jax.finetune.evaluators import exact_match_evaluator, exact_match_scores  # noqa: F401
 from pretrain_jax.inference import load, sampling, scoring  # noqa: F401  (sampling: tests stub it)
 from pretrain_jax.models import ModelConfig, family_of
-from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import loop
 from pretrain_jax.training import workdir as workdir_lib
 from pretrain_jax.training.config import TrainConfig
@@ -113,10 +112,10 @@ def check_resume(config, workdir: str) -> None:
   """A resumed run must have the same head size and labels (a one-line error otherwise). A
   workdir that recorded its init relative to the directory it ran in (before init was made
   absolute) keeps that spelling when it names the same directory."""
-  saved = paths.join(workdir, ckpt_lib.CONFIG_FILE)
-  if not paths.isfile(saved):
+  saved = workdir_lib.read_config(workdir)
+  if saved is None:
     return
-  old = workdir_lib.resolved(json.loads(paths.read_text(saved)))   # (defaults filled in)
+  old = workdir_lib.resolved(saved)   # (defaults filled in)
   if 'init' in old and old['init'] and paths.absolute(old['init']) == config.init:
     config.init = old['init']
   old_format = old['task'].get('format', 'head') if 'task' in old else 'head'

@@ -9,6 +9,7 @@ equal the tensor they are tied to.
 import re
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import numpy as np
 
@@ -124,26 +125,13 @@ def _hf_shape(rule: Rule, expected: dict) -> tuple:
   return tuple(rule.to_hf(*zeros).shape)
 
 
-def flatten(tree, prefix='') -> dict:
-  out = {}
-  for key, value in tree.items():
-    path = f'{prefix}{key}'
-    if isinstance(value, dict) or hasattr(value, 'items'):
-      out.update(flatten(value, path + '/'))
-    else:
-      out[path] = value
-  return out
+def flatten(tree) -> dict:
+  """{'a/b/kernel': leaf} of a nested dict (FrozenDicts too)."""
+  return traverse_util.flatten_dict(tree, sep='/')
 
 
 def unflatten(flat: dict) -> dict:
-  tree = {}
-  for path, value in flat.items():
-    node = tree
-    *parents, leaf = path.split('/')
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
+  return traverse_util.unflatten_dict(flat, sep='/')
 
 
 def _stack_parent(params, path):

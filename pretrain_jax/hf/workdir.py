@@ -19,6 +19,10 @@ hf_tokenizer/'s files or those the family's record makes of the run's sentencepi
 """
 import tempfile
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
@@ -27,6 +31,11 @@ from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
 from pretrain_jax.data.config import TaskConfig
 from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import workdir as train_workdir
+from pretrain_jax.training.config import TrainConfig
 
 HF_TOKENIZER_DIR = 'hf_tokenizer'
 
@@ -39,7 +48,6 @@ def model_section(cfg: ModelConfig) -> dict:
 def training_config(cfg: ModelConfig, base):
   """The full ml_collections config for `cfg`: the base config's data, train and mesh sections
   with `cfg` as the model section."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(base.to_dict())
   config.model = ml_collections.ConfigDict(model_section(cfg))
   for key, value in families.of(cfg).data_settings(cfg, config.data).items():
@@ -71,12 +79,6 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
   never imports configs/). Returns a summary: family, parameter count, tokenizer, and the
   pretrain-jax train flags that reproduce the imported model from its base config.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
 
   io_lib.check_free(workdir)  # before the (possibly long) read
   cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
@@ -88,11 +90,11 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
     for path in files:
       paths.copy(path, paths.join(tmp, HF_TOKENIZER_DIR, paths.basename(path)))
     if isinstance(tokenizer, tok_lib.SentencePieceTokenizer):
-      paths.copy(tokenizer.path, paths.join(tmp, ckpt_lib.TOKENIZER_FILE))
-      config.data.tokenizer = paths.join(final, ckpt_lib.TOKENIZER_FILE)
+      paths.copy(tokenizer.path, paths.join(tmp, train_workdir.TOKENIZER_FILE))
+      config.data.tokenizer = paths.join(final, train_workdir.TOKENIZER_FILE)
     else:  # not sentencepiece (pretrain_jax.data cannot read it yet), or absent (a marker)
       config.data.tokenizer = paths.join(final, HF_TOKENIZER_DIR)
-    ckpt_lib.save_workdir_files(config, tmp)
+    train_workdir.write_config(config, tmp, '', None)
     state_params = jax.tree.map(jnp.asarray, params)
     tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
     state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=state_params,
@@ -159,7 +161,6 @@ def _check_recorded_tokenizer(name: str, workdir: str) -> None:
   imported with, or a switch between such a directory and a sentencepiece model: its ids mean
   other pieces to the trained embedding. Sentencepiece to sentencepiece is
   training.workdir.write_config's check (it compares the workdir's copy)."""
-  from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
   saved = train_workdir.read_config(workdir) if paths.isdir(workdir) else None
   recorded = saved['data']['tokenizer'] if saved and 'data' in saved else ''
   if paths.basename(recorded) == HF_TOKENIZER_DIR and not paths.isdir(recorded):
@@ -210,16 +211,13 @@ def workdir_tokenizer(workdir: str, config, local_dir: str):
 
 def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   """Writes checkpoint `step` (default latest) of `workdir` as the HF directory `hf_dir`."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
 
   from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
   if hf.is_hf_dir(workdir):
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
                      'a Hugging Face config); export reads a training workdir: load the directory as it '
                      'is, or import it first (pretrain-jax convert_hf import)')
-  problem = classifier_problem(ckpt_lib.load_config(workdir), workdir)
+  problem = classifier_problem(train_workdir.load_config(workdir), workdir)
   if problem:
     raise ValueError(f'{problem}; export supports pretrained LM checkpoints only (the head and '
                      'labels would be dropped): export the checkpoint it was fine-tuned from')

@@ -31,7 +31,7 @@ def parameter_table(cfg: ModelConfig):
   for path, leaf in leaves:
     axes = leaf.names if isinstance(leaf, nn.LogicallyPartitioned) else None
     value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
-    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
+    name = jax.tree_util.keystr(path, simple=True, separator='/')
     rows.append((name, tuple(value.shape), axes, int(np.prod(value.shape))))
   rows.sort(key=lambda r: counting_order(r[0]))
   return rows, sum(r[3] for r in rows)

@@ -1,9 +1,6 @@
-"""Orbax checkpoints of the train state plus the data iterator's position, and the workdir
-files that let any script load a checkpoint with nothing else.
+"""Orbax checkpoints of the train state plus the data iterator's position, verified.
 
-Workdir layout:
-  config.json        the full config (ml_collections JSON) the run was started with
-  tokenizer.model    a copy of the sentencepiece model (config.json's data.tokenizer points here)
+Workdir layout (config.json and the tokenizer: workdir.py):
   checkpoints/<step>/state  TrainState (orbax StandardSave; sharded arrays)
   checkpoints/<step>/data   the data position: every data stream's (data/streams.py), merged
                             from all hosts, so any host count dividing the streams resumes it;
@@ -14,33 +11,22 @@ Workdir layout:
 
 `restore_params(workdir)` is the entry point for evaluation / generation scripts.
 
-Verification: `save` checksums (crc32) the bytes of every shard with replica_id 0 that this
-process holds, on host numpy copies taken before the save returns; process 0 writes all
-processes' lists (gathered) as the `checksums` item of the same atomic save. A restore compares
-every recorded shard it can see: a fully addressable array (one host, or replicated) is checked
-whole, whatever mesh it was saved from; on several hosts a shard is checked when this process
-holds exactly that shard (same mesh), others are counted as unchecked. Restored floating-point
-arrays must also be finite. The host copy costs one device->host transfer of the state per save.
+Verification (checksums and finiteness): checksums.py.
 """
-import json
 import logging as py_logging
 import sys
 import time
-import zlib
 
 import jax
-import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
 from pretrain_jax.training import agreement
+from pretrain_jax.training.checksums import CheckpointError, shard_checksums, verify
 from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import workdir as workdir_lib
 
-CONFIG_FILE = 'config.json'
-TOKENIZER_FILE = 'tokenizer.model'
 COMMIT_SUCCESS_FILE = 'commit_success.txt'  # orbax's marker of a finished step on GCS
 
 
@@ -55,22 +41,9 @@ class CheckpointSaveError(RuntimeError):
   """A checkpoint could not be written; the previous complete one is still the newest."""
 
 
-class CheckpointError(RuntimeError):
-  """A checkpoint failed to restore or verify (damaged files, checksum or NaN)."""
-
-
 def _log(text: str) -> None:
   if jax.process_index() == 0:
     print(text, file=sys.stderr, flush=True)
-
-
-def _all_processes(*flags: bool):
-  """Each flag ANDed over all processes (one all-gather on several): a bool for one flag, a
-  tuple for several."""
-  if jax.process_count() > 1:
-    gathered = multihost_utils.process_allgather(np.asarray(flags, bool))   # (P, len(flags))
-    flags = tuple(bool(f) for f in np.all(gathered.reshape(-1, len(flags)), axis=0))
-  return flags[0] if len(flags) == 1 else tuple(flags)
 
 
 class Checkpointer:
@@ -103,9 +76,9 @@ class Checkpointer:
     the donated state buffers are safe to reuse). All processes must call this.
     Raises CheckpointSaveError when this or the previous save failed."""
     self.wait()  # orbax waits for the previous save here anyway; this names its failure
-    data = saved_data_state(gather_json(data_state))
+    data = saved_data_state(agreement.gather_json(data_state))
     sums = {}
-    for part in gather_json(shard_checksums(state)):
+    for part in agreement.gather_json(shard_checksums(state)):
       for name, rows in part.items():
         sums.setdefault(name, []).extend(rows)
     self.pending = int(step)
@@ -133,7 +106,7 @@ class Checkpointer:
         call()
     except Exception as e:  # pylint: disable=broad-exception-caught
       error = e
-    ok_all, flag_all = _all_processes(error is None, flag)
+    ok_all, flag_all = agreement.all_processes(error is None, flag)
     if not ok_all:
       error = error or RuntimeError('the save failed on another process')
       raise self._save_error(error) from error
@@ -200,7 +173,7 @@ class Checkpointer:
       except CheckpointError as e:
         failures.append((s, str(e)))
         ok = False
-      if _all_processes(ok):
+      if agreement.all_processes(ok):
         break
       if ok:
         failures.append((s, f'checkpoint {s} failed to verify on another process'))
@@ -217,8 +190,7 @@ class Checkpointer:
       _log(f'checkpoint {bad} is damaged and was moved aside to {aside}: {why}; '
            f'resuming from step {s}')
     if failures:
-      if jax.process_count() > 1:
-        multihost_utils.sync_global_devices('pretrain_jax: damaged checkpoints moved aside')
+      agreement.barrier('pretrain_jax: damaged checkpoints moved aside')
       self.manager.reload()
     return (state, host_data_state(data, s)) if state is not None else (None, None)
 
@@ -305,73 +277,6 @@ def _why(error) -> str:
   return f'{type(root).__name__}: {_first_line(root)}'
 
 
-def leaf_name(path) -> str:
-  """'params/decoder/kernel' for a key path (attribute, dict key or index entries)."""
-  return '/'.join(str(getattr(k, 'name', getattr(k, 'key', getattr(k, 'idx', k)))) for k in path)
-
-
-def _index(index, shape) -> list:
-  return [list(sl.indices(n)[:2]) for sl, n in zip(index, shape)]
-
-
-def _crc(x) -> int:
-  return zlib.crc32(np.ascontiguousarray(x).tobytes())
-
-
-def shard_checksums(tree) -> dict:
-  """{leaf name: [[index, crc32], ...]} of this process's replica-0 shards (host copies)."""
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if isinstance(leaf, jax.Array):
-      out[leaf_name(path)] = [[_index(s.index, leaf.shape), _crc(np.asarray(s.data))]
-                              for s in leaf.addressable_shards if s.replica_id == 0]
-    else:
-      x = np.asarray(leaf)
-      out[leaf_name(path)] = [[_index((slice(None),) * x.ndim, x.shape), _crc(x)]]
-  return out
-
-
-def verify(tree, checksums, where: str) -> int:
-  """Checks `tree` against recorded checksums and for non-finite floats; returns the number of
-  recorded shards it could not see (other hosts'). Raises CheckpointError naming the array."""
-  unchecked = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    name = leaf_name(path)
-    full = None
-    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
-      full = np.asarray(leaf)
-    unchecked += _verify_checksums(name, leaf, full, checksums, where)
-    if full is not None and np.issubdtype(full.dtype, np.inexact) and \
-        not np.all(np.isfinite(full)):
-      raise CheckpointError(f'checkpoint {where}: array {name} holds non-finite values '
-                            '(NaN/inf); it was saved from a diverged run')
-  return unchecked
-
-
-def _verify_checksums(name, leaf, full, checksums, where) -> int:
-  """The number of recorded shards of `name` this process cannot see."""
-  unchecked = 0
-  if checksums is not None:
-    if name not in checksums:
-      raise CheckpointError(f'checkpoint {where}: array {name} has no checksum in '
-                            f'{where}/checksums (the file does not match the state)')
-    held = {} if full is not None else {
-        json.dumps(_index(s.index, leaf.shape)): s for s in leaf.addressable_shards}
-    for index, crc in checksums[name]:
-      if full is not None:
-        data = full[tuple(slice(a, b) for a, b in index)]
-      elif json.dumps(index) in held:
-        data = np.asarray(held[json.dumps(index)].data)
-      else:
-        unchecked += 1
-        continue
-      if _crc(data) != crc:
-        raise CheckpointError(f'checkpoint {where}: array {name} (shard {index}) does not match '
-                              f'its checksum in {where}/checksums; the files under {where}/state '
-                              'are damaged (bit flips, partial copy)')
-  return unchecked
-
-
 def complete_steps(workdir: str) -> list:
   """Steps of the finished checkpoints (integer-named folders), ascending. On object stores
   orbax writes a step in place and marks it finished with commit_success.txt."""
@@ -399,48 +304,6 @@ def remove_temporary(workdir: str, quiet: bool = False) -> list:
          f'old checkpoint) under {root}: '
          f'{", ".join(gone)}')
   return gone
-
-
-def gather_json(obj) -> list:
-  """Every process's JSON-serializable `obj`, in process order (a collective)."""
-  if jax.process_count() == 1:
-    return [obj]
-  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-  sizes = multihost_utils.process_allgather(np.asarray([data.size], np.int32))
-  padded = np.zeros(int(np.max(sizes)), np.uint8)
-  padded[:data.size] = data
-  everyone = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(row[:int(n)]).decode()) for row, n in
-          zip(everyone, np.asarray(sizes).reshape(-1))]
-
-
-def save_workdir_files(config, workdir: str, tokenizer_path: str = '') -> ml_collections.ConfigDict:
-  """Copies the tokenizer into the workdir and writes config.json (process 0 only).
-
-  Returns the config as saved: `data.tokenizer` names the copy when there is one.
-  """
-  config = ml_collections.ConfigDict(config.to_dict())
-  if tokenizer_path and paths.isfile(tokenizer_path):
-    copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
-    if jax.process_index() == 0 and paths.absolute(tokenizer_path) != copy:
-      paths.copy(tokenizer_path, copy)
-    config.data.tokenizer = copy
-  if jax.process_index() == 0:
-    paths.write_text(paths.join(workdir, CONFIG_FILE), config.to_json(indent=2, sort_keys=True))
-  return config
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a workdir was trained with. A tokenizer path that no longer exists (the workdir
-  was moved) is pointed at the workdir's copy."""
-  path = paths.join(workdir, CONFIG_FILE)
-  if not paths.isfile(path):
-    raise FileNotFoundError(f'{path} not found; expected a workdir written by pretrain-jax train')
-  config = ml_collections.ConfigDict(paths.read_json(path))
-  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
-  if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
-    config.data.tokenizer = copy
-  return config
 
 
 class _ReadOnlyNotes(py_logging.Filter):
@@ -496,7 +359,7 @@ def restore_params(workdir: str, step=None):
   Raises CheckpointError (naming the checkpoint and array) when the parameters do not match
   their checksums or are not all finite.
   """
-  config = load_config(workdir)
+  config = workdir_lib.load_config(workdir)
   manager = _reader(checkpoint_dir(workdir))
   step = manager.latest_step() if step is None else int(step)
   if step is None or step not in manager.all_steps():

@@ -3,46 +3,42 @@
 GCS has no O_EXCL and no rename, but every write can be made conditional on the object's
 generation (a number that changes on every write):
   acquire    upload with if_generation_match=0: fails (412) when the object exists
-  takeover   of a stale lock (workdir.stale_reason: heartbeat older than stale_sec, or a dead pid
+  takeover   of a stale lock (lock.stale_reason: heartbeat older than stale_sec, or a dead pid
              on this host): upload with if_generation_match=<the stale generation we read>;
              of two trainers racing, one wins, the other gets 412 and refuses
   heartbeat  upload with if_generation_match=<our generation>; a 412 means we were taken over:
              the heartbeat stops and says so, and the trainer stops before its next save (the
              newer trainer owns the run)
   release    delete with if_generation_match=<our generation>
+Imported only for gs:// workdirs (lock.open_lock), so google-cloud-storage loads only there.
 """
 import json
-import os
-import socket
 import sys
-import threading
 import time
 
+from google.api_core import exceptions
+from google.cloud import storage
+
 from pretrain_jax import paths
-from pretrain_jax.training import workdir as workdir_lib
+from pretrain_jax.training import lock as lock_lib
 
 TIMEOUT_SEC = 30.0
 
 
-class GcsLock(workdir_lib.WorkdirLock):
+class GcsLock(lock_lib.WorkdirLock):
   """`gs://bucket/run/LOCK`; a daemon thread refreshes its heartbeat."""
 
-  def __init__(self, workdir: str, *, heartbeat_sec: float = workdir_lib.HEARTBEAT_SEC,
-               stale_sec: float = workdir_lib.STALE_SEC):
-    from google.cloud import storage  # pylint: disable=g-import-not-at-top
-    self.path = paths.join(paths.absolute(workdir), workdir_lib.LOCK_FILE)
+  def __init__(self, workdir: str, *, heartbeat_sec: float = lock_lib.HEARTBEAT_SEC,
+               stale_sec: float = lock_lib.STALE_SEC):
+    super().__init__(paths.join(paths.absolute(workdir), lock_lib.LOCK_FILE), heartbeat_sec,
+                     stale_sec)
     _, bucket = paths.bucket_of(self.path)
     paths.check_bucket(self.path)
     self.blob = storage.Client().bucket(bucket).blob(self.path.split('/', 3)[3])
-    self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
-    self.record, self.generation = None, None
-    self._stop = threading.Event()
-    self._thread = None
-    self._mutex = threading.Lock()
+    self.generation = None
 
   def _holder(self):
     """(record or None, age in seconds, generation) of the lock object."""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     blob = self.blob.bucket.blob(self.blob.name)
     try:
       text = blob.download_as_bytes(timeout=TIMEOUT_SEC)
@@ -56,7 +52,6 @@ class GcsLock(workdir_lib.WorkdirLock):
 
   def _write(self, record: dict, generation: int) -> bool:
     """Uploads `record` if the object's generation is `generation` (0: absent); False on 412."""
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     self.pending = record
     try:
       self.blob.upload_from_string(json.dumps(record), content_type='application/json',
@@ -66,31 +61,11 @@ class GcsLock(workdir_lib.WorkdirLock):
     self.record, self.generation = record, self.blob.generation
     return True
 
-  def _new_record(self) -> dict:
-    now = time.time()
-    return {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
+  def _create(self) -> bool:
+    return self._write(self._new_record(), 0)
 
-  def acquire(self) -> str:
-    if not self._write(self._new_record(), 0):
-      holder, age, generation = self._holder()
-      reason = workdir_lib.stale_reason(holder, age, self.stale_sec) if holder is not None \
-          else 'it vanished'
-      if not reason:
-        raise workdir_lib.LockHeld(workdir_lib.held_message(
-            paths.dirname(self.path), holder, self.path))
-      if not self._write(self._new_record(), generation or 0):
-        raise workdir_lib.lost_race(paths.dirname(self.path), self._holder()[0])
-      return self._taken_over(holder, reason)
-    self._start_heartbeat()
-    return ''
-
-  def _beat(self):
-    while not self._stop.wait(self.heartbeat_sec):
-      try:
-        self.refresh()
-      except Exception as e:  # pylint: disable=broad-exception-caught  (a network blip)
-        print(f'workdir lock heartbeat {self.path} failed: {type(e).__name__}: {e}; retrying in '
-              f'{self.heartbeat_sec:.0f} s', file=sys.stderr, flush=True)
+  def _take_over(self, version) -> bool:
+    return self._write(self._new_record(), version or 0)
 
   def refresh(self) -> None:
     """Rewrites the heartbeat if the object is still the one we wrote."""
@@ -100,30 +75,23 @@ class GcsLock(workdir_lib.WorkdirLock):
       record = dict(self.record, heartbeat=time.time())
       if not self._write(record, self.generation):
         holder, _, generation = self._holder()
-        if holder and (holder.get('pid'), holder.get('start')) == (record['pid'],
-                                                                   record['start']):
+        if holder and lock_lib.is_record(holder, record):
           self.record, self.generation = holder, generation   # our own write, retried: a 412
           return
         print(f'workdir lock {self.path} was taken over by another trainer; this one no longer '
               'holds the run and stops at its next save', file=sys.stderr, flush=True)
         self.lost, self.record = True, None
 
-  def release(self) -> None:
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-    with self._mutex:
-      generation = self.generation
-      if self.lost:
-        generation = None       # another trainer's now
-      elif self.record is None:   # a SIGTERM between our upload and noting it?
-        holder, _, generation = self._holder()
-        if not (holder and workdir_lib.is_record(holder, self.pending)):
-          generation = None
-      if generation is not None:
-        try:
-          self.blob.delete(if_generation_match=generation, timeout=TIMEOUT_SEC)
-        except (exceptions.NotFound, exceptions.PreconditionFailed):
-          pass  # taken over or removed by hand: not ours to delete
-      self.record = None
+  def _delete(self) -> None:
+    generation = self.generation
+    if self.lost:
+      generation = None       # another trainer's now
+    elif self.record is None:   # a SIGTERM between our upload and noting it?
+      holder, _, generation = self._holder()
+      if not (holder and lock_lib.is_record(holder, self.pending)):
+        generation = None
+    if generation is not None:
+      try:
+        self.blob.delete(if_generation_match=generation, timeout=TIMEOUT_SEC)
+      except (exceptions.NotFound, exceptions.PreconditionFailed):
+        pass  # taken over or removed by hand: not ours to delete

@@ -17,6 +17,7 @@ from pretrain_jax.models.attention import implementation_notes
 from pretrain_jax.training import agreement
 from pretrain_jax.training import checkpoint as ckpt_lib
 from pretrain_jax.training import evaluate as eval_lib
+from pretrain_jax.training import lock as lock_lib
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import profiler as profiler_lib
@@ -153,7 +154,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
                        evaluators=(), tokenizer_path: str = '', tokenizer=None) -> dict:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint); returns a summary.
 
-  One trainer per workdir (workdir_lib.hold); an incompatible config is refused before
+  One trainer per workdir (lock.hold); an incompatible config is refused before
   anything in the workdir changes. Fine-tuning (pretrain_jax/finetune) passes
   `init_params(fresh_params) -> params` (the checkpoint's weights put into a fresh state; not
   used when resuming) and `evaluators`: callables params -> dict of metrics added to each
@@ -164,7 +165,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
   Every section is built and checked here, before the workdir is touched."""
   run = RunConfig.from_config(config, data)
   workdir_lib.check_not_foreign(workdir)
-  with workdir_lib.hold(workdir, run.train.steps) as check_held:
+  with lock_lib.hold(workdir, run.train.steps) as check_held:
     return _train_and_evaluate(config, run, workdir, datasets=datasets, init_params=init_params,
                                evaluators=evaluators, check_held=check_held,
                                tokenizer_path=tokenizer_path, tokenizer=tokenizer)
@@ -176,7 +177,8 @@ def check_same_config(config) -> None:
   rate on its replica of the weights, and nothing else compares them on a fresh workdir."""
   if jax.process_count() == 1:
     return
-  everyone = [workdir_lib.flatten(c) for c in ckpt_lib.gather_json(json.loads(config.to_json()))]
+  everyone = [workdir_lib.flatten(c)
+              for c in agreement.gather_json(json.loads(config.to_json()))]
   missing = '<absent>'
   for i, other in enumerate(everyone[1:], 1):
     keys = sorted(k for k in set(everyone[0]) | set(other)

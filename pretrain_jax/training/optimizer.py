@@ -56,7 +56,7 @@ def schedule_change(t: TrainConfig, old_steps, step: int):
 def decay_mask(params):
   """True where weight decay applies: kernels and embedding tables, not norms or biases."""
   def decays(path, _):
-    name = str(getattr(path[-1], 'key', path[-1]))
+    name = jax.tree_util.keystr(path[-1:], simple=True)
     return not (name.endswith('bias') or name.endswith('scale'))
   return jax.tree_util.tree_map_with_path(decays, params)
 

@@ -38,7 +38,7 @@ def abstract_params(model) -> dict:
 
 
 def _path_names(path) -> tuple:
-  return tuple(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
+  return tuple(jax.tree_util.keystr(path, simple=True, separator='/').split('/'))
 
 
 def _opt_state_shardings(opt_state, params, param_shardings, mesh: Mesh):

@@ -1,39 +1,32 @@
-"""The workdir's guards: one trainer at a time, and a config that still fits the checkpoints.
+"""The run's files in its workdir: one reader (`read_config`) and one writer (`write_config`).
 
 Files (process 0 writes them; nothing here runs inside the jitted step):
-  LOCK                         {host, pid, start, heartbeat} of the trainer that holds the run
   config.json                  the config of the latest (re)start, written atomically, and only
                                when it changes
   config_history/<n>_step<k>.json  every config.json written; k = the checkpoint step it started at
+  tokenizer.model              the run's sentencepiece model (config.json's data.tokenizer)
+  prepared_data/               local files prepared once for every process (shared_source)
+The lock is `lock.py`'s, the checkpoints (state, data position, checksums) `checkpoint.py`'s.
 
-Run the guards in this order, before anything else touches the workdir (the config's sections
-already built, so their values are checked): `check_not_foreign`, `hold` (the lock; until the loop's own handler, a SIGTERM releases it and
-exits 143), `check_config` (before any data are opened), then `write_config` once the data
-and tokenizer are known (it checks again, then records).
+Before anything else touches the workdir (the config's sections already built, so their values
+are checked): `check_not_foreign`, `lock.hold`, `check_config` (before any data are opened),
+then `write_config` once the data and tokenizer are known (it checks again, then records).
 """
-import contextlib
 import json
-import os
-import signal
-import socket
-import sys
-import threading
-import time
 
+import jax
 import ml_collections
-import numpy as np
+from flax import traverse_util
 
 from pretrain_jax import paths
 from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig
+from pretrain_jax.training import agreement
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
-LOCK_FILE = 'LOCK'
 CONFIG_FILE = 'config.json'
 TOKENIZER_FILE = 'tokenizer.model'
 HISTORY_DIR = 'config_history'
-HEARTBEAT_SEC = 30.0      # the holder refreshes its heartbeat this often
-STALE_SEC = 600.0         # a lock whose heartbeat is older than this is taken over
 
 # Keys a resume may change freely: when, how often and how much to train, not what the state is.
 FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_batches',
@@ -59,211 +52,6 @@ RUN_MODEL_KEYS = ('model.dtype', 'model.attention_impl', 'model.remat', 'model.d
 # Every other key (model.*, the data fields that define the token stream, train.optimizer,
 # train.batch_size: each data stream fills a fixed number of rows of every batch; mesh.* is
 # free: checkpoints restore onto any mesh) must match the workdir's config.json.
-
-
-class LockHeld(RuntimeError):
-  """Another live trainer holds the workdir."""
-
-
-class WorkdirLock:
-  """The interface of a workdir lock: `acquire()` (raises LockHeld), `refresh()`, `release()`.
-
-  `LocalLock` implements it with O_CREAT|O_EXCL on a POSIX filesystem; `gcs_lock.GcsLock` on
-  gs:// with generation preconditions (create with `ifGenerationMatch=0`, which fails if the
-  object exists; heartbeat, takeover and release with `ifGenerationMatch=<the generation read>`,
-  so a taken-over lock is never clobbered). Both take over a stale lock by `stale_reason`.
-  """
-
-  lost = False   # set by refresh() when the lock on storage is another trainer's now
-  pending = None  # the record being written: a SIGTERM before `record` is set still finds it
-
-  def acquire(self) -> str:
-    raise NotImplementedError
-
-  def refresh(self) -> None:
-    raise NotImplementedError
-
-  def release(self) -> None:
-    raise NotImplementedError
-
-  def _beat(self) -> None:
-    raise NotImplementedError
-
-  def _taken_over(self, holder, reason: str) -> str:
-    """After a takeover: start the heartbeat and return the message that says whose lock."""
-    self._start_heartbeat()
-    return (f'took over the stale lock {self.path} of pid {(holder or {}).get("pid")} on '
-            f'{(holder or {}).get("host")}: {reason}')
-
-  def _start_heartbeat(self) -> None:
-    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
-    self._thread.start()
-
-
-def lost_race(directory: str, holder) -> 'LockHeld':
-  """Another trainer took the stale lock between our read and our write."""
-  return LockHeld(f'{directory} was taken over by pid {(holder or {}).get("pid")} on '
-                  f'{(holder or {}).get("host")} just now')
-
-
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
-class LocalLock(WorkdirLock):
-  """`<workdir>/LOCK` created atomically; a daemon thread refreshes its heartbeat.
-
-  A lock is stale (and is taken over, with a message) when its holder ran on this host and its
-  pid is gone, or when its heartbeat is older than `stale_sec` (holder on another host, or a
-  hung one). Two trainers that find the same stale lock at the same instant race on a rename;
-  the loser finds the winner's fresh lock and refuses.
-  """
-
-  def __init__(self, workdir: str, *, heartbeat_sec: float = HEARTBEAT_SEC,
-               stale_sec: float = STALE_SEC):
-    self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
-    self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
-    self.record = None
-    self._stop = threading.Event()
-    self._thread = None
-    self._mutex = threading.Lock()
-
-  def _holder(self):
-    """(record or None, age of the file in seconds) of the lock on disk."""
-    try:
-      with open(self.path) as f:
-        text = f.read()
-      age = time.time() - os.path.getmtime(self.path)
-    except FileNotFoundError:
-      return None, 0.0
-    try:
-      return json.loads(text), age
-    except ValueError:
-      return {}, age  # a holder killed between create and write: judged by the file's age
-
-  def _stale(self, holder: dict, age: float) -> str:
-    return stale_reason(holder, age, self.stale_sec)
-
-  def _create(self) -> bool:
-    """Creates the LOCK with its record in one step (a hard link of a written temporary file:
-    never an empty LOCK). A SIGTERM that lands before `self.record` is set (the start-up
-    handler calls release()) still removes it: release() knows the `pending` record."""
-    now = time.time()
-    record = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
-    self.pending = record
-    tmp = self._tmp_path()
-    with open(tmp, 'w') as f:
-      f.write(json.dumps(record))
-    try:
-      os.link(tmp, self.path)
-    except FileExistsError:
-      return False
-    except OSError:  # no hard links here (e.g. a gcsfuse mount): create, then write
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        return False
-      with os.fdopen(fd, 'w') as f:
-        f.write(json.dumps(record))
-    finally:
-      os.remove(tmp)
-    self.record = record
-    return True
-
-  def _tmp_path(self) -> str:
-    return f'{self.path}.new-{os.getpid()}'
-
-  def acquire(self) -> str:
-    """Takes the lock; returns a message ('' or how a stale lock was taken over)."""
-    paths.makedirs(os.path.dirname(self.path))
-    if not self._create():
-      holder, age = self._holder()
-      reason = self._stale(holder, age) if holder is not None else 'it vanished'
-      if not reason:
-        raise LockHeld(held_message(os.path.dirname(self.path), holder, self.path))
-      aside = f'{self.path}.stale-{socket.gethostname()}-{os.getpid()}'
-      try:
-        os.rename(self.path, aside)
-        os.remove(aside)
-      except FileNotFoundError:
-        pass  # someone else took it over first; _create below decides
-      if not self._create():
-        raise lost_race(os.path.dirname(self.path), self._holder()[0])
-      return self._taken_over(holder, reason)
-    self._start_heartbeat()
-    return ''
-
-  def _beat(self):
-    while not self._stop.wait(self.heartbeat_sec):
-      self.refresh()
-
-  def refresh(self) -> None:
-    """Rewrites the heartbeat (atomically), if the lock on disk is still ours."""
-    with self._mutex:
-      holder, _ = self._holder()
-      if self.record is None:
-        return
-      if not holder or holder.get('pid') != self.record['pid'] or \
-          holder.get('start') != self.record['start']:
-        self.lost, self.record = True, None
-        return
-      self.record['heartbeat'] = time.time()
-      paths.write_text(self.path, json.dumps(self.record))
-
-  def release(self) -> None:
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-    with self._mutex:
-      holder, _ = self._holder()
-      if holder and not self.lost and is_record(holder, self.record or self.pending):
-        os.remove(self.path)
-      self.record = None
-      if os.path.exists(self._tmp_path()):   # a SIGTERM inside _create
-        os.remove(self._tmp_path())
-
-
-def is_record(holder: dict, record) -> bool:
-  """Whether the lock `holder` on storage is `record` (the same pid and start time)."""
-  return record is not None and (holder.get('pid'), holder.get('start')) == (record['pid'],
-                                                                           record['start'])
-
-
-def stale_reason(holder: dict, age: float, stale_sec: float) -> str:
-  """Why the lock `holder` (its file `age` seconds old) is stale, or '' when it is alive."""
-  heartbeat_age = time.time() - holder['heartbeat'] if 'heartbeat' in holder else age
-  if holder.get('host') == socket.gethostname() and not _pid_alive(int(holder.get('pid', -1))):
-    return f'pid {holder.get("pid")} on this host is gone'
-  if heartbeat_age > stale_sec:
-    return f'heartbeat {heartbeat_age:.0f} s old (> {stale_sec:.0f} s)'
-  return ''
-
-
-def held_message(where: str, holder: dict, lock_path: str) -> str:
-  return (f'{where} is in use by pid {holder.get("pid")} on {holder.get("host")} (started '
-          f'{_when(holder.get("start"))}, heartbeat {_when(holder.get("heartbeat"))}); wait for '
-          f'it to finish, stop it, or delete {lock_path} if that trainer is certainly dead')
-
-
-def _when(t) -> str:
-  return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t)) if t else '?'
-
-
-def open_lock(workdir: str) -> WorkdirLock:
-  scheme, _ = paths.bucket_of(workdir)
-  if scheme is None:
-    return LocalLock(workdir)
-  if scheme == 'gs':
-    from pretrain_jax.training import gcs_lock  # pylint: disable=g-import-not-at-top
-    return gcs_lock.GcsLock(workdir)
-  raise ValueError(f'workdir {workdir!r}: the workdir lock is implemented for local paths and '
-                   f'gs:// only, not {scheme}://')
 
 
 def is_hf_config(saved) -> bool:
@@ -293,14 +81,9 @@ def check_not_foreign(workdir: str) -> None:
                      '--workdir NEW_DIR) and train there')
 
 
-def flatten(d: dict, prefix: str = '') -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
+def flatten(d: dict) -> dict:
+  """{'train.learning_rate': value} of a config's nested dict."""
+  return traverse_util.flatten_dict(d, sep='.')
 
 
 def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
@@ -341,10 +124,23 @@ def resolved(config: dict) -> dict:
 
 
 def read_config(workdir: str):
+  """The workdir's config.json as a dict; None when there is none."""
   path = paths.join(workdir, CONFIG_FILE)
-  if not paths.isfile(path):
-    return None
-  return paths.read_json(path)
+  return paths.read_json(path) if paths.isfile(path) else None
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a workdir was trained with, for loading it. A tokenizer path that no longer
+  exists (the workdir was moved) is pointed at the workdir's copy."""
+  saved = read_config(workdir)
+  if saved is None:
+    raise FileNotFoundError(f'{paths.join(workdir, CONFIG_FILE)} not found; expected a workdir '
+                            'written by pretrain-jax train')
+  config = ml_collections.ConfigDict(saved)
+  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
+  if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
+    config.data.tokenizer = copy
+  return config
 
 
 def check_config(config, workdir: str, untrained: bool = False):
@@ -422,14 +218,12 @@ def shared_source(data_config, workdir: str):
   by process 0, in sources.prepared_dir (on several processes `<workdir>/prepared_data` unless
   data.prepared_dir is set) while the others wait at a barrier and then open that one copy,
   so no host-local cache matters for correctness. Each host reads its streams' shares of it."""
-  import jax  # pylint: disable=g-import-not-at-top
   from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (tensorflow)
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   count = jax.process_count()
   return sources.open_source(
       data_config, data_dir=sources.prepared_dir(data_config, workdir, count),
       process_index=jax.process_index(),
-      sync=(lambda name: ckpt_lib.gather_json(name)[0]) if count > 1 else None)
+      sync=(lambda name: agreement.gather_json(name)[0]) if count > 1 else None)
 
 
 def shared_tokenizer(data_config, workdir: str, source=None):
@@ -437,8 +231,6 @@ def shared_tokenizer(data_config, workdir: str, source=None):
   which process 0 creates (trained once on `source`, or copied from its cache:
   data.load_tokenizer) while the others wait at a barrier, so all hosts load the same file and
   no host-local cache matters for correctness. Once config.json exists the copy is the run's."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
   if data_config.tokenizer:
     return data.load_tokenizer(data_config)
@@ -450,90 +242,5 @@ def shared_tokenizer(data_config, workdir: str, source=None):
     made = data.load_tokenizer(data_config, source).path
     if not (paths.isfile(copy) and _same_bytes(made, copy)):
       paths.copy(made, copy)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices('pretrain_jax: the workdir tokenizer is written')
+  agreement.barrier('pretrain_jax: the workdir tokenizer is written')
   return data.Tokenizer(copy)
-
-
-@contextlib.contextmanager
-def hold(workdir: str, steps: int):
-  """Holds the workdir for a run: process 0 takes the lock (every process raises LockHeld when
-  it cannot), then removes the folders of interrupted saves. Refuses `steps` below the newest
-  checkpoint before anything is written. Yields `check_held(step)`, to call before each save."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  lock, error, message = None, '', ''
-  held = []                            # the lock, for the start-up SIGTERM handler to release
-  previous = _stop_at_startup(held)
-  try:   # (the finally restores the SIGTERM handler whatever fails, e.g. an unreachable bucket)
-    if jax.process_index() == 0:
-      taking = open_lock(workdir)
-      held.append(taking)              # (release() deletes only a LOCK it wrote)
-      try:
-        message = taking.acquire()
-        lock = taking                  # released by the finally only once acquired
-      except LockHeld as e:
-        error = str(e)
-    if jax.process_count() > 1:
-      refused = multihost_utils.process_allgather(np.asarray(bool(error)))
-      error = error or ('process 0 could not lock the workdir' if np.any(refused) else '')
-    if error:
-      raise LockHeld(error)
-    if message:
-      print(message, file=sys.stderr, flush=True)
-    done = ckpt_lib.complete_steps(workdir)
-    if done and done[-1] > steps:
-      raise ValueError(f'train.steps={steps} but {ckpt_lib.checkpoint_dir(workdir)} holds step '
-                       f'{done[-1]}: nothing to train. Pass --config.train.steps > {done[-1]} '
-                       'to train on, or evaluate the checkpoint with pretrain-jax evaluate')
-    if jax.process_index() == 0:
-      ckpt_lib.remove_temporary(workdir)
-
-    def check_held(step) -> None:
-      """Before a save: raises LockHeld on every process when another trainer has taken the
-      workdir over (its lock is checked now, not at the last heartbeat)."""
-      if lock is not None:
-        try:
-          lock.refresh()
-        except Exception as e:  # pylint: disable=broad-exception-caught  (a network blip)
-          print(f'workdir lock {lock.path}: could not check it before saving step {step} '
-                f'({type(e).__name__}: {e}); saving', file=sys.stderr, flush=True)
-      lost = lock is not None and lock.lost
-      if jax.process_count() > 1:
-        lost = bool(np.any(multihost_utils.process_allgather(np.asarray(lost))))
-      if lost:
-        raise LockHeld(f'another trainer took over {workdir} (its LOCK is no longer this '
-                       f'run\'s); this one stops without saving step {step} over its checkpoints')
-    yield check_held
-  finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
-    if lock is not None:
-      lock.release()
-
-
-def _stop_at_startup(held: list):
-  """Until the train loop installs its own SIGTERM handler (save the step, then stop), SIGTERM
-  releases the lock in `held` and exits 143: the default action would kill the process and
-  leave the LOCK (another host would wait 10 minutes for it to go stale). The handler leaves
-  with os._exit, not an exception: Python may run it inside a garbage-collection callback,
-  where an exception is printed and dropped (the SIGTERM lost). Multi-process runs too (cli.join_processes turns
-  JAX's own C-level handler off). Returns the handler it replaced (None: left alone: not the
-  main thread, or a Python handler someone else set)."""
-  if threading.current_thread() is not threading.main_thread() or (
-      signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-    return None
-
-  def stop(signum, frame):
-    del frame
-    os.write(2, b'SIGTERM before training started: stopped, nothing to save\n')
-    for lock in held:
-      if lock._mutex.locked():  # pylint: disable=protected-access  (interrupted inside it)
-        continue                # left to go stale (at once for a later run on this host)
-      try:
-        lock.release()
-      except Exception:  # pylint: disable=broad-exception-caught  (it goes stale instead)
-        pass
-    os._exit(128 + signum)  # pylint: disable=protected-access
-  return signal.signal(signal.SIGTERM, stop)
