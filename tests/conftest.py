@@ -93,6 +93,22 @@ def t5_init(tmp_path_factory, worker_id):
   return main_job_model(tmp_path_factory, worker_id, 't5')
 
 
+@pytest.fixture(scope='session')
+def gpt_workdir(tmp_path_factory, worker_id):
+  """A small GPT (configs/tiny_gpt.py, test_pretrained._small) trained 6 steps, once per
+  session; tests read it (or copy it). Its data cache, `<workdir>_cache`, holds tiny_gpt's
+  tokenizer and the prepared embedded corpus, so commands run with it as PRETRAIN_JAX_CACHE
+  train no tokenizer."""
+  def build(path):
+    import configs.tiny_gpt  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+    from test_pretrained import _small  # pylint: disable=g-import-not-at-top
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
+      loop.train_and_evaluate(_small(configs.tiny_gpt.get_config()), path)
+  return once_per_session(tmp_path_factory, worker_id, 'small_gpt_6_steps', build)
+
+
 @pytest.fixture(scope='module')
 def module_cache(tmp_path_factory):
   """A fresh PRETRAIN_JAX_CACHE (corpora, tokenizers, compilation cache) shared by one test

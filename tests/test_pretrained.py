@@ -28,17 +28,7 @@ def _small(config, steps=6):
   return config
 
 
-@pytest.fixture(scope='session')
-def gpt_workdir(tmp_path_factory, worker_id):
-  """A small GPT trained 6 steps, once per session; tests read it (or copy it). Its data cache
-  (the tokenizer and the prepared corpus every run here reads) is `<workdir>_cache`."""
-  from conftest import once_per_session  # pylint: disable=g-import-not-at-top
-
-  def build(path):
-    with pytest.MonkeyPatch.context() as patch:
-      patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
-      loop.train_and_evaluate(_small(tiny_gpt.get_config()), path)
-  return once_per_session(tmp_path_factory, worker_id, 'small_gpt_6_steps', build)
+# gpt_workdir: a small GPT trained 6 steps, once per session (tests/conftest.py).
 
 
 @pytest.fixture(scope='module', autouse=True)

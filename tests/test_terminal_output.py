@@ -28,9 +28,9 @@ def last_line(done) -> dict:
   return json.loads(line)
 
 
-def test_main_job_and_evaluate_end_with_a_compact_line(tmp_path, gpt_init):
+def test_main_job_and_evaluate_end_with_a_compact_line(tmp_path, gpt_workdir):
   """train_tiny's line was 14 KB (every probe's examples); evaluate printed nothing readable."""
-  env = {'PRETRAIN_JAX_CACHE': f'{gpt_init}_cache'}   # the main job's tokenizer and corpus
+  env = {'PRETRAIN_JAX_CACHE': f'{gpt_workdir}_cache'}   # tiny_gpt's tokenizer and corpus
   done = command('train_tiny', '--workdir', 'runs/tiny', '--models', 'tiny_gpt', '--steps', '2',
                  '--probe_sentences', '2', '--eval_batches', '1', cwd=tmp_path, env=env)
   line = last_line(done)
