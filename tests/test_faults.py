@@ -23,6 +23,13 @@ from pretrain_jax.training import lock as lock_lib
 from pretrain_jax.training import workdir as workdir_lib
 from test_train import tiny_config
 
+# A damaged checkpoint's read fails inside orbax, which abandons its other reads' coroutines;
+# Python reports them when the garbage collector meets them, during whichever test runs then
+# (the commands' cli.quiet hides them likewise).
+pytestmark = pytest.mark.filterwarnings(
+    'ignore:Exception ignored in. <coroutine object _read_array_index_and_device_put'
+    ':pytest.PytestUnraisableExceptionWarning')
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -348,11 +355,6 @@ def test_damaged_newest_checkpoint_falls_back_and_is_moved_aside(tmp_path, capsy
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
-# The damaged checkpoint's read fails inside orbax, which abandons its other reads' coroutines;
-# Python reports them when they are collected (the commands' cli.quiet hides them likewise).
-@pytest.mark.filterwarnings('ignore:Exception ignored in. <coroutine object '
-                            '_read_array_index_and_device_put'
-                            ':pytest.PytestUnraisableExceptionWarning')
 def test_a_damaged_last_checkpoint_trains_its_step_again_without_saying_nothing_to_train(
     tmp_path, capsys):
   """The newest checkpoint was at train.steps, so 'nothing to train' was printed, and then it
