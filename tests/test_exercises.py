@@ -259,12 +259,9 @@ def test_a_wrong_family_or_format_is_one_line_naming_what_is_expected(family, ov
 # ---- the four from the command line, on the embedded data (slow) ------------------------------
 
 def _small(config, steps=3):
-  config.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
-                      max_len=64)
-  config.data.seq_len = 64
-  config.train.update(batch_size=4, steps=steps, warmup_steps=1, log_every=steps,
-                      eval_every=steps, eval_batches=1, checkpoint_every=steps)
-  return config
+  """test_pretrained's small shape (1 layer, width 32, 64 tokens), `steps` steps."""
+  from test_pretrained import _small as small  # pylint: disable=g-import-not-at-top
+  return small(config, steps)
 
 
 @pytest.fixture(scope='module')
