@@ -27,6 +27,15 @@ def bench_section(target_len: int = 0, **kw) -> ml_collections.ConfigDict:
   return common.section(BenchmarkConfig(target_len=target_len, **kw))
 
 
+def on_h100(c: ml_collections.ConfigDict, batch_size: int, **model) -> ml_collections.ConfigDict:
+  """`c` with the gpu suite's common settings (bf16, cuDNN attention, the GPU XLA flags and
+  memory fraction), `batch_size` and the model fields `model`; returns c."""
+  c.model.update(dtype='bfloat16', attention_impl='cudnn', **model)
+  c.train.batch_size = batch_size
+  c.benchmark = bench_section(xla_flags=GPU_XLA_FLAGS, mem_fraction=GPU_MEM_FRACTION)
+  return c
+
+
 def smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A config's benchmark at tiny shapes (1 layer, 64 wide, 64 tokens, batch 2, 2 steps);
   everything else (dtype, attention path, heads, flags) as the config has it."""

@@ -3,13 +3,8 @@ padded to 50304 (a multiple of 128), batch 96 (the largest that fits 80 GB), bf1
 attention (attention dropout 0: no kernel has it), cuBLAS for every GEMM; the best known
 settings in docs/performance.md."""
 from configs import gpt2_small
-from configs.bench_common import GPU_MEM_FRACTION, GPU_XLA_FLAGS, bench_section
+from configs.bench_common import on_h100
 
 
 def get_config():
-  c = gpt2_small.get_config()
-  c.model.update(vocab_size=50304, dtype='bfloat16', attention_impl='cudnn',
-                 attention_dropout_rate=0.0)
-  c.train.batch_size = 96
-  c.benchmark = bench_section(xla_flags=GPU_XLA_FLAGS, mem_fraction=GPU_MEM_FRACTION)
-  return c
+  return on_h100(gpt2_small.get_config(), 96, vocab_size=50304, attention_dropout_rate=0.0)
