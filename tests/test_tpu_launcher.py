@@ -236,6 +236,9 @@ def test_worker_commands():
                      '.venv/bin/python -m pretrain_jax.commands.train --multihost')
     assert not re.search(gcloud.TRAIN_PATTERN,
                          'bash -c W=1; .venv/bin/python -m pretrain_jax.commands.train --x')
+    # nor a trainer that another python runs (this test's own suite starts such trainers)
+    assert not re.search(gcloud.TRAIN_PATTERN,
+                         f'{sys.executable} -m pretrain_jax.commands.train --x')
 
 
 def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):

@@ -41,11 +41,11 @@ CODE_DIR = 'pretrain_jax'  # on every worker, relative to the ssh user's home
 LOG_DIR = 'pretrain_jax_logs'
 TARBALL = 'pretrain_jax.tar.gz'
 LIBTPU_RELEASES = 'https://storage.googleapis.com/jax-releases/libtpu_releases.html'
-# The regex matches the trainer's command line (.venv/bin/python -m pretrain_jax.commands.train
-# ...) but not
-# a shell whose command line holds it: train_command's wrapper, which must live on to record the
-# exit code and ship the log, nor the ssh shell running pkill.
-TRAIN_PATTERN = '^[^ ]*python[^ ]* -m pretrain_jax[.]commands[.]train '
+# The regex matches the command line of the trainer train_command starts (`.venv/bin/python -m
+# pretrain_jax.commands.train ...`, relative to the code directory) and nothing else: not a
+# shell whose command line holds it (train_command's wrapper, which records the exit code and
+# ships the log, or the ssh shell running pkill), nor a trainer some other python runs.
+TRAIN_PATTERN = '^[.]venv/bin/python -m pretrain_jax[.]commands[.]train '
 WORKER_NUMBER_URL = ('http://metadata.google.internal/computeMetadata/v1/instance/attributes/'
                      'agent-worker-number')
 
