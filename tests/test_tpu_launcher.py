@@ -264,7 +264,7 @@ def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):
   subprocess.run(['bash', '-c', gcloud.train_command(['--config', 'c.py', '--workdir', '/w'])],
                  env=env, check=True, timeout=30)
   logs = home / gcloud.LOG_DIR
-  for _ in range(100):
+  for _ in range(600):   # (a loaded machine can take many seconds to start Python)
     if 'training' in (logs / 'worker.log').read_text() if (logs / 'worker.log').exists() else '':
       break
     time.sleep(0.1)
@@ -273,7 +273,7 @@ def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):
   assert gcloud.parse_probe(probe()) == ['RUNNING']
   subprocess.run(['bash', '-c', gcloud.stop_command(grace_s=10)], env=env, timeout=60,
                  check=False, capture_output=True)
-  for _ in range(50):
+  for _ in range(300):
     if (logs / 'EXIT').exists():
       break
     time.sleep(0.1)
