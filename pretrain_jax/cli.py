@@ -82,10 +82,9 @@ def _quiet_unraisable(unraisable) -> None:
   import asyncio  # pylint: disable=g-import-not-at-top
   import inspect  # pylint: disable=g-import-not-at-top
   error, leftover = unraisable.exc_value, unraisable.object
-  if (isinstance(error, RuntimeError) and 'Event loop is closed' in str(error)
-      or inspect.iscoroutine(leftover) or isinstance(leftover, asyncio.Future)):
-    return
-  sys.__unraisablehook__(unraisable)
+  if not (isinstance(error, RuntimeError) and 'Event loop is closed' in str(error)
+          or inspect.iscoroutine(leftover) or isinstance(leftover, asyncio.Future)):
+    sys.__unraisablehook__(unraisable)
 
 
 def use_cpu_devices(count: int) -> None:
@@ -252,10 +251,12 @@ def call(fn, *args, verbose: bool = False):
         raise
       traceback.print_exc()
       _exit(1)
-    print('error: another process of this multi-process run stopped or was killed '
-          f'({" ".join(str(e).split())[:300]}); see its log, then rerun the same command on '
-          'every host: it resumes from the newest complete checkpoint' if gone else one_line(e),
-          file=sys.stderr, flush=True)
+    line = one_line(e)
+    if gone:
+      line = ('error: another process of this multi-process run stopped or was killed '
+              f'({" ".join(str(e).split())[:300]}); see its log, then rerun the same command '
+              'on every host: it resumes from the newest complete checkpoint')
+    print(line, file=sys.stderr, flush=True)
     _exit(2)
 
 
