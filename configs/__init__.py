@@ -1,7 +1,22 @@
-"""The configs: one get_config() per file. `base_config` picks the file a Hugging Face import
-starts from (its data, train and mesh sections) for a model of a given family."""
+"""The configs: one get_config() per file (`config_names`). `base_config` picks the file a
+Hugging Face import starts from (its data, train and mesh sections) for a model's family."""
 import importlib
 import os
+
+
+def config_names() -> list:
+  """The configs this install ships (configs/<name>.py), by name."""
+  return sorted(f[:-3] for f in os.listdir(os.path.dirname(__file__))
+                if f.endswith('.py') and not f.startswith('_') and 'common' not in f)
+
+
+def config_path(name: str) -> str:
+  """configs/<name>.py of this install (a wheel ships them inside the package set)."""
+  path = os.path.join(os.path.dirname(__file__), f'{name}.py')
+  if not os.path.isfile(path):
+    raise ValueError(f'no config named {name!r}; expected a config file path or one of '
+                     f'{", ".join(config_names())}')
+  return path
 
 
 def base_config_name(cfg) -> str:
@@ -16,10 +31,8 @@ def base_config(cfg, name: str = None):
   name = name or base_config_name(cfg)
   if name.endswith('.py'):   # the path form the other scripts take: configs/NAME.py
     name = os.path.basename(name)[:-3]
-  if not os.path.isfile(os.path.join(os.path.dirname(__file__), f'{name}.py')):
-    names = sorted(f[:-3] for f in os.listdir(os.path.dirname(__file__))
-                   if f.endswith('.py') and not f.startswith('_'))
-    raise ValueError(f'base config {name!r} is not in configs/; expected one of {names}')
+  if name not in config_names():
+    raise ValueError(f'base config {name!r} is not in configs/; expected one of {config_names()}')
   config = importlib.import_module(f'configs.{name}').get_config()
   family = (config.get('model') or {}).get('family')
   if cfg is not None and family != cfg.family:

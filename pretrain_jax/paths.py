@@ -1,21 +1,11 @@
 """Every path a user gives (workdir, data files, tokenizer, Hugging Face dirs) goes through here.
 
-Each operation is one etils.epath call, local or `gs://` alike (orbax uses epath too). With `EPATH_USE_TF=false` (set below unless the user chose)
-epath reads gs:// with gcsfs, and the lock uses google-cloud-storage: both honour
-STORAGE_EMULATOR_HOST and the same Application Default Credentials, while tf.io.gfile would
-ignore an emulator. Functions take and return strings; nothing here imports pretrain_jax.
-
-GCS has no append and no rename: `write_text` / `write_bytes` replace a whole object (atomic on
-GCS: readers see the old or the new object), and on local disks write a temporary file and
-rename it. Callers never append to a remote file (training/metrics.py rewrites its log).
-
-The first time a process touches a bucket, `check_bucket` lists one object with a 10 s timeout
-and no retries, so a bucket that is unreachable, missing or not readable with the credentials
-at hand is one clear error naming the path within seconds (gcsfs would retry for ~35 s).
+Each operation is one etils.epath call, local or `gs://` alike, as in orbax. `EPATH_USE_TF=false`
+(unless the user chose) reads gs:// with gcsfs, which honours STORAGE_EMULATOR_HOST as
+google-cloud-storage (the lock) does; tf.io.gfile ignores emulators. GCS has no append and no
+rename: a write replaces a whole object (locally, through a renamed temporary file).
 """
 import atexit
-import contextlib
-import fnmatch
 import glob as glob_lib
 import json
 import os
@@ -27,8 +17,8 @@ os.environ.setdefault('EPATH_USE_TF', 'false')
 
 from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-PROBE_TIMEOUT_SEC = 10.0
-_CHECKED = set()
+_CHECKED = set()   # the buckets that answered check_bucket in this process
+_MISTYPED_URL = re.compile(r'(gs|gcs|s3|https?|file):(?!//)', re.IGNORECASE)
 
 
 class PathError(OSError):
@@ -40,13 +30,9 @@ def cache_dir() -> str:
   return os.path.expanduser(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
 
 
-_MISTYPED_URL = re.compile(r'(gs|gcs|s3|https?|file):(?!//)', re.IGNORECASE)
-
-
 def is_remote(path) -> bool:
-  """True for a URL (`gs://...`). A known scheme without its two slashes (`gs:/bucket/x`,
-  `gs:bucket`) is a PathError: taken as a local path it trained into ./gs:/bucket/... and
-  failed at the first checkpoint."""
+  """True for a URL (`gs://...`). A known scheme without its two slashes (`gs:/bucket/x`) is a
+  PathError: taken as a local path, a run trained into ./gs:/bucket/x."""
   path = str(path)
   if '://' in path:
     return True
@@ -99,20 +85,14 @@ def bucket_of(path) -> tuple:
 
 
 def check_bucket(path) -> None:
-  """Raises PathError (naming `path`) unless its bucket answers a one-object listing.
-
-  Once per bucket and process; gs:// only (other schemes are left to their library)."""
+  """Raises PathError naming `path` unless its bucket answers a one-object listing within 10 s
+  (gcsfs would retry for ~35 s). Once per bucket and process; gs:// only."""
   scheme, bucket = bucket_of(path)
   if scheme != 'gs' or bucket in _CHECKED:
     return
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top  (for gs:// only)
   try:
-    from google.cloud import storage  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise PathError(f'{path}: gs:// paths need google-cloud-storage and gcsfs '
-                    '(pip install -r requirements.txt)') from None
-  try:
-    client = storage.Client()
-    list(client.list_blobs(bucket, max_results=1, timeout=PROBE_TIMEOUT_SEC, retry=None))
+    list(storage.Client().list_blobs(bucket, max_results=1, timeout=10.0, retry=None))
   except Exception as e:  # pylint: disable=broad-exception-caught  (auth, HTTP, socket errors)
     why = str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)
     raise PathError(f'{path}: cannot list gs://{bucket} ({type(e).__name__}: {why}); expected a '
@@ -175,12 +155,12 @@ def read_json(p):
 def write_bytes(path, data: bytes) -> None:
   """Replaces `path` whole, atomically (readers see the old or the new content)."""
   if is_remote(path):
-    epath_of(path).write_bytes(data)
+    epath_of(path).write_bytes(data)   # one object upload
     return
   path = absolute(path)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
   if os.path.isdir(path):
     raise IsADirectoryError(f'{path} is a directory; expected a file path to write')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f'{path}.tmp-{os.getpid()}'
   try:
     with open(tmp, 'wb') as f:
@@ -203,17 +183,13 @@ def copy(src, dst) -> None:
 
 
 def copy_tree(src, dst) -> None:
-  """Copies the files of folder `src` (recursively) under `dst`."""
+  """Copies a file, or a folder with everything under it, to `dst`."""
+  if not isdir(src):
+    copy(src, dst)
+    return
+  makedirs(dst)
   for name in listdir(src):
-    source = join(src, name)
-    if isdir(source):
-      copy_tree(source, join(dst, name))
-    else:
-      copy(source, join(dst, name))
-
-
-def remove(p) -> None:
-  epath_of(p).unlink()
+    copy_tree(join(src, name), join(dst, name))
 
 
 def rmtree(p) -> None:
@@ -235,75 +211,32 @@ def size_and_mtime(path) -> tuple:
 
 
 def glob(pattern) -> list:
-  """Sorted paths matching `pattern` ('**' crosses folders). Remote: the part before the first
-  wildcard is listed, the rest matched with fnmatch."""
-  if not is_remote(pattern):
-    return sorted(glob_lib.glob(os.path.expanduser(pattern), recursive=True))
-  parts = pattern.split('/')
-  fixed = next((i for i, part in enumerate(parts) if any(c in part for c in '*?[')), len(parts))
-  if fixed == len(parts):
-    return [pattern] if isfile(pattern) else []
-  base, rest = '/'.join(parts[:fixed]), '/'.join(parts[fixed:])
-  root = epath_of(base)
-  if not root.is_dir():
-    return []
-  found = []
-  for p in _files_under(root, deep='**' in rest or '/' in rest):
-    relative = str(p)[len(str(root)):].lstrip('/')
-    if fnmatch.fnmatchcase(relative, rest) or (rest.startswith('**/') and fnmatch.fnmatchcase(
-        relative, rest[3:])):
-      found.append(join(base, relative))
-  return sorted(found)
+  """Sorted paths matching `pattern` ('**' crosses folders), with glob.glob's rules remote too
+  (fsspec's glob: epath's refuses '**')."""
+  if is_remote(pattern):
+    check_bucket(pattern)
+    return sorted(epath.backend.fsspec_backend.glob(pattern))
+  return sorted(glob_lib.glob(os.path.expanduser(pattern), recursive=True))
 
 
-def _files_under(root, deep: bool):
-  for p in root.iterdir():
-    if p.is_dir():
-      if deep:
-        yield from _files_under(p, deep)
-    else:
-      yield p
+_STAGED = {}   # remote path -> its local copy
 
 
-@contextlib.contextmanager
-def local_file(path):
-  """A local filename holding `path`'s bytes (for libraries that only open local files)."""
-  if not is_remote(path):
-    yield absolute(path)
-    return
-  with tempfile.TemporaryDirectory(prefix='pretrain_jax-') as tmp:
-    local = os.path.join(tmp, basename(path))
-    copy(path, local)
-    yield local
-
-
-_STAGED = {}
-
-
+@atexit.register
 def remove_staged() -> None:
-  """Deletes local_copy's copies (at exit; cli leaves a multi-process run with os._exit, which
-  runs no atexit handler, so it calls this first)."""
-  for p in _STAGED.values():
-    shutil.rmtree(os.path.dirname(p), ignore_errors=True)
-  _STAGED.clear()
+  """Deletes local_copy's copies (cli calls it before os._exit, which runs no atexit handler)."""
+  while _STAGED:
+    shutil.rmtree(os.path.dirname(_STAGED.popitem()[1]), ignore_errors=True)
 
 
 def local_copy(path) -> str:
-  """A local path holding `path` (a file or a folder, copied once per process and deleted at
-  exit); `path` itself when it is local. For libraries that only read local files
-  (safetensors, tokenizers, sentencepiece's HF wrapper)."""
+  """A local path holding `path` (a file or a folder; itself when local), copied once per
+  process, for libraries that read local files only (safetensors, tokenizers, sentencepiece)."""
   if not is_remote(path):
     return str(path)
   path = absolute(path)
   if path not in _STAGED:
-    if not _STAGED:
-      atexit.register(remove_staged)
     local = os.path.join(tempfile.mkdtemp(prefix='pretrain_jax-staged-'), basename(path))
-    if isdir(path):
-      makedirs(local)
-      copy_tree(path, local)
-    else:
-      copy(path, local)
+    copy_tree(path, local)
     _STAGED[path] = local
   return _STAGED[path]
-

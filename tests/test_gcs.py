@@ -55,7 +55,9 @@ def test_paths_round_trip(gcs):
   assert paths.isdir(f'{gcs}/t/a') and not paths.isfile(f'{gcs}/t/a')
   assert paths.listdir(f'{gcs}/t') == ['a'] and paths.listdir(f'{gcs}/t/none') == []
   paths.write_text(f'{gcs}/t/a/c.jsonl', '{}')
+  paths.write_text(f'{gcs}/t/a/x/e.txt', 'x')   # '*' stops at a '/', as glob.glob's does
   assert paths.glob(f'{gcs}/t/*/*.txt') == [target]
+  assert paths.glob(f'{gcs}/t/**/*.txt') == [target, f'{gcs}/t/a/x/e.txt']
   assert paths.glob(f'{gcs}/t/**/*.jsonl') == [f'{gcs}/t/a/c.jsonl']
   paths.copy(target, f'{gcs}/t/d.txt')
   assert paths.read_bytes(f'{gcs}/t/d.txt') == b'hello'

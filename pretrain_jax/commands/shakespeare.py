@@ -15,10 +15,11 @@ from absl import app, flags
 import numpy as np
 from ml_collections import config_flags
 
+import configs
 from pretrain_jax.experiments import char_lm
 from pretrain_jax.training import metrics as metrics_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', cli.config_path('shakespeare_char'),
+_CONFIG = config_flags.DEFINE_config_file('config', configs.config_path('shakespeare_char'),
                                           'experiment config: a name or a file')
 _CORPUS = flags.DEFINE_string('corpus', None, 'path of tinyshakespeare.txt', required=True)
 

@@ -74,7 +74,7 @@ def _clear(folder: str) -> bool:
   if not all(cleared) or any(n not in START_UP_FILES for n in files):
     return False
   for name in files:
-    paths.remove(paths.join(folder, name))
+    paths.epath_of(paths.join(folder, name)).unlink()
   if not paths.is_remote(folder):
     os.rmdir(folder)   # refuses a folder that is not empty: nothing written meanwhile is lost
   return True

@@ -27,6 +27,7 @@ import sys
 
 from absl import app, flags
 
+import configs
 from pretrain_jax import cli
 from pretrain_jax.cloud import gcloud, launcher
 
@@ -151,7 +152,7 @@ def check_train_args(args) -> None:
                      'name; expected 3-222 lowercase letters, digits, -, _ and ., starting and '
                      'ending with a letter or digit')
   path = config_arg.partition(':')[0]
-  if not os.path.exists(os.path.join(launcher.REPO_ROOT, path)) and path in cli.config_names():
+  if not os.path.exists(os.path.join(launcher.REPO_ROOT, path)) and path in configs.config_names():
     path = os.path.join('configs', f'{path}.py')   # a named config: the shipped configs/ file
   full = path if os.path.isabs(path) else os.path.join(launcher.REPO_ROOT, path)
   root = os.path.abspath(launcher.REPO_ROOT)

@@ -19,6 +19,7 @@ import time
 from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
+import configs
 from pretrain_jax.commands import terminal
 
 DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
@@ -132,7 +133,7 @@ def _run(argv):
   results, start_all = [], time.perf_counter()
   if _MODELS.value == DEFAULT_MODELS and not _STEPS.value:
     say(f'the main job: tiny BERT, GPT and T5, then held-out probes; {EXPECTED}')
-  known = cli.config_names()
+  known = configs.config_names()
   unknown = [name for name in _MODELS.value if name not in known]
   if unknown:
     raise ValueError(f'--models names {unknown}; expected configs/<name>.py names such as '
