@@ -125,25 +125,88 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, holder, reason):
 def test_a_lock_created_but_not_yet_noted_is_still_released(tmp_path):
   """SIGTERM during start-up once landed between creating the LOCK and noting its record; the
   start-up handler's release() then saw no record and left the LOCK (tests/test_faults.py's
-  start-up SIGTERM test failed that way on a loaded machine). The LOCK is created with its
-  record in one step and release() knows the record it was writing; another process's LOCK
-  and a LOCK this process lost stay."""
+  start-up SIGTERM test failed that way on a loaded machine). The record is noted before the
+  LOCK is created whole, and release() removes a LOCK holding it (and the record's temporary
+  file); another process's LOCK and a LOCK this process lost stay."""
   lock = lock_lib.LocalLock(str(tmp_path))
-  assert lock._create()
+  assert lock._claim(None)                # written; acquire() has not returned
   assert json.loads((tmp_path / 'LOCK').read_text())['pid'] == os.getpid()   # never empty
-  lock.record = None                      # the signal landed before the assignment
+  with open(lock._tmp, 'w') as f:        # a SIGTERM inside the next write left its temporary
+    f.write('{')
   lock.release()
   assert sorted(os.listdir(tmp_path)) == []   # no LOCK, no temporary file
   other = dict(host=socket.gethostname(), pid=os.getpid(), start=1.0, heartbeat=time.time())
   (tmp_path / 'LOCK').write_text(json.dumps(other))
-  assert not lock._create()              # held: this one's record is not the one on disk
+  assert not lock._claim(None)            # held: this one's record is not the one on disk
   lock.release()
   assert json.loads((tmp_path / 'LOCK').read_text()) == other
   (tmp_path / 'LOCK').unlink()
-  assert lock._create()
+  assert lock._claim(None)
   lock.lost = True                       # taken over: never deletes
   lock.release()
   assert (tmp_path / 'LOCK').exists()
+
+
+def test_of_two_trainers_taking_over_one_stale_lock_one_wins(tmp_path, monkeypatch):
+  """Both read the stale lock; the first takes it over; the second's takeover is made against
+  the lock it read, which is gone, so it refuses, and the LOCK stays the first's. A stale lock
+  removed between the read and the takeover is created anew."""
+  stale = json.dumps(dict(host='elsewhere', pid=1, start=1.0, heartbeat=time.time() - 3600))
+  (tmp_path / 'LOCK').write_text(stale)
+  first, second, third = (lock_lib.LocalLock(str(tmp_path), heartbeat_sec=3600)
+                          for _ in range(3))
+
+  def reads_first(lock, first_read):      # its first read of the lock is `first_read()`
+    reads = iter([first_read])
+    monkeypatch.setattr(lock, '_read', lambda: next(reads, lambda: None)() or
+                        lock_lib.LocalLock._read(lock))
+  snapshot = second._read()
+  reads_first(second, lambda: snapshot)   # read before the first's takeover
+  try:
+    assert 'took over the stale lock' in first.acquire()
+    with pytest.raises(lock_lib.LockHeld, match=f'in use by pid {os.getpid()} on '):
+      second.acquire()
+    assert json.loads((tmp_path / 'LOCK').read_text())['start'] == first.record['start']
+  finally:
+    second.release()
+    assert (tmp_path / 'LOCK').exists()   # the refused one removes nothing
+    first.release()
+  assert sorted(os.listdir(tmp_path)) == []
+  (tmp_path / 'LOCK').write_text(stale)
+
+  def read_then_removed():
+    read = lock_lib.LocalLock._read(third)
+    (tmp_path / 'LOCK').unlink()
+    return read
+  reads_first(third, read_then_removed)
+  assert 'took over the stale lock' in third.acquire()
+  assert json.loads((tmp_path / 'LOCK').read_text())['start'] == third.record['start']
+  third.release()
+  assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_the_heartbeat_and_a_save_refreshing_at_once_keep_the_lock(tmp_path):
+  """refresh() runs on the heartbeat thread and before each save, unserialized: a write that
+  loses to the other finds its own record and goes on; no temporary file is left."""
+  lock = lock_lib.LocalLock(str(tmp_path), heartbeat_sec=3600)
+  lock.acquire()
+  errors = []
+
+  def refresh_many():
+    try:
+      for _ in range(200):
+        lock.refresh()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      errors.append(e)
+  threads = [threading.Thread(target=refresh_many) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors and not lock.lost
+  assert json.loads((tmp_path / 'LOCK').read_text())['start'] == lock.record['start']
+  lock.release()
+  assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_a_live_lock_on_another_host_is_respected(tmp_path):

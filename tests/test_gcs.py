@@ -111,34 +111,37 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   assert first.acquire() == ''
   with pytest.raises(lock_lib.LockHeld, match=r'gs://bucket/locked is in use by pid'):
     gcs_lock.GcsLock(workdir).acquire()
-  generation = first.generation
+  generation = first.version
   first.refresh()                                   # heartbeat: a new generation, still ours
-  assert first.generation != generation and first.record is not None
+  assert first.version != generation and first.record is not None
   # An upload that landed but whose answer was lost (the client retries and gets a 412 on our
   # own new generation) is still ours, not a takeover
-  assert first._write(dict(first.record), first.generation)
-  first.generation = generation
+  assert first._write(dict(first.record), first.version)   # first.version is now behind
   first.refresh()
-  assert not first.lost and first.record is not None
+  assert not first.lost and first.record is not None and first.version == first._read()[2]
   # A stale holder (heartbeat 20 min old) is taken over; the old one then stops claiming it.
   stale = dict(first.record, heartbeat=time.time() - 1200, host='elsewhere')
-  assert first._write(stale, first.generation)
+  first.version = first._write(stale, first.version)
+  assert first.version is not None
+  racer = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  racing = racer._read()[2]                         # reads the stale lock too
   second = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
   assert 'took over the stale lock gs://bucket/locked/LOCK' in second.acquire()
+  assert not racer._claim(racing)                   # of two takeovers, one wins
   first.refresh()
   assert first.record is None and first.lost        # 412: it knows it lost the lock
   first.release()                                   # and deletes nothing
-  assert json.loads(paths.read_text(f'{workdir}/LOCK'))['pid'] == os.getpid()
+  racer.release()
+  assert json.loads(paths.read_text(f'{workdir}/LOCK'))['start'] == second.record['start']
   second.release()
   assert not paths.exists(f'{workdir}/LOCK')
   # A SIGTERM between the upload and noting it (the start-up handler calls release()): the
   # lock it wrote is still removed, and another trainer's is not.
   third = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
-  assert third._write(third._new_record(), 0)
-  third.record = None
+  assert third._claim(None)                         # written; acquire() has not returned
   third.release()
   assert not paths.exists(f'{workdir}/LOCK')
-  assert second._write(second._new_record(), 0)
+  assert second._claim(None)
   third.release()
   assert paths.exists(f'{workdir}/LOCK')
   second.release()

@@ -28,12 +28,8 @@ ALLOWED = {
         'the local branch of metrics.jsonl (is_remote checked); gs:// rewrites the object',
     # LocalLock is the POSIX implementation (O_EXCL, pid, mtime); GcsLock is the gs:// one.
     ('training/lock.py', 'self.path'): 'LocalLock: the local lock file',
-    ('training/lock.py', 'os.path.abspath(workdir)'): 'LocalLock: the local lock file',
     ('training/lock.py', 'os.path.dirname(self.path)'): 'LocalLock: the local lock file',
-    ('training/lock.py', 'os.remove(aside)'): 'LocalLock: the renamed-aside stale lock',
-    ('training/lock.py', "open(tmp, 'w')"): 'LocalLock: the record before it is linked',
-    ('training/lock.py', 'os.remove(tmp)'): 'LocalLock: the record before it is linked',
-    ('training/lock.py', 'self._tmp_path()'): 'LocalLock: the record before it is linked',
+    ('training/lock.py', 'self._tmp'): 'LocalLock: the record before it is linked or replaced',
     # The data cache is this host's tfds/tokenizer cache; only speed depends on it.
     ('cli.py', "jax.config.update('jax_compilation_cache_dir'"): 'the host-local JAX '
                                                                   'compilation cache',

@@ -2,10 +2,9 @@
 
 The lock record is {host, pid, start, heartbeat}; a daemon thread refreshes the heartbeat. A
 lock is stale (taken over, with a message) when its holder ran on this host and its pid is
-gone, or when its heartbeat is older than STALE_SEC (a holder elsewhere, or a hung one).
-`LocalLock` is an atomic create on a POSIX filesystem; `gcs_lock.GcsLock` generation
-preconditions on gs://. Of two trainers taking over the same stale lock, one wins; the other
-finds its fresh lock and refuses.
+gone, or when its heartbeat is older than STALE_SEC (a holder elsewhere, or a hung one). Every
+write is conditional on the version read, so of two trainers taking over one stale lock, one
+wins and the other refuses.
 """
 import contextlib
 import json
@@ -32,171 +31,169 @@ class LockHeld(RuntimeError):
 
 
 class WorkdirLock:
-  """`acquire()` (raises LockHeld), `refresh()`, `release()` over an implementation's
-  `_create()`, `_holder()` -> (record or None, age in seconds, version), `_take_over(version)`
-  and `_delete()`."""
+  """`acquire()` (raises LockHeld), `refresh()`, `release()` over a storage's `_read()` ->
+  (record or None, age in seconds, version), `_write(record, version)` -> the new version, or
+  None unless the lock is still `version` (None: absent), and `_remove(version)`."""
 
   lost = False    # set by refresh() when the lock on storage is another trainer's now
-  pending = None  # the record being written: a SIGTERM before `record` is set still finds it
-
-  def __init__(self, path: str, heartbeat_sec: float, stale_sec: float):
-    self.path, self.heartbeat_sec, self.stale_sec = path, heartbeat_sec, stale_sec
-    self.record = None
-    self._stop = threading.Event()
-    self._thread = None
-    self._mutex = threading.Lock()
-
-  def acquire(self) -> str:
-    """Takes the lock; returns '' or the message saying whose stale lock was taken over."""
-    if self._create():
-      self._start_heartbeat()
-      return ''
-    holder, age, version = self._holder()
-    reason = stale_reason(holder, age, self.stale_sec) if holder is not None else 'it vanished'
-    where = paths.dirname(self.path)
-    if not reason:
-      raise LockHeld(held_message(where, holder, self.path))
-    if not self._take_over(version):
-      other = self._holder()[0] or {}
-      raise LockHeld(f'{where} was taken over by pid {other.get("pid")} on '
-                     f'{other.get("host")} just now')
-    self._start_heartbeat()
-    return (f'took over the stale lock {self.path} of pid {(holder or {}).get("pid")} on '
-            f'{(holder or {}).get("host")}: {reason}')
-
-  def _new_record(self) -> dict:
-    now = time.time()
-    return {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now, 'heartbeat': now}
-
-  def _start_heartbeat(self) -> None:
-    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
-    self._thread.start()
-
-  def _beat(self):
-    while not self._stop.wait(self.heartbeat_sec):
-      try:
-        self.refresh()
-      except Exception as e:  # pylint: disable=broad-exception-caught  (a network blip)
-        print(f'workdir lock heartbeat {self.path} failed: {type(e).__name__}: {e}; retrying in '
-              f'{self.heartbeat_sec:.0f} s', file=sys.stderr, flush=True)
-
-  def release(self) -> None:
-    """Stops the heartbeat and deletes the lock if it is this trainer's."""
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-    with self._mutex:
-      self._delete()
-      self.record = None
-
-
-class LocalLock(WorkdirLock):
-  """`<workdir>/LOCK` created atomically: a hard link of a written temporary file (never an
-  empty LOCK), `O_EXCL` where the filesystem has no hard links (a gcsfuse mount)."""
+  version = None  # the storage's version of this trainer's record
 
   def __init__(self, workdir: str, *, heartbeat_sec: float = HEARTBEAT_SEC,
                stale_sec: float = STALE_SEC):
-    super().__init__(os.path.join(os.path.abspath(workdir), LOCK_FILE), heartbeat_sec, stale_sec)
+    self.path = paths.join(paths.absolute(workdir), LOCK_FILE)
+    self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
+    self.record, self._thread, self._stop = None, None, threading.Event()
 
-  def _holder(self):
+  def acquire(self) -> str:
+    """Takes the lock; returns '' or the message saying whose stale lock was taken over."""
+    message = ''
+    if not self._claim(None):
+      holder, age, version = self._read()
+      reason = 'it vanished' if holder is None else stale_reason(holder, age, self.stale_sec)
+      # (a takeover fails when another trainer's came first; a lock that vanished is created)
+      if not reason or not (self._claim(version) or self._claim(None)):
+        holder = (self._read()[0] if reason else holder) or {}
+        raise LockHeld(f'{paths.dirname(self.path)} is in use by pid {holder.get("pid")} on '
+                       f'{holder.get("host")} (started {_when(holder.get("start"))}, heartbeat '
+                       f'{_when(holder.get("heartbeat"))}); wait for it to finish, stop it, or '
+                       f'delete {self.path} if that trainer is certainly dead')
+      message = (f'took over the stale lock {self.path} of pid {(holder or {}).get("pid")} on '
+                 f'{(holder or {}).get("host")}: {reason}')
+    self._thread = threading.Thread(target=self._beat, daemon=True, name='workdir-lock')
+    self._thread.start()
+    return message
+
+  def _claim(self, version) -> bool:
+    """Writes a new record over `version`. The record is noted first: a SIGTERM inside the
+    write (the start-up handler calls release()) still removes it."""
+    now = time.time()
+    self.record = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': now,
+                   'heartbeat': now}
+    self.version = self._write(self.record, version)
+    return self.version is not None
+
+  def _ours(self, holder) -> bool:
+    return bool(holder) and self.record is not None and (
+        (holder.get('pid'), holder.get('start')) == (self.record['pid'], self.record['start']))
+
+  def refresh(self) -> None:
+    """Rewrites the heartbeat if the lock is still this trainer's, else sets `lost`. A write
+    refused over its own record (the heartbeat's and a save's at once; a gs:// upload whose
+    answer was lost, retried) goes on from it."""
+    if self.record is None:
+      return
+    record = dict(self.record, heartbeat=time.time())
+    version = self._write(record, self.version)
+    if version is None:
+      holder, _, version = self._read()
+      if not self._ours(holder):
+        print(f'workdir lock {self.path} was taken over by another trainer; this one no longer '
+              'holds the run and stops at its next save', file=sys.stderr, flush=True)
+        self.lost, self.record = True, None
+        return
+    self.record, self.version = record, version
+
+  def check(self, when: str, then: str) -> None:
+    """refresh(); storage failing (a network blip) is said and does not stop the run."""
+    try:
+      self.refresh()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      print(f'workdir lock {self.path}: could not check it {when} ({type(e).__name__}: {e}); '
+            f'{then}', file=sys.stderr, flush=True)
+
+  def _beat(self):
+    while not self._stop.wait(self.heartbeat_sec):
+      self.check('for its heartbeat', f'retrying in {self.heartbeat_sec:.0f} s')
+
+  def release(self) -> None:
+    """Stops the heartbeat and removes the lock if it holds this trainer's record."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    if not self.lost and self.record is not None:
+      holder, _, version = self._read()
+      if self._ours(holder):
+        self._remove(version)
+
+
+def parse(text) -> dict:
+  """The record; {} for a holder killed between creating and writing it (judged by age)."""
+  try:
+    return json.loads(text)
+  except ValueError:
+    return {}
+
+
+class LocalLock(WorkdirLock):
+  """`<workdir>/LOCK`, created whole: a hard link of the written record (`O_EXCL` where the
+  filesystem has no hard links: a gcsfuse mount). Its version is its text: a heartbeat or a
+  takeover compares it, then replaces the file (two steps: of two takeovers in one instant, the
+  one overwritten learns it at its next heartbeat or save check)."""
+
+  @property
+  def _tmp(self) -> str:
+    """Per thread: the heartbeat thread and a save's check may write at once."""
+    return f'{self.path}.new-{os.getpid()}-{threading.get_native_id()}'
+
+  def _read(self):
     try:
       with open(self.path) as f:
         text = f.read()
-      age = time.time() - os.path.getmtime(self.path)
+      return parse(text), time.time() - os.path.getmtime(self.path), text
     except FileNotFoundError:
       return None, 0.0, None
-    try:
-      return json.loads(text), age, None
-    except ValueError:
-      return {}, age, None  # a holder killed between create and write: judged by the file's age
 
-  def _create(self) -> bool:
-    """A SIGTERM that lands before `self.record` is set (the start-up handler calls release())
-    still removes the LOCK: release() knows the `pending` record."""
+  def _write(self, record, version):
     paths.makedirs(os.path.dirname(self.path))
-    record = self.pending = self._new_record()
-    tmp = self._tmp_path()
-    with open(tmp, 'w') as f:
-      f.write(json.dumps(record))
+    text = json.dumps(record)
+    with open(self._tmp, 'w') as f:
+      f.write(text)
     try:
-      os.link(tmp, self.path)
+      if version is None:
+        try:
+          os.link(self._tmp, self.path)
+        except FileExistsError:
+          raise
+        except OSError:  # no hard links here: an exclusive create, then the write
+          with open(self.path, 'x') as f:
+            f.write(text)
+      elif self._read()[2] == version:
+        os.replace(self._tmp, self.path)
+      else:
+        return None
+      return text
     except FileExistsError:
-      return False
-    except OSError:  # no hard links here: create, then write
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        return False
-      with os.fdopen(fd, 'w') as f:
-        f.write(json.dumps(record))
+      return None
     finally:
-      os.remove(tmp)
-    self.record = record
-    return True
+      self._remove_tmp()
 
-  def _tmp_path(self) -> str:
-    return f'{self.path}.new-{os.getpid()}'
+  def _remove_tmp(self):
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(self._tmp)
 
-  def _take_over(self, version) -> bool:
-    del version
-    aside = f'{self.path}.stale-{socket.gethostname()}-{os.getpid()}'
-    try:
-      os.rename(self.path, aside)
-      os.remove(aside)
-    except FileNotFoundError:
-      pass  # someone else took it over first; _create decides
-    return self._create()
-
-  def refresh(self) -> None:
-    """Rewrites the heartbeat (atomically), if the lock on disk is still ours."""
-    with self._mutex:
-      holder = self._holder()[0]
-      if self.record is None:
-        return
-      if not is_record(holder or {}, self.record):
-        self.lost, self.record = True, None
-        return
-      self.record['heartbeat'] = time.time()
-      paths.write_text(self.path, json.dumps(self.record))
-
-  def _delete(self) -> None:
-    holder = self._holder()[0]
-    if holder and not self.lost and is_record(holder, self.record or self.pending):
+  def _remove(self, version):
+    del version  # (release() has just read it)
+    with contextlib.suppress(FileNotFoundError):
       os.remove(self.path)
-    if os.path.exists(self._tmp_path()):   # a SIGTERM inside _create
-      os.remove(self._tmp_path())
 
-
-def is_record(holder: dict, record) -> bool:
-  """Whether the lock `holder` on storage is `record` (the same pid and start time)."""
-  return record is not None and (holder.get('pid'), holder.get('start')) == (record['pid'],
-                                                                           record['start'])
-
-
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
+  def release(self) -> None:
+    super().release()
+    self._remove_tmp()  # (a SIGTERM inside _write)
 
 
 def stale_reason(holder: dict, age: float, stale_sec: float) -> str:
   """Why the lock `holder` (its file `age` seconds old) is stale, or '' when it is alive."""
+  if holder.get('host') == socket.gethostname():
+    try:
+      os.kill(int(holder.get('pid', -1)), 0)
+    except ProcessLookupError:
+      return f'pid {holder.get("pid")} on this host is gone'
+    except PermissionError:
+      pass  # alive: another user's
   heartbeat_age = time.time() - holder['heartbeat'] if 'heartbeat' in holder else age
-  if holder.get('host') == socket.gethostname() and not _pid_alive(int(holder.get('pid', -1))):
-    return f'pid {holder.get("pid")} on this host is gone'
   if heartbeat_age > stale_sec:
     return f'heartbeat {heartbeat_age:.0f} s old (> {stale_sec:.0f} s)'
   return ''
-
-
-def held_message(where: str, holder: dict, lock_path: str) -> str:
-  return (f'{where} is in use by pid {holder.get("pid")} on {holder.get("host")} (started '
-          f'{_when(holder.get("start"))}, heartbeat {_when(holder.get("heartbeat"))}); wait for '
-          f'it to finish, stop it, or delete {lock_path} if that trainer is certainly dead')
 
 
 def _when(t) -> str:
@@ -219,16 +216,13 @@ def hold(workdir: str, steps: int):
   """Holds the workdir for a run: process 0 takes the lock (every process raises LockHeld when
   it cannot), then removes the folders of interrupted saves. Refuses `steps` below the newest
   checkpoint before anything is written. Yields `check_held(step)`, to call before each save."""
-  lock, error, message = None, '', ''
-  held = []                            # the lock, for the start-up SIGTERM handler to release
-  previous = _stop_at_startup(held)
-  try:   # (the finally restores the SIGTERM handler whatever fails, e.g. an unreachable bucket)
-    if jax.process_index() == 0:
-      taking = open_lock(workdir)
-      held.append(taking)              # (release() deletes only a LOCK it wrote)
+  taking = open_lock(workdir) if jax.process_index() == 0 else None
+  previous, lock = _stop_at_startup(taking), None
+  try:   # (the finally restores the SIGTERM handler whatever fails)
+    error, message = '', ''
+    if taking is not None:
       try:
-        message = taking.acquire()
-        lock = taking                  # released by the finally only once acquired
+        message, lock = taking.acquire(), taking   # released by the finally once acquired
       except LockHeld as e:
         error = str(e)
     if not agreement.all_processes(not error):
@@ -240,18 +234,13 @@ def hold(workdir: str, steps: int):
       raise ValueError(f'train.steps={steps} but {ckpt_lib.checkpoint_dir(workdir)} holds step '
                        f'{done[-1]}: nothing to train. Pass --config.train.steps > {done[-1]} '
                        'to train on, or evaluate the checkpoint with pretrain-jax evaluate')
-    if jax.process_index() == 0:
+    if lock is not None:
       ckpt_lib.remove_temporary(workdir)
 
     def check_held(step) -> None:
-      """Before a save: raises LockHeld on every process when another trainer has taken the
-      workdir over (its lock is checked now, not at the last heartbeat)."""
+      """Before a save: LockHeld on every process if another trainer took the workdir over."""
       if lock is not None:
-        try:
-          lock.refresh()
-        except Exception as e:  # pylint: disable=broad-exception-caught  (a network blip)
-          print(f'workdir lock {lock.path}: could not check it before saving step {step} '
-                f'({type(e).__name__}: {e}); saving', file=sys.stderr, flush=True)
+        lock.check(f'before saving step {step}', 'saving')
       if not agreement.all_processes(lock is None or not lock.lost):
         raise LockHeld(f'another trainer took over {workdir} (its LOCK is no longer this '
                        f'run\'s); this one stops without saving step {step} over its checkpoints')
@@ -263,14 +252,11 @@ def hold(workdir: str, steps: int):
       lock.release()
 
 
-def _stop_at_startup(held: list):
-  """Until the train loop installs its own SIGTERM handler (save the step, then stop), SIGTERM
-  releases the lock in `held` and exits 143: the default action would kill the process and
-  leave the LOCK (another host would wait 10 minutes for it to go stale). The handler leaves
-  with os._exit, not an exception: Python may run it inside a garbage-collection callback,
-  where an exception is printed and dropped (the SIGTERM lost). Multi-process runs too
-  (cli.join_processes turns JAX's own C-level handler off). Returns the handler it replaced
-  (None: left alone: not the main thread, or a Python handler someone else set)."""
+def _stop_at_startup(lock):
+  """Until the loop installs its handler (save, stop), SIGTERM releases `lock` and exits 143 on
+  every process (killed, it would leave the LOCK to go stale in 10 minutes): by os._exit, since
+  Python may run the handler inside a garbage-collection callback, which drops an exception.
+  Returns the handler it replaced (None: left alone: not the main thread, or another's)."""
   if threading.current_thread() is not threading.main_thread() or (
       signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
     return None
@@ -278,12 +264,8 @@ def _stop_at_startup(held: list):
   def stop(signum, frame):
     del frame
     os.write(2, b'SIGTERM before training started: stopped, nothing to save\n')
-    for lock in held:
-      if lock._mutex.locked():  # pylint: disable=protected-access  (interrupted inside it)
-        continue                # left to go stale (at once for a later run on this host)
-      try:
+    if lock is not None:
+      with contextlib.suppress(Exception):  # (it goes stale instead)
         lock.release()
-      except Exception:  # pylint: disable=broad-exception-caught  (it goes stale instead)
-        pass
     os._exit(128 + signum)  # pylint: disable=protected-access
   return signal.signal(signal.SIGTERM, stop)
