@@ -57,12 +57,6 @@ class Progress:
     print(' | '.join(parts), file=self._out or sys.stderr, flush=True)
 
 
-def batch_filter(cfg: ModelConfig):
-  """Keeps the keys of a batch that the family's model and losses read (drops e.g. ids)."""
-  keys = set(family_of(cfg).batch_keys)
-  return lambda batch: {k: v for k, v in batch.items() if k in keys}
-
-
 def random_init_params(cfg: ModelConfig, seed: int = 0):
   """Fresh parameters of the same architecture (the 'before pre-training' baseline)."""
   model = build(cfg.replace(deterministic=True, decode=False))

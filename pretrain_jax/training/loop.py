@@ -158,72 +158,66 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
   (its section), `init_params(fresh_params) -> params` (unless resuming) and `evaluators`
   (params -> metrics added to each evaluation). `tokenizer`: see open_datasets."""
   run = RunConfig.from_config(config, data)
-  workdir_lib.check_not_foreign(workdir)
-  with lock_lib.hold(workdir, run.train.steps) as check_held:
-    return _train(config, run, workdir, check_held, datasets, init_params, evaluators,
-                  tokenizer_path, tokenizer)
-
-
-def _train(config, run: RunConfig, workdir: str, check_held, datasets, init_params, evaluators,
-           tokenizer_path: str, tokenizer) -> dict:
   t, model_cfg = run.train, run.model
-  mesh = mesh_lib.make_mesh(run.mesh)
-  mesh_lib.check_config(t, model_cfg, mesh, jax.process_count())
-  check_same_config(config)
-  steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(
-      t, run.data), init_length=run.data.seq_len)
-  if datasets is None:
-    check_objective(model_cfg, run.data.objective, run.data.nsp)
-  newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
-  workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
-                           untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
-  train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
-  tokenizer_path = opened or tokenizer_path
-  eval_start = eval_iter.get_state() if eval_iter is not None else None
-  previous = workdir_lib.read_config(workdir) if newest is not None else None
-  # Checked now, written once the state and data position restore: a refused resume leaves
-  # config.json as it was, so the original command still resumes.
-  workdir_lib.write_config(config, workdir, tokenizer_path, newest, is_writer=False)
+  workdir_lib.check_not_foreign(workdir)
+  with contextlib.ExitStack() as cleanup:   # runs last to first, whatever raised
+    check_held = cleanup.enter_context(lock_lib.hold(workdir, t.steps))
+    mesh = mesh_lib.make_mesh(run.mesh)
+    mesh_lib.check_config(t, model_cfg, mesh, jax.process_count())
+    check_same_config(config)
+    steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(
+        t, run.data), init_length=run.data.seq_len)
+    if datasets is None:
+      check_objective(model_cfg, run.data.objective, run.data.nsp)
+    newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
+    workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
+                             untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
+    train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
+    tokenizer_path = opened or tokenizer_path
+    eval_start = eval_iter.get_state() if eval_iter is not None else None
+    previous = workdir_lib.read_config(workdir) if newest is not None else None
+    # Checked now, written once the state and data position restore: a refused resume leaves
+    # config.json as it was, so the original command still resumes.
+    workdir_lib.write_config(config, workdir, tokenizer_path, newest, is_writer=False)
 
-  checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
-                                       async_save=t.async_checkpoints,
-                                       timeout_sec=t.checkpoint_timeout_sec)
-  state, where = None, ckpt_lib.checkpoint_dir(workdir)
-  if newest not in (None, ckpt_lib.WEIGHTS_ONLY_STEP):
-    state, data_state = checkpointer.restore(steps.abstract_state)   # (None: only step 0 left)
-  if state is not None:
-    train_iter.set_state(data_state)
-    notes = [f'restored step {int(state.step)} from {where}']
-  else:
-    state, notes = steps.create_state(t.seed), []
-    if ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():   # an import: its weights, and
-      state = state.replace(params=checkpointer.restore_params(  # this run's optimizer state
-          steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
-      notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
-               'state']
-    elif init_params is not None:
-      state = state.replace(params=jax.device_put(init_params(state.params),
-                                                  steps.state_shardings.params))
-  workdir_lib.write_config(config, workdir, tokenizer_path, newest,
-                           is_writer=jax.process_index() == 0)
-  start = step = int(state.step)
-  # Logs from `start`: a run that died before its first checkpoint logged steps this one logs.
-  writer = metrics_lib.MetricWriter(workdir, resume_step=start)
-  if start == t.steps:   # the restored step, not the newest listed (a damaged one falls back)
-    notes.append(f'{workdir} is already at train.steps={t.steps}: nothing to train')
-  old_steps = previous['train']['steps'] if previous else None
-  notes += [start and opt_lib.schedule_change(t, old_steps, start), opt_lib.warmup_warning(t),
-            f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
-            f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}',
-            *implementation_notes(model_cfg)]   # attention paths other than the config says
-  for note in filter(None, notes):
-    writer.line(note)
+    checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints,
+                                         async_save=t.async_checkpoints,
+                                         timeout_sec=t.checkpoint_timeout_sec)
+    state, where = None, ckpt_lib.checkpoint_dir(workdir)
+    if newest not in (None, ckpt_lib.WEIGHTS_ONLY_STEP):
+      state, data_state = checkpointer.restore(steps.abstract_state)   # (None: only step 0 left)
+    if state is not None:
+      train_iter.set_state(data_state)
+      notes = [f'restored step {int(state.step)} from {where}']
+    else:
+      state, notes = steps.create_state(t.seed), []
+      if ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():   # an import: its weights, and
+        state = state.replace(params=checkpointer.restore_params(  # this run's optimizer state
+            steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
+        notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
+                 'state']
+      elif init_params is not None:
+        state = state.replace(params=jax.device_put(init_params(state.params),
+                                                    steps.state_shardings.params))
+    workdir_lib.write_config(config, workdir, tokenizer_path, newest,
+                             is_writer=jax.process_index() == 0)
+    start = step = int(state.step)
+    # Logs from `start`: a run that died before its first checkpoint logged steps this one logs.
+    writer = metrics_lib.MetricWriter(workdir, resume_step=start)
+    if start == t.steps:   # the restored step, not the newest listed (a damaged one falls back)
+      notes.append(f'{workdir} is already at train.steps={t.steps}: nothing to train')
+    old_steps = previous['train']['steps'] if previous else None
+    notes += [start and opt_lib.schedule_change(t, old_steps, start), opt_lib.warmup_warning(t),
+              f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
+              f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}',
+              *implementation_notes(model_cfg)]   # attention paths other than the config says
+    for note in filter(None, notes):
+      writer.line(note)
 
-  peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
-  profiler = profiler_lib.StepProfiler(t, workdir, start, writer.line)
-  stop, clock = StopRequest(), metrics_lib.StepClock()
-  window, last, eval_metrics = [], {}, {}   # window: (step, metrics) since the last train row
-  with contextlib.ExitStack() as cleanup:   # run last to first, whatever raised
+    peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
+    profiler = profiler_lib.StepProfiler(t, workdir, start, writer.line)
+    stop, clock = StopRequest(), metrics_lib.StepClock()
+    window, last, eval_metrics = [], {}, {}   # window: (step, metrics) since the last train row
     cleanup.callback(writer.close)
     cleanup.callback(stop.close)            # only after the final save: a second SIGTERM waits
     cleanup.callback(profiler.stop)         # (a run that ended inside the traced steps)

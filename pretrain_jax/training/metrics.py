@@ -1,6 +1,6 @@
 """Progress lines, TensorBoard scalars (tensorboardX: no TensorFlow runtime) and metrics.jsonl;
 throughput and MFU. Only process 0 writes. gs:// cannot append: there the event files (written
-locally) and metrics.jsonl are rewritten whole at most every `flush_sec` (docs/training.md)."""
+locally) and metrics.jsonl are rewritten whole at most every `flush_sec` (docs/cloud_tpu.md)."""
 import json
 import math
 import os
@@ -80,7 +80,7 @@ class MetricWriter:
   `resume_step` (a resumed run's restored step) are dropped and purged from TensorBoard
   (purge_step), so each step is logged once."""
 
-  def __init__(self, workdir: str, *, flush_sec: float = 30.0, resume_step: int | None = None):
+  def __init__(self, workdir: str, *, flush_sec: float = 30.0, resume_step: int = 0):
     self.enabled = jax.process_index() == 0
     self.remote, self.flush_sec, self.flushed = paths.is_remote(workdir), flush_sec, 0.0
     if not self.enabled:
@@ -90,14 +90,12 @@ class MetricWriter:
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self.path = paths.join(workdir, 'metrics.jsonl')
     self.tb_dir = paths.join(workdir, 'tensorboard')
+    # gs://: not tensorboardX's own writer, whose background uploads retry 120 s on a failure
     self.tb_local = tempfile.mkdtemp(prefix='pretrain_jax-tb-') if self.remote else self.tb_dir
-    self.tb = SummaryWriter(self.tb_local,
-                            purge_step=None if resume_step is None else resume_step + 1)
-    self.lines = (_records_up_to(self.path, resume_step)
-                  if self.remote or resume_step is not None else [])
+    self.tb = SummaryWriter(self.tb_local, purge_step=resume_step + 1)
+    self.lines = _records_up_to(self.path, resume_step)
     if not self.remote:   # a local file is appended to and flushed line by line
-      if resume_step is not None:
-        paths.write_text(self.path, ''.join(self.lines))
+      paths.write_text(self.path, ''.join(self.lines))
       self.jsonl = open(self.path, 'a')
 
   def write(self, step: int, scalars: dict, prefix: str = 'train') -> None:
@@ -143,12 +141,11 @@ class MetricWriter:
         self.jsonl.close()
 
 
-def _records_up_to(path: str, step: int | None) -> list:
-  """metrics.jsonl's lines (each ending in a newline); with `step`, those of steps <= step,
-  which leaves out a torn last line (a crash mid-write)."""
-  lines = ([l + '\n' for l in paths.read_text(path).splitlines() if l.strip()]
-           if paths.isfile(path) else [])
-  return lines if step is None else [l for l in lines if _step_of(l) <= step]
+def _records_up_to(path: str, step: int) -> list:
+  """metrics.jsonl's lines of steps <= step, each ending in a newline (not a torn last line)."""
+  if not paths.isfile(path):
+    return []
+  return [l + '\n' for l in paths.read_text(path).splitlines() if l.strip() and _step_of(l) <= step]
 
 
 def _step_of(line: str) -> float:
