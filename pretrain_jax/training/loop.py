@@ -217,7 +217,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     peak_flops = metrics_lib.peak_flops_per_device(t.peak_tflops) * jax.device_count()
     profiler = profiler_lib.StepProfiler(t, workdir, start, writer.line)
     stop, clock = StopRequest(), metrics_lib.StepClock()
-    window, last, eval_metrics = [], {}, {}   # window: (step, metrics) since the last train row
+    pending, window, last, eval_metrics = [], [], {}, {}   # window: the steps since the last row
     cleanup.callback(writer.close)
     cleanup.callback(stop.close)            # only after the final save: a second SIGTERM waits
     cleanup.callback(profiler.stop)         # (a run that ended inside the traced steps)
@@ -231,7 +231,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
       state, metrics = steps.train_step(state, batch)
       step += 1
       checkpointer.poll(step)               # a failed background save stops the run now
-      window.append((step, metrics))
+      pending.append((step, metrics))       # (fetched at the next log, eval or save point)
       clock.stepped(metrics)
       if profiler.after_step(step, metrics) or profiler.active:
         clock.pause()                       # traced steps are not training throughput
@@ -240,11 +240,12 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
       eval_now = t.eval_every > 0 and (end or step % t.eval_every == 0)
       save_now = end or stopping or step % t.checkpoint_every == 0
       if log_now or eval_now or save_now:
-        window = jax.device_get(window)
-        check_finite(window)                # never log or save past a NaN
+        pending = jax.device_get(pending)
+        check_finite(pending)               # never log or save past a NaN
         checkpointer.check()
+        window, pending = window + [m for _, m in pending], []
       if log_now:
-        last, window = metrics_lib.interval_mean([m for _, m in window]), []
+        last, window = metrics_lib.interval_mean(window), []
         step_time = clock.lap()             # None after the compiling step or traced ones only
         if step_time:
           last.update(step_time_sec=step_time, tokens_per_sec=tokens_per_step / step_time,
