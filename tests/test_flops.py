@@ -60,7 +60,6 @@ def test_a_classification_step_counts_no_lm_head_and_a_linear_probe_no_backward(
   linear probe's backbone backward, which stop_gradient skips (review K: 80% MFU shown)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import metrics  # pylint: disable=g-import-not-at-top
   for family in ('gpt', 'bert'):
     cfg = tiny(family)
     b, t = 3, 10
@@ -71,6 +70,6 @@ def test_a_classification_step_counts_no_lm_head_and_a_linear_probe_no_backward(
     pretrain = family_of(cfg).init_batch(t)
     pretrain = {k: np.repeat(v, b, axis=0) for k, v in pretrain.items()}
     classify = {k: v for k, v in pretrain.items() if k != family_of(cfg).target_key}
-    assert metrics.batch_cost(cfg, pretrain) == (b * t, flops.train_flops(cfg, b, t))
-    assert metrics.batch_cost(cfg, classify) == (b * t, 3 * headless)
-    assert metrics.batch_cost(cfg, classify, frozen_backbone=True) == (b * t, headless)
+    assert flops.batch_cost(cfg, pretrain) == (b * t, flops.train_flops(cfg, b, t))
+    assert flops.batch_cost(cfg, classify) == (b * t, 3 * headless)
+    assert flops.batch_cost(cfg, classify, frozen_backbone=True) == (b * t, headless)

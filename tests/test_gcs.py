@@ -68,7 +68,7 @@ def test_paths_round_trip(gcs):
 def test_metrics_log_is_rewritten_whole_never_appended(gcs):
   workdir = f'{gcs}/metrics'
   for run in range(2):   # a resumed run keeps the lines already there
-    writer = metrics.MetricWriter(workdir, flush_sec=0.0)
+    writer = metrics.MetricWriter(workdir, flush_sec=0.0, resume_step=run)
     writer.write(run + 1, {'loss': 1.0 / (run + 1)})
     writer.close()
   rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]

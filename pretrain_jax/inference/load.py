@@ -246,9 +246,9 @@ class Pretrained:
         build(self.model_config.replace(deterministic=True, decode=False,
                                         tuning=backends.for_platform(device.platform))),
         t.loss_chunk_len if t else 0, max_predictions))
-    keep = eval_lib.batch_filter(self.model_config)
-    return eval_lib.evaluate(eval_step, params, (keep(b) for b in batches), max_batches,
-                             progress)
+    keys = set(family_of(self.model_config).batch_keys)   # (drops e.g. ids the model never reads)
+    return eval_lib.evaluate(eval_step, params, ({k: v for k, v in b.items() if k in keys}
+                                                 for b in batches), max_batches, progress)
 
 
 def _split_checkpoint_path(path: str):

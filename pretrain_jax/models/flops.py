@@ -84,3 +84,16 @@ def train_flops(cfg: ModelConfig, batch: int, seq_len: int, target_len: int = 0,
   forward = forward_flops(cfg, batch, seq_len, target_len,
                           head_positions if lm_head else NO_LM_HEAD)
   return (1.0 if frozen_backbone else 3.0) * forward
+
+
+def batch_cost(cfg: ModelConfig, batch: dict, max_predictions: int = 0,
+               frozen_backbone: bool = False) -> tuple:
+  """(tokens, train_flops) of one train step on `batch`: its input positions (T5: encoder +
+  decoder); the LM head on `max_predictions` positions per row when set, and none for a batch
+  without LM targets (classification); a frozen backbone (a linear probe) forward only."""
+  from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
+  family = family_of(cfg)
+  batch_size, length, target_len = family.lengths(batch)
+  return (batch_size * (length + target_len),
+          train_flops(cfg, batch_size, length, target_len, max_predictions,
+                      lm_head=family.target_key in batch, frozen_backbone=frozen_backbone))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pretrain_jax.data.config import DataConfig
-from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.models import ModelConfig, family_of, flops
 from pretrain_jax.models.layers import attention_path
 from pretrain_jax.objectives import span_corruption
 from pretrain_jax.perf.config import BenchmarkConfig
@@ -167,8 +167,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   # against the probe beside it, so a shared machine whose speed drifts between runs (step and
   # matmul slowing down together) still reads the same MFU.
   probe = None if peak_flops else peak_probe(model_cfg.dtype, probe_size or None)
-  tokens, model_flops = metrics_lib.batch_cost(model_cfg, batch_np,
-                                                max_predictions)
+  tokens, model_flops = flops.batch_cost(model_cfg, batch_np, max_predictions)
   times, peaks = [], []
   for _ in range(steps):
     start = time.perf_counter()

@@ -1,11 +1,8 @@
 """The one evaluator: metric sums over a stream of batches, for the train loop and any checkpoint.
 
-Training-time validation (training/loop.py) and pretrain-jax evaluate call `evaluate` with the
-same jitted eval step (training/step.make_eval_step), so the same checkpoint and batches give
-the same numbers under the same names (training/task.metrics_from_sums): `loss` is the
-training objective (LM + z-loss + NSP), `lm_loss`, `lm_perplexity`, `lm_accuracy`,
-`lm_top5_accuracy`, `z_loss`, `nsp_loss`, `nsp_accuracy`. Every number is a ratio of sums
-accumulated over all batches (no average of averages).
+Training-time validation and pretrain-jax evaluate run the same jitted eval step through
+`evaluate`, so a checkpoint and batches give the same numbers under the names of
+training/task.metrics_from_sums, each a ratio of sums over all batches (no average of averages).
 """
 import itertools
 import sys
@@ -21,11 +18,9 @@ from pretrain_jax.training.metrics import format_eta
 
 
 def evaluate(eval_step, params, batches, max_batches: int = 0, progress=None) -> dict:
-  """Metrics over `batches` (an iterable of batch dicts); max_batches 0 = all of them.
-
-  `eval_step(params, batch) -> (sums, denominators)`; returns the metrics as floats plus
-  `batches` and `target_tokens` (the LM loss's denominator). `progress(count, totals)`, when
-  given, is called after every batch with the sums so far (e.g. a `Progress`).
+  """Metrics (floats) over `batches` (max_batches 0: all), plus `batches` and `target_tokens`
+  (the LM loss's denominator). `eval_step(params, batch) -> (sums, denominators)`;
+  `progress(count, totals)` (e.g. a `Progress`) is called after each batch with the sums so far.
   """
   totals, count = None, 0
   for batch in itertools.islice(batches, max_batches or None):
@@ -60,12 +55,6 @@ class Progress:
     if self.total:
       parts.append(f'eta {format_eta((self.total - count) / rate)}')
     print(' | '.join(parts), file=self._out or sys.stderr, flush=True)
-
-
-def batch_filter(cfg: ModelConfig):
-  """Keeps the keys of a batch that the family's model and losses read (drops e.g. ids)."""
-  keys = set(family_of(cfg).batch_keys)
-  return lambda batch: {k: v for k, v in batch.items() if k in keys}
 
 
 def random_init_params(cfg: ModelConfig, seed: int = 0):

@@ -1,17 +1,6 @@
-"""Progress lines, TensorBoard scalars and a JSON-lines log; throughput and MFU estimates.
-
-TensorBoard goes through tensorboardX: a pure-Python event writer, so the training process
-does not start TensorFlow's runtime (threads, device discovery) just to write scalars, and the
-files are the same TensorBoard reads. Only process 0 writes anything.
-
-On gs:// (object stores cannot append; gcsfs's append silently rewrites), metrics.jsonl is kept
-in memory (the lines already there are read first) and the whole object is rewritten at most
-every `flush_sec` and at close. TensorBoard events are written to a local temporary folder and
-copied whole to `<workdir>/tensorboard/` at the same times (not tensorboardX's own gs:// writer:
-its background uploads retry for 120 s after a failure, and it would be a second GCS client).
-A crash loses at most `flush_sec` of log lines and scalars, never a checkpoint.
-A local workdir appends and flushes each line, as before.
-"""
+"""Progress lines, TensorBoard scalars (tensorboardX: no TensorFlow runtime) and metrics.jsonl;
+throughput and MFU. Only process 0 writes. gs:// cannot append: there the event files (written
+locally) and metrics.jsonl are rewritten whole at most every `flush_sec` (docs/cloud_tpu.md)."""
 import json
 import math
 import os
@@ -23,7 +12,6 @@ import jax
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.models import family_of, flops
 from pretrain_jax.training import task
 
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
@@ -38,77 +26,49 @@ def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
   if configured_tflops > 0:
     return configured_tflops * 1e12
   device = jax.devices()[0]
-  kind = device.device_kind.lower()
   for name, tflops in PEAK_TFLOPS.items():
-    if name in kind:
+    if name in device.device_kind.lower():
       return tflops * 1e12
-  if device.platform == 'cpu':
-    return (os.cpu_count() or 1) * 3e9 * _cpu_flops_per_cycle() / jax.local_device_count()
-  return float('nan')
-
-
-def _cpu_flops_per_cycle() -> int:
+  if device.platform != 'cpu':
+    return float('nan')
   try:
     with open('/proc/cpuinfo') as f:
-      return 64 if 'avx512f' in f.read() else 32
+      per_cycle = 64 if 'avx512f' in f.read() else 32
   except OSError:
-    return 32
-
-
-def batch_cost(model_cfg, batch: dict, max_predictions: int = 0,
-               frozen_backbone: bool = False) -> tuple:
-  """(tokens, model FLOPs) of one train step on `batch`. Tokens are input positions (T5:
-  encoder + decoder); FLOPs are pretrain_jax.models.flops' analytic matmul count (PaLM-style
-  MFU) of what the step runs: the LM head on `max_predictions` positions per row when that is
-  set, and not at all for a batch without LM targets (classification); a frozen backbone (a
-  linear probe) forward only."""
-  family = family_of(model_cfg)
-  batch_size, length, target_len = family.lengths(batch)
-  return (batch_size * (length + target_len),
-          flops.train_flops(model_cfg, batch_size, length, target_len, max_predictions,
-                            lm_head=family.target_key in batch,
-                            frozen_backbone=frozen_backbone))
+    per_cycle = 32
+  return (os.cpu_count() or 1) * 3e9 * per_cycle / jax.local_device_count()
 
 
 class StepClock:
-  """Training throughput: wall time of train steps only, the first (compiling) step excluded.
-
-  `stepped(metrics)` after each step (the first one blocks, then starts the clock); `lap()` at
-  a log point returns the mean step time since the last lap (None if no step was timed);
-  `pause()` after evaluation or a save so their time is not counted; `mean_step_time()` over
-  the whole run. `eta(remaining)` is wall time: the run's pace since its first step, so
-  evaluations and saves are in it.
-  """
+  """Wall time of train steps, the first (compiling) one excluded: `lap()` is the mean step time
+  since the last lap or `pause()` (after evaluations, saves, traced steps; None if none was
+  timed); `eta(remaining)` is at the run's wall pace since its first step, pauses included."""
 
   def __init__(self, clock=time.perf_counter):
-    self.start, self.steps, self.total_time, self.total_steps = None, 0, 0.0, 0
-    self.clock, self.origin, self.since_origin = clock, None, 0
+    self.clock, self.origin, self.start = clock, None, None
+    self.steps = self.since_origin = self.total_steps = 0
+    self.total_time = 0.0
 
   def stepped(self, metrics) -> None:
-    if self.start is None:
+    if self.origin is None:
       jax.block_until_ready(metrics)
       self.start = self.origin = self.clock()
     else:
-      self.steps += 1
-      self.since_origin += 1
+      self.steps, self.since_origin = self.steps + 1, self.since_origin + 1
 
   def eta(self, remaining: int):
-    if not self.since_origin:
-      return None
-    return remaining * (self.clock() - self.origin) / self.since_origin
+    if self.since_origin:
+      return remaining * (self.clock() - self.origin) / self.since_origin
+    return None
 
   def lap(self):
-    if not self.steps:
-      self.pause()
-      return None
-    elapsed = self.clock() - self.start
-    step_time = elapsed / self.steps
-    self.total_time, self.total_steps = self.total_time + elapsed, self.total_steps + self.steps
+    steps, elapsed = self.steps, (self.clock() - self.start if self.steps else 0.0)
+    self.total_time, self.total_steps = self.total_time + elapsed, self.total_steps + steps
     self.pause()
-    return step_time
+    return elapsed / steps if steps else None
 
   def pause(self) -> None:
-    if self.start is not None:
+    if self.origin is not None:
       self.start, self.steps = self.clock(), 0
 
   def mean_step_time(self):
@@ -116,32 +76,27 @@ class StepClock:
 
 
 class MetricWriter:
-  """Writes scalars to stdout (one line), TensorBoard and `<workdir>/metrics.jsonl`."""
+  """Scalars to TensorBoard and `<workdir>/metrics.jsonl`; `line` to stderr. Records past
+  `resume_step` (a resumed run's restored step) are dropped and purged from TensorBoard
+  (purge_step), so each step is logged once."""
 
-  def __init__(self, workdir: str, *, enabled: bool = True, flush_sec: float = 30.0,
-               resume_step: int | None = None):
-    """`resume_step`: the step a resumed run restarts from. Records past it (written after that
-    checkpoint by the run that stopped) are dropped from metrics.jsonl, and TensorBoard purges
-    its events past it (tensorboardX purge_step), so each step is logged once."""
-    self.enabled = enabled and jax.process_index() == 0
-    self.tb = self.jsonl = None
-    self.path = paths.join(paths.absolute(workdir), 'metrics.jsonl')
+  def __init__(self, workdir: str, *, flush_sec: float = 30.0, resume_step: int = 0):
+    self.enabled = jax.process_index() == 0
     self.remote, self.flush_sec, self.flushed = paths.is_remote(workdir), flush_sec, 0.0
-    if self.enabled:
-      paths.makedirs(workdir)
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb_dir = paths.join(paths.absolute(workdir), 'tensorboard')
-      self.tb_local = tempfile.mkdtemp(prefix='pretrain_jax-tb-') if self.remote else None
-      purge = None if resume_step is None else resume_step + 1
-      self.tb = SummaryWriter(self.tb_local or self.tb_dir, purge_step=purge)
-      kept = (_records_up_to(self.path, resume_step)
-              if self.remote or resume_step is not None else None)
-      if self.remote:
-        self.lines = kept
-      else:
-        if resume_step is not None:
-          paths.write_text(self.path, ''.join(kept))
-        self.jsonl = open(self.path, 'a')
+    if not self.enabled:
+      return
+    workdir = paths.absolute(workdir)
+    paths.makedirs(workdir)
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    self.path = paths.join(workdir, 'metrics.jsonl')
+    self.tb_dir = paths.join(workdir, 'tensorboard')
+    # gs://: not tensorboardX's own writer, whose background uploads retry 120 s on a failure
+    self.tb_local = tempfile.mkdtemp(prefix='pretrain_jax-tb-') if self.remote else self.tb_dir
+    self.tb = SummaryWriter(self.tb_local, purge_step=resume_step + 1)
+    self.lines = _records_up_to(self.path, resume_step)
+    if not self.remote:   # a local file is appended to and flushed line by line
+      paths.write_text(self.path, ''.join(self.lines))
+      self.jsonl = open(self.path, 'a')
 
   def write(self, step: int, scalars: dict, prefix: str = 'train') -> None:
     if not self.enabled:
@@ -149,7 +104,7 @@ class MetricWriter:
     for key, value in scalars.items():
       self.tb.add_scalar(f'{prefix}/{key}', value, step)
     record = {'step': int(step), 'split': prefix, 'time': time.time()}
-    record.update({k: _json_number(v) for k, v in scalars.items()})
+    record.update({k: float(v) if math.isfinite(v) else str(float(v)) for k, v in scalars.items()})
     if self.remote:
       self.lines.append(json.dumps(record) + '\n')
       if time.time() - self.flushed >= self.flush_sec:
@@ -160,16 +115,17 @@ class MetricWriter:
       self.tb.flush()
 
   def flush(self) -> None:
-    """Writes what is buffered (gs://: rewrites metrics.jsonl and the event file whole)."""
-    if self.enabled:
-      self.tb.flush()
-      if self.remote:
-        paths.write_text(self.path, ''.join(self.lines))
-        for name in paths.listdir(self.tb_local):
-          paths.copy(paths.join(self.tb_local, name), paths.join(self.tb_dir, name))
-      else:
-        self.jsonl.flush()
-      self.flushed = time.time()
+    """Writes what is buffered (gs://: rewrites metrics.jsonl and the event files whole)."""
+    if not self.enabled:
+      return
+    self.tb.flush()
+    if self.remote:
+      paths.write_text(self.path, ''.join(self.lines))
+      for name in paths.listdir(self.tb_local):
+        paths.copy(paths.join(self.tb_local, name), paths.join(self.tb_dir, name))
+    else:
+      self.jsonl.flush()
+    self.flushed = time.time()
 
   def line(self, text: str) -> None:
     if self.enabled:
@@ -179,42 +135,32 @@ class MetricWriter:
     if self.enabled:
       self.tb.close()
       self.flush()
-      if self.jsonl is not None:
-        self.jsonl.close()
-      if self.tb_local:
+      if self.remote:
         paths.rmtree(self.tb_local)
+      else:
+        self.jsonl.close()
 
 
-def _records_up_to(path: str, step: int | None) -> list:
-  """metrics.jsonl's lines (each ending in a newline); with `step`, those of steps <= step.
-  A torn last line (a crash mid-write) is dropped with them."""
+def _records_up_to(path: str, step: int) -> list:
+  """metrics.jsonl's lines of steps <= step, each ending in a newline (not a torn last line)."""
   if not paths.isfile(path):
     return []
-  lines = [l + '\n' for l in paths.read_text(path).splitlines() if l.strip()]
-  if step is None:
-    return lines
-  kept = []
-  for l in lines:
-    try:
-      if json.loads(l).get('step', 0) <= step:
-        kept.append(l)
-    except ValueError:
-      continue
-  return kept
+  return [l + '\n' for l in paths.read_text(path).splitlines() if l.strip() and _step_of(l) <= step]
 
 
-def _json_number(value):
-  value = float(value)
-  return value if math.isfinite(value) else str(value)
+def _step_of(line: str) -> float:
+  try:
+    return json.loads(line).get('step', 0)
+  except ValueError:
+    return math.inf
 
 
 def interval_mean(rows: list) -> dict:
-  """The train metrics of the steps since the previous train row -> one row, as t5x's
-  AveragePerStep and the HF Trainer log them: each metric's mean over the steps (one batch's
-  loss is noisy), except `learning_rate` (the schedule at the logged step), `state_finite`
-  (the worst), `lm_perplexity` (exp of the mean lm_loss, not a mean of exps) and a head's
-  `{head}_mcc` / `{head}_f1`: of the interval's summed `{head}_confusion` counts (which the
-  row leaves out), as evaluation computes them (a batch's MCC is often 0: one class only)."""
+  """The train metrics of the steps since the previous train row -> one row (t5x's
+  AveragePerStep): each metric's mean, except `learning_rate` (the logged step's),
+  `state_finite` (the worst), `lm_perplexity` (exp of the mean lm_loss) and a head's `_mcc` /
+  `_f1`, of the summed `{head}_confusion` counts (left out of the row), as evaluation computes
+  them (docs/training.md#what-a-run-logs)."""
   if not rows:
     raise ValueError('interval_mean needs at least one step\'s metrics')
   confusions = [k for k in rows[-1] if k.endswith('_confusion')]

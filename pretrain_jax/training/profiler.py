@@ -1,37 +1,26 @@
-"""A `jax.profiler` trace of a few train steps, written where TensorBoard finds it.
-
-`train.profile_steps=N` traces N steps (default 0: none), starting after step
-`train.profile_start_step` or after this run's first step, whichever is later (the first step
-compiles; a trace of it is mostly compiler). The trace goes to
-`<workdir>/tensorboard/plugins/profile/<time>/`: `<host>.xplane.pb` (TensorBoard's Profile tab,
-`pip install tensorboard-plugin-profile`) and `perfetto_trace.json.gz` (ui.perfetto.dev, nothing
-to install). On a gs:// workdir it is written locally and copied there when the trace stops.
-Only process 0 traces (one host's view, as one host's progress line). With
-`profile_start_step=0` every (re)start of the run traces once; a window that a resume has
-passed is not traced again. A trace that fails says so and the run goes on.
+"""train.profile_steps: a `jax.profiler` trace of a few train steps under
+`<workdir>/tensorboard/plugins/profile/` (docs/training.md#profiling-a-run). Only process 0
+traces; on a gs:// workdir it traces locally and copies the trace there when it stops.
 """
 import tempfile
 
 import jax
 
 from pretrain_jax import paths
-from pretrain_jax.training.config import TrainConfig
 
 
 class StepProfiler:
-  """Starts the trace before its first step and stops it once its last step has finished."""
+  """Starts the trace before step `after` + 1 (never the first, compiling step) and stops it once
+  its last step has finished. One trace per (re)start, none in a window a resume has passed; a
+  trace that fails is a warning and training goes on."""
 
-  def __init__(self, t: TrainConfig, workdir: str, start: int, line):
-    self.steps, asked = t.profile_steps, t.profile_start_step
-    self.after = max(asked, start + 1)            # never the compiling step
+  def __init__(self, t, workdir: str, start: int, line):
+    self.steps, self.after = t.profile_steps, max(t.profile_start_step, start + 1)
     self.target = paths.join(paths.absolute(workdir), 'tensorboard')
     self.local, self.last, self.line = None, self.after, line
-    self.enabled = self.steps > 0 and jax.process_index() == 0
-    if not self.enabled:
-      return
-    if asked and start >= asked + self.steps:     # a resume past the window asked for
-      self.enabled = False
-    elif self.after >= t.steps:
+    passed = t.profile_start_step and start >= t.profile_start_step + self.steps
+    self.enabled = self.steps > 0 and jax.process_index() == 0 and not passed
+    if self.enabled and self.after >= t.steps:
       self.enabled = False
       line(f'note: train.profile_steps={self.steps} traces nothing: the trace would start after '
            f'step {self.after}, and this run ends at train.steps={t.steps}')
@@ -42,21 +31,19 @@ class StepProfiler:
 
   def before(self, step: int) -> None:
     """Called with the number of steps done before the next one runs."""
-    if not (self.enabled and not self.active and step == self.after):
+    if not self.enabled or step != self.after:
       return
-    self.enabled = False                          # one trace per run
+    self.enabled = False
     local = (tempfile.mkdtemp(prefix='pretrain_jax-profile-')
              if paths.is_remote(self.target) else self.target)
     try:
       jax.profiler.start_trace(local, create_perfetto_trace=True)
+      self.local = local
     except Exception as e:  # pylint: disable=broad-exception-caught  (not worth a run)
       self.line(f'warning: the profile could not start ({type(e).__name__}: {e}); training on')
-      return
-    self.local = local
 
   def after_step(self, step: int, outputs) -> bool:
-    """Called with the steps done and the last step's outputs: stops after the last one
-    (True then)."""
+    """Called with the steps done and the last step's outputs: True when it stops the trace."""
     if self.active:
       self.last = step
       if step >= self.after + self.steps:
@@ -67,7 +54,7 @@ class StepProfiler:
   def stop(self, outputs=None) -> None:
     if not self.active:
       return
-    local, self.local = self.local, None
+    local, self.local, steps = self.local, None, f'steps {self.after + 1}..{self.last}'
     try:
       try:
         jax.block_until_ready(outputs)        # the traced steps' device work, not just dispatch
@@ -77,9 +64,8 @@ class StepProfiler:
         paths.copy_tree(local, self.target)
         paths.rmtree(local)
     except Exception as e:  # pylint: disable=broad-exception-caught  (a trace is not worth a run)
-      self.line(f'warning: the profile of steps {self.after + 1}..{self.last} was not written '
-                f'to {self.target} ({type(e).__name__}: {e}); anything written is in {local}')
+      self.line(f'warning: the profile of {steps} was not written to {self.target} '
+                f'({type(e).__name__}: {e}); anything written is in {local}')
       return
-    self.line(f'profile of steps {self.after + 1}..{self.last} written to '
-              f'{paths.join(self.target, "plugins", "profile")} (TensorBoard\'s Profile tab, '
-              'or perfetto_trace.json.gz at ui.perfetto.dev)')
+    self.line(f'profile of {steps} written to {paths.join(self.target, "plugins", "profile")} '
+              '(TensorBoard\'s Profile tab, or perfetto_trace.json.gz at ui.perfetto.dev)')
