@@ -40,7 +40,6 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
   `prng_impl` names the dropout key's PRNG (None: JAX's default). philox's mulhi has no
   multi-process or sharded lowering, so it is refused on more than one device.
   """
-  family = family_of(model.cfg)
   try:
     jax.random.key(seed, impl=prng_impl)
   except ValueError as e:
@@ -76,7 +75,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
     return grads, sums
 
   def train_step(state, batch):
-    denoms = task.denominators(family, batch)                 # from the FULL global batch
+    denoms = task.denominators(model.cfg, batch)              # from the FULL global batch
     rng = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), state.step)
     if microbatches == 1:
       (_, sums), grads = grad_fn(state.params, batch, denoms, rng)
@@ -98,12 +97,10 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
 
 def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0):
   """(params, batch) -> (sums with lm_top5, denominators) of a deterministic `model`."""
-  family = family_of(model.cfg)
-
   def eval_step(params, batch):
     return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len,
                            max_predictions=max_predictions, top5=True),
-            task.denominators(family, batch))
+            task.denominators(model.cfg, batch))
   return eval_step
 
 
