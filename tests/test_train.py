@@ -44,8 +44,10 @@ def setup(config, devices=None):
   cfg, t = ModelConfig.from_config(config.model), TrainConfig.from_config(config.train)
   mesh_lib.check_config(t, cfg, mesh)
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
-  state, abstract = state_lib.create_state(build(cfg), tx, mesh,
-                                           family_of(cfg.family).init_batch(SEQ), seed=0)
+  abstract, init_state = state_lib.abstract_state(build(cfg), tx, mesh,
+                                                 family_of(cfg.family).init_batch(SEQ))
+  state = state_lib.run_once(init_state, jax.random.key(0),
+                             out_shardings=state_lib.shardings_of(abstract))
   step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
                                   seed=0, microbatches=t.microbatches, mesh=mesh,
                                   loss_chunk_len=t.loss_chunk_len,

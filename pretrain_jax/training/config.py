@@ -1,10 +1,7 @@
 """The train and mesh sections of a config, as frozen dataclasses (pretrain_jax/sections.py).
 
-Built once, at the top of train_and_evaluate / finetune / the commands, and passed down; the
-field defaults are the only defaults (configs/common.py builds its sections from them) and each
-field's comment is its documentation. Checks that read two sections (a batch against the mesh,
-an objective against the model) are small functions called where both are known:
-mesh.check_config, loop.check_objective, data.check_lengths.
+Each field's comment is its documentation. Checks that read two sections are called where both
+are known: mesh.check_config, loop.check_objective, data.check_lengths.
 """
 import dataclasses
 from typing import Any, ClassVar, NamedTuple
@@ -26,8 +23,7 @@ class TrainConfig(Section):
   batch_size: int                   # global batch (sequences per step, summed over all hosts)
   steps: int                        # total optimizer steps
   learning_rate: float              # peak learning rate
-  warmup_steps: int                 # linear warmup from 0 to the peak (configs/common.py:
-                                    # steps // 20, at least 1)
+  warmup_steps: int                 # linear warmup from 0 to the peak
   schedule: str = 'cosine'          # after warmup: 'cosine', 'linear', 'rsqrt' or 'constant'
   final_lr_fraction: float = 0.1    # cosine/linear decay ends at this share of the peak
   optimizer: str = 'adamw'          # 'adamw' or 'adafactor'
@@ -38,20 +34,15 @@ class TrainConfig(Section):
   microbatches: int = 1             # gradient accumulation: batch_size splits into this many
   z_loss: float = 0.0               # coefficient of log(Z)^2 in the loss (0 disables)
   loss_chunk_len: int = 0           # LM head + cross-entropy this many positions at a time,
-                                    # recomputed in the backward pass: saves the (B, T, V)
-                                    # logits' memory for one more head matmul; 0 = all at once
+                                    # recomputed backward: no (B, T, V) logits; 0 = all at once
   max_predictions_per_seq: int = -1  # LM head only on this many loss-weighted positions per
-                                    # row (BERT: ~15% carry the loss); a batch with a fuller row
-                                    # runs the head on every position (exact). -1 = the MLM
-                                    # objective's bound (128 for 512 tokens; data sections
-                                    # resolve it: max_predictions), 0 = every position
-  fp8: bool = False                 # dense layers in fp8 (e4m3, gradients e5m2, per-tensor
-                                    # scales; tuning/fp8.py); NVIDIA GPUs with fp8 tensor cores
-                                    # only (compute capability >= 8.9: H100, L4, ...)
+                                    # row (exact: a fuller row runs them all); -1 = the MLM
+                                    # objective's bound (128 of 512), 0 = every position
+  fp8: bool = False                 # dense layers in fp8 (tuning/fp8.py); NVIDIA GPUs of
+                                    # compute capability >= 8.9 only (H100, L4, ...)
   seed: int = 0                     # parameter init and dropout randomness
-  prng_impl: str = 'threefry2x32'   # dropout key's PRNG (jax.random.key impl): 'threefry2x32'
-                                    # (JAX's default, works everywhere), 'philox4x32' (cheaper
-                                    # on XLA:CPU; single process only), 'rbg', 'unsafe_rbg'
+  prng_impl: str = 'threefry2x32'   # dropout key's PRNG (jax.random.key impl); 'philox4x32'
+                                    # is cheaper on XLA:CPU, one device only; 'rbg', ...
   log_every: int = 10               # steps between progress lines / TensorBoard scalars
   eval_every: int = 100             # steps between validation losses (0 disables)
   eval_batches: int = 4             # batches per validation loss (0 = the whole split)
@@ -61,17 +52,12 @@ class TrainConfig(Section):
   async_checkpoints: bool = True    # write checkpoints in the background while training goes on
   checkpoint_timeout_sec: int = 1200  # several hosts: how long orbax's commit barriers wait for
                                     # a host whose save failed before every host stops with it
-  allow_config_change: str = ''     # resume: comma-separated train.* keys that may differ
-                                    # from the workdir's config.json (pretrain_jax.training.
-                                    # workdir.ALLOWABLE_KEYS, e.g. 'train.learning_rate');
-                                    # steps and cadences may always change
+  allow_config_change: str = ''     # resume: comma-separated keys that may differ from the
+                                    # workdir's config.json (workdir.ALLOWABLE_KEYS)
   peak_tflops: float = 0.0          # per-device peak for the MFU estimate; 0 = guess from device
-  profile_steps: int = 0            # jax.profiler trace of this many steps into
-                                    # <workdir>/tensorboard/plugins/profile (0: none)
-  profile_start_step: int = 0       # ... starting after this step (and never with the run's
-                                    # first, compiling step)
-  freeze_backbone: bool = False     # train only the active heads' parameters (fine-tuning's
-                                    # linear_probe sets it from its mode)
+  profile_steps: int = 0            # jax.profiler trace of this many steps (0: none)
+  profile_start_step: int = 0       # ... after this step (never the first, compiling one)
+  freeze_backbone: bool = False     # train only the active heads' parameters (a linear probe)
 
   def validate(self) -> None:
     self.check(self.batch_size > 0, 'batch_size', 'a positive number of sequences')
@@ -131,18 +117,16 @@ class MeshConfig(Section):
 
 
 class RunConfig(NamedTuple):
-  """The sections a pre-training run reads, built once from its ConfigDict (the top of
-  train_and_evaluate; pretrain-jax train --check_args)."""
+  """The sections a pre-training run reads, built once from its ConfigDict."""
   model: Any          # models.ModelConfig
   train: TrainConfig
   mesh: MeshConfig
-  data: Any           # DataConfig; a fine-tune's TaskDataConfig (seq_len, splits, tokenizer,
-                      # max_predictions)
+  data: Any           # DataConfig, or a fine-tune's TaskDataConfig
 
   @classmethod
   def from_config(cls, config, data=None) -> 'RunConfig':
     """`data`: the data section already read (a fine-tune's); default config.data."""
-    # (imported here: configs/ import this module, and the model section needs jax)
+    # (imported here: configs/ import this module, the model section imports jax)
     from pretrain_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
     run = cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
               MeshConfig.from_config(config.mesh),

@@ -5,25 +5,11 @@ import jax.numpy as jnp
 
 def cross_entropy_sums(logits, targets, weights, z_loss: float = 0.0, top5: bool = False,
                        blockwise_max: bool = False):
-  """Weighted token cross-entropy.
+  """Weighted token cross-entropy of (..., V) logits against (...) ids, (...) weights (0: none).
 
-  Args:
-    logits: (..., V) float logits.
-    targets: (...) int ids.
-    weights: (...) float weights (0 = ignore).
-    z_loss: coefficient of log(Z)^2 (PaLM's auxiliary loss keeping the softmax normaliser near 1).
-    blockwise_max: find the row maximum block by block (_first_max; a ModelConfig's
-      tuning.blockwise_max): the same sums.
-
-  Returns:
-    dict of sums over all positions: 'loss' (weighted -log p(target)), 'z_loss', 'correct'
-    (weighted argmax hits), 'weight' (sum of weights, the denominator) and, with `top5`,
-    'top5' (weighted hits among the 5 largest logits).
-
-  The row maximum serves both log Z = max + log sum exp(logits - max) and the argmax hit,
-  `target == the first index holding the maximum` (jnp.argmax's tie rule; _first_max).
-  This reads the logits fewer times than jax.nn.logsumexp plus jnp.argmax's (value, index)
-  reduction, with the same loss and bit-identical gradients.
+  Sums: 'loss' (-log p(target)), 'z_loss' (z_loss * log(Z)^2, PaLM's), 'correct' (argmax
+  hits), 'weight' (the denominator), with `top5` 'top5'. One row maximum (_first_max) serves
+  log Z and the argmax hit: fewer reads of the logits than logsumexp plus argmax.
   """
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
@@ -52,13 +38,10 @@ def _first_index(hit):
 def _first_max(logits, blockwise: bool):
   """(row maximum, first index holding it) over the last axis, without a (value, index) reduce.
 
-  With `blockwise` (XLA:CPU's choice, tuning/backends.py), the vocabulary is cut into blocks
-  (the largest divisor of V in 64..min(V / 2, 512); 32128 = 64 x 502; a V with none is
-  searched whole): block maxima give the row maximum, the first block holding it is found among
-  the blocks, and only that block's values are searched. So the whole row is read once, by a
-  plain max, instead of once more by a compare-and-select the size of the logits. A row holding
-  a NaN has a NaN loss (its exp-sum) but an unspecified hit: XLA:CPU's max reduction may drop a
-  NaN and return the finite maximum, or -inf (openxla/xla#21461).
+  `blockwise` (XLA:CPU's tuning) cuts V into blocks (the largest divisor in 64..min(V/2, 512);
+  a V with none is searched whole) and searches only the first block holding the maximum, so
+  the row is read once by a plain max instead of once more by a compare-and-select. A row with
+  a NaN has a NaN loss but an unspecified hit (XLA:CPU's max may drop NaNs, openxla/xla#21461).
   """
   vocab = logits.shape[-1]
   block = next((d for d in range(min(vocab // 2, 512), 63, -1) if vocab % d == 0), vocab)
@@ -77,19 +60,12 @@ def _first_max(logits, blockwise: bool):
 def chunked_cross_entropy_sums(head, hidden, targets, weights, z_loss: float = 0.0,
                                chunk_len: int = 0, top5: bool = False,
                                blockwise_max: bool = False):
-  """cross_entropy_sums(head(hidden), ...) without holding all the logits at once.
+  """cross_entropy_sums(head(hidden), ...) over `chunk_len` positions at a time (0: at once).
 
-  The head (hidden -> logits) and the cross-entropy run over `chunk_len` sequence positions
-  at a time, under jax.checkpoint: the backward pass recomputes each chunk's logits instead of
-  storing the (B, T, V) logits and their softmax, so memory for them drops by T / chunk_len
-  at the cost of one more head matmul. Chunks are cut along the sequence, never the batch,
-  so a batch-sharded input stays where it is. T is padded up to a multiple of chunk_len with
-  zero-weight positions. chunk_len 0 (or >= T) runs the head once.
-
-  Args:
-    head: (B, C, E) -> (B, C, V) logits.
-    hidden: (B, T, E); targets, weights: (B, T).
-    z_loss, top5, blockwise_max: as in cross_entropy_sums.
+  `head` maps (B, C, E) -> (B, C, V); hidden is (B, T, E), targets and weights (B, T). Each
+  chunk runs under jax.checkpoint, so the backward pass recomputes its logits instead of
+  keeping all (B, T, V) of them. Chunks cut the sequence, never the (sharded) batch; T is
+  padded with zero-weight positions.
   """
   if not isinstance(chunk_len, int) or chunk_len < 0:
     raise ValueError(f'loss_chunk_len={chunk_len!r}; expected 0 (the whole sequence at once) '

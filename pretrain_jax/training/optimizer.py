@@ -1,5 +1,4 @@
-"""Learning-rate schedules and optimizers (optax), from `config.train` (a TrainConfig, which
-checked every number)."""
+"""Learning-rate schedules and optimizers (optax), from `config.train` (a checked TrainConfig)."""
 import jax
 import jax.numpy as jnp
 import optax
@@ -8,11 +7,9 @@ from pretrain_jax.training.config import TrainConfig
 
 
 def make_schedule(t: TrainConfig) -> optax.Schedule:
-  """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then `schedule`'s decay.
-
-  cosine / linear decay to `final_lr_fraction * learning_rate` at `steps`; rsqrt is T5's
-  `learning_rate * sqrt(warmup_steps / step)`; constant stays at the peak.
-  """
+  """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then `schedule`: cosine /
+  linear decay to `final_lr_fraction * learning_rate` at `steps`, T5's rsqrt
+  (`learning_rate * sqrt(warmup_steps / step)`) or constant."""
   peak, warmup = float(t.learning_rate), int(t.warmup_steps)
   end = peak * float(t.final_lr_fraction)
   decay_steps = max(int(t.steps) - warmup, 1)
@@ -30,8 +27,8 @@ def make_schedule(t: TrainConfig) -> optax.Schedule:
 
 
 def warmup_warning(t: TrainConfig):
-  """The warning for a run that is all warmup (warmup_steps >= steps: the learning rate never
-  reaches train.learning_rate; a lowered train.steps keeps the config's warmup), or None."""
+  """The warning for a run that is all warmup (a lowered train.steps keeps the config's
+  warmup: the learning rate never reaches its peak), or None."""
   if t.warmup_steps >= t.steps > 0:
     return (f'warning: train.warmup_steps={t.warmup_steps} >= train.steps={t.steps}: the whole '
             'run is warmup and the learning rate peaks at '
@@ -42,7 +39,7 @@ def warmup_warning(t: TrainConfig):
 
 def schedule_change(t: TrainConfig, old_steps, step: int):
   """The notice for a resume that changes train.steps under a decay that ends there (cosine,
-  linear: the learning rate from the resumed step on follows the new horizon), or None."""
+  linear), or None."""
   if old_steps in (None, t.steps) or t.schedule not in ('cosine', 'linear'):
     return None
   old = t.replace(steps=int(old_steps))
@@ -55,17 +52,14 @@ def schedule_change(t: TrainConfig, old_steps, step: int):
 
 def decay_mask(params):
   """True where weight decay applies: kernels and embedding tables, not norms or biases."""
-  def decays(path, _):
-    name = jax.tree_util.keystr(path[-1:], simple=True)
-    return not (name.endswith('bias') or name.endswith('scale'))
-  return jax.tree_util.tree_map_with_path(decays, params)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: not jax.tree_util.keystr(path[-1:], simple=True).endswith(('bias', 'scale')),
+      params)
 
 
 def make_optimizer(t: TrainConfig) -> optax.GradientTransformation:
-  """config.train -> optax chain: global-norm clip (if grad_clip > 0), then AdamW / Adafactor.
-
-  Optimizer state is created in the parameters' dtype (fp32 for mixed precision).
-  """
+  """Global-norm clip (if grad_clip > 0), then AdamW or Adafactor; the optimizer state takes
+  the parameters' dtype (fp32 under mixed precision)."""
   schedule = make_schedule(t)
   if t.optimizer == 'adamw':
     tx = optax.adamw(schedule, b1=float(t.adam_b1), b2=float(t.adam_b2),
@@ -80,8 +74,8 @@ def make_optimizer(t: TrainConfig) -> optax.GradientTransformation:
 
 
 def train_only(tx: optax.GradientTransformation, names: tuple) -> optax.GradientTransformation:
-  """`tx` on the top-level parameters named in `names` (a probe's head); every other parameter
-  gets a zero update and NO optimizer state (optax.multi_transform + set_to_zero)."""
+  """`tx` on the top-level parameters in `names` (a probe's head); the others get a zero update
+  and no optimizer state."""
   def labels(params):
     missing = sorted(set(names) - set(params))
     if missing:

@@ -1,10 +1,8 @@
 """The train state and its shardings; the state is created already sharded.
 
-Parameters carry logical axis names (pretrain_jax.models.layers); `mesh.LOGICAL_RULES` maps them
-onto
-the mesh. Optimizer-state leaves that mirror a parameter (Adam's mu/nu, Adafactor's unfactored
-v) take that parameter's sharding; everything else in the optimizer state (counts, Adafactor's
-factored row/column statistics, O(rows + cols)) is replicated.
+Parameters take their logical axes' shardings (mesh.LOGICAL_RULES); an optimizer leaf that
+mirrors a parameter (Adam's mu/nu, Adafactor's unfactored v) takes that parameter's; the rest
+(counts, Adafactor's factored row/column statistics) is replicated.
 """
 import flax.linen as nn
 import flax.struct
@@ -24,46 +22,33 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: optax.OptState
 
 
-def boxed_abstract_params(model, batch: dict = None):
-  """ShapeDtypeStructs of the parameters, still boxed with their logical axis names."""
-  family = family_of(model.cfg)
-  args, kwargs = family.model_inputs(family.init_batch(8) if batch is None else batch)
-  return jax.eval_shape(lambda rng: model.init(rng, *args, **kwargs)['params'],
-                        jax.random.key(0))
-
-
 def abstract_params(model) -> dict:
   """ShapeDtypeStructs of the parameters (no shardings)."""
-  return nn.meta.unbox(boxed_abstract_params(model))
+  args, kwargs = family_of(model.cfg).model_inputs(family_of(model.cfg).init_batch(8))
+  return nn.meta.unbox(jax.eval_shape(
+      lambda rng: model.init(rng, *args, **kwargs)['params'], jax.random.key(0)))
 
 
-def _path_names(path) -> tuple:
-  return tuple(jax.tree_util.keystr(path, simple=True, separator='/').split('/'))
-
-
-def _opt_state_shardings(opt_state, params, param_shardings, mesh: Mesh):
-  """Shard each optimizer leaf like the parameter whose path it ends with (same shape)."""
-  by_path = {}
-  for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(params),
-                                    jax.tree_util.tree_leaves(param_shardings)):
-    by_path[_path_names(path)] = (leaf.shape, sharding)
-  replicated = NamedSharding(mesh, P())
+def _opt_state_shardings(abstract, param_shardings, mesh: Mesh):
+  """Shard each optimizer leaf like the parameter whose path its path ends with (same shape)."""
+  names = lambda path: tuple(jax.tree_util.keystr(path, simple=True, separator='/').split('/'))
+  by_path = {names(path): (leaf.shape, sharding) for (path, leaf), sharding in zip(
+      jax.tree_util.tree_leaves_with_path(abstract.params), jax.tree.leaves(param_shardings))}
 
   def sharding_of(path, leaf):
-    names = _path_names(path)
-    for start in range(len(names)):
-      shape, sharding = by_path.get(names[start:], (None, None))
-      if shape is not None and shape == leaf.shape:
+    path = names(path)
+    for start in range(len(path)):
+      shape, sharding = by_path.get(path[start:], (None, None))
+      if shape == leaf.shape:
         return sharding
-    return replicated
-  return jax.tree_util.tree_map_with_path(sharding_of, opt_state)
+    return NamedSharding(mesh, P())
+  return jax.tree_util.tree_map_with_path(sharding_of, abstract.opt_state)
 
 
 def abstract_state(model, tx, mesh: Mesh, batch: dict):
-  """(abstract TrainState of ShapeDtypeStructs carrying shardings, init function).
+  """(TrainState of ShapeDtypeStructs carrying their shardings, init: PRNG key -> TrainState).
 
-  The init function maps a PRNG key to the real TrainState; jit it with the abstract state's
-  shardings as `out_shardings` (see `create_state`).
+  Run init with the abstract state's shardings as out_shardings (run_once).
   """
   args, kwargs = family_of(model.cfg).model_inputs(batch)
 
@@ -74,15 +59,12 @@ def abstract_state(model, tx, mesh: Mesh, batch: dict):
     params = nn.meta.unbox(init_params(rng))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  boxed = boxed_abstract_params(model, batch)
-  param_shardings = mesh_lib.logical_shardings(nn.get_partition_spec(boxed), mesh)
-  params = nn.meta.unbox(boxed)
-  mesh_lib.check_divisible(params, param_shardings, 'params')
-  opt_state = jax.eval_shape(tx.init, params)
-  shardings = TrainState(step=NamedSharding(mesh, P()), params=param_shardings,
-                         opt_state=_opt_state_shardings(opt_state, params, param_shardings,
-                                                        mesh))
+  specs = nn.get_partition_spec(jax.eval_shape(init_params, jax.random.key(0)))
+  param_shardings = nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
   abstract = jax.eval_shape(init_state, jax.random.key(0))
+  mesh_lib.check_divisible(abstract.params, param_shardings, 'params')
+  shardings = TrainState(step=NamedSharding(mesh, P()), params=param_shardings,
+                         opt_state=_opt_state_shardings(abstract, param_shardings, mesh))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, shardings)
   return abstract, init_state
@@ -93,8 +75,8 @@ def shardings_of(abstract) -> TrainState:
 
 
 def run_once(fn, *args, out_shardings=None):
-  """jax.jit(fn, out_shardings=...)(*args) for a program that runs once (an init), compiled
-  with its devices' tuning.init_compiler_options (tuning/backends.py)."""
+  """jax.jit(fn, out_shardings=...)(*args) for a program that runs once (an init: every leaf
+  made in its shards), compiled with its devices' tuning.init_compiler_options."""
   lowered = jax.jit(fn, out_shardings=out_shardings).lower(*args)
   device = (next(iter(jax.tree.leaves(out_shardings)[0].device_set)) if out_shardings
             else jax.devices()[0])
@@ -102,18 +84,5 @@ def run_once(fn, *args, out_shardings=None):
   return lowered.compile(compiler_options=dict(options) if options else None)(*args)
 
 
-def init_in_shards(init_state, shardings, seed: int):
-  """init_state(jax.random.key(seed)) with every leaf created directly in its shards
-  (nothing is gathered onto one device)."""
-  return run_once(init_state, jax.random.key(seed), out_shardings=shardings)
-
-
-def create_state(model, tx, mesh: Mesh, batch: dict, seed: int):
-  """(TrainState created directly in its shards, abstract state). Nothing is ever gathered
-  onto one device, so a model larger than one device's memory can be initialised."""
-  abstract, init_state = abstract_state(model, tx, mesh, batch)
-  return init_in_shards(init_state, shardings_of(abstract), seed), abstract
-
-
 def count_params(params) -> int:
-  return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))
+  return int(sum(x.size for x in jax.tree.leaves(params)))

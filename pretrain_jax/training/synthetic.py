@@ -1,10 +1,8 @@
-"""Deterministic synthetic batches in the DESIGN.md layout, with get_state / set_state.
+"""Deterministic synthetic batches in the DESIGN.md layout, for tests and benchmarks.
 
-For tests and benchmarks that must not depend on the data pipeline: batch i is a pure function
-of (seed, i), so a restored iterator repeats exactly. `fixed=True` repeats batch 0 forever (a
-loss that must go down). Token ids are uniform, or with `zipf=a` (> 1) ranked by a Zipf law like
-natural text's (a = 1.1: the most frequent id is ~9% of tokens), so costs that depend on
-repeated ids (an embedding gradient's scatter-add) show up as they do on real data.
+Batch i is a pure function of (seed, i), so a restored iterator (get_state / set_state) repeats
+exactly; `fixed=True` repeats batch 0 (a loss that must go down). `zipf=a` (> 1) ranks ids by a
+Zipf law like text's, so costs of repeated ids (an embedding gradient's scatter-add) show up.
 """
 import numpy as np
 
@@ -38,16 +36,16 @@ class SyntheticDataset:
   def set_state(self, state: dict) -> None:
     self.index = int(state['index'])
 
-  def tokens(self, rng, shape) -> np.ndarray:
-    """Ids in [3, vocab_size): uniform, or 3 + Zipf rank (clipped to the vocabulary)."""
-    if self.zipf:
-      return (3 + np.minimum(rng.zipf(self.zipf, shape) - 1, self.vocab_size - 4)).astype(np.int32)
-    return rng.integers(3, self.vocab_size, shape, dtype=np.int32)
-
   def batch(self, index: int) -> dict:
-    """Batch `index`: (B, T + 1) ids laid out by the family's record (models.family)."""
+    """Batch `index`: (B, T + 1) ids in [3, vocab_size) (uniform, or 3 + Zipf rank clipped to
+    the vocabulary) laid out by the family's record (models.family)."""
     rng = np.random.default_rng([self.seed, index])
-    tokens = self.tokens(rng, (self.batch_size, self.seq_len + 1))
+    shape = (self.batch_size, self.seq_len + 1)
+    if self.zipf:
+      ranks = np.minimum(rng.zipf(self.zipf, shape) - 1, self.vocab_size - 4)
+      tokens = (3 + ranks).astype(np.int32)
+    else:
+      tokens = rng.integers(3, self.vocab_size, shape, dtype=np.int32)
     return self.family.example_batch(tokens, rng, nsp=self.nsp, target_len=self.target_len)
 
 

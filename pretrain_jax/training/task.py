@@ -1,9 +1,7 @@
-"""Model call -> loss sums, for any family. The train step and evaluation both go through here.
+"""Model call -> loss sums and metrics, for any family (its record: models/family.py).
 
-The model is objective-agnostic; the family's record (pretrain_jax.models.family) says which
-batch keys it consumes and which extra heads it has; this file says how the losses add up. A
-loss is `sum / denominator`, with denominators taken from the WHOLE global batch
-(`denominators`) so that microbatches and hosts add sums.
+A loss is `sum / denominator`, the denominators from the WHOLE global batch, so that
+microbatches and hosts add sums.
 """
 import jax
 import jax.numpy as jnp
@@ -11,10 +9,10 @@ import jax.numpy as jnp
 from pretrain_jax.models import family_of
 from pretrain_jax.training import losses
 
+
 def denominators(family, batch) -> dict:
-  """Global denominators of each loss term, computed from the full batch (`family`: a record,
-  a family name or a ModelConfig). A classification batch (no LM targets) has no `lm` term;
-  a head counts its rows with a label >= 0 (-1 marks a padding row)."""
+  """Each loss term's denominator (`family`: a record, a name or a ModelConfig): the LM's
+  weights (absent from a classification batch) and each head's rows with a label >= 0."""
   family = family_of(family)
   out = {}
   if family.weight_key in batch:
@@ -27,43 +25,22 @@ def denominators(family, batch) -> dict:
 
 def gather_predictions(hidden, targets, weights, count: int):
   """The `count` positions of each row with the largest weights: (B, K, E), (B, K), (B, K).
-
-  Rows with at most `count` nonzero weights keep every weighted position (the rest of the K
-  are zero-weight positions), so the loss over the gathered positions is the row's loss.
-  """
+  A row with at most `count` weighted positions keeps them all, so its loss is unchanged."""
   index = jax.lax.top_k(weights.astype(jnp.float32), count)[1]                  # (B, K)
   return (jnp.take_along_axis(hidden, index[..., None], axis=1),
           jnp.take_along_axis(targets, index, axis=1),
           jnp.take_along_axis(weights, index, axis=1))
 
 
-def head_sums(logits, labels) -> dict:
-  """Cross-entropy sums of (B, C) logits against (B,) labels (-1 = no row) and the (C, C)
-  confusion counts (true class x predicted class) that MCC and F1 need."""
-  weights = (labels >= 0).astype(jnp.float32)
-  out = losses.cross_entropy_sums(logits, jnp.maximum(labels, 0), weights)
-  classes = logits.shape[-1]
-  truth = jax.nn.one_hot(labels, classes, dtype=jnp.float32)            # (B, C); -1 -> zeros
-  predicted = jax.nn.one_hot(jnp.argmax(logits, -1), classes, dtype=jnp.float32)
-  return {'loss': out['loss'], 'correct': out['correct'],
-          'confusion': jnp.einsum('bt,bp->tp', truth, predicted)}
-
-
 def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
               loss_chunk_len: int = 0, max_predictions: int = 0, top5: bool = False,
               freeze_backbone: bool = False) -> dict:
-  """Forward pass and summed loss terms: lm, lm_z_loss, lm_correct, lm_weight (+ lm_top5 with
-  `top5`) and, for each active head whose labels the batch has (BERT's NSP, the fine-tuning
-  classifier), `{head}`, `{head}_correct` and `{head}_confusion`. A batch without the LM's
-  targets (a classification batch) has no LM terms. `freeze_backbone` stops gradients at the
-  hidden states (a linear probe: no gradient is computed for the backbone).
+  """Summed terms: lm, lm_z_loss, lm_correct, lm_weight (+ lm_top5) where the batch has LM
+  targets; `{head}`, `{head}_correct`, `{head}_confusion` for each active head it labels.
 
-  loss_chunk_len > 0 runs the LM head and cross-entropy that many positions at a time
-  (losses.chunked_cross_entropy_sums): the same sums, without the whole (B, T, V) logits.
-  max_predictions > 0 runs the LM head only on that many positions per row, those with loss
-  weight (BERT's max_predictions_per_seq: 15% of positions carry the MLM loss). A batch with a
-  row of more weighted positions runs the head on every position instead (lax.cond), so the
-  sums are always exact; size it so that this is rare.
+  max_predictions > 0 runs the LM head on that many weighted positions per row, or on every
+  position when a row has more (lax.cond): the sums stay exact. `freeze_backbone` (a probe)
+  stops gradients at the hidden states.
   """
   if not isinstance(max_predictions, int) or max_predictions < 0:
     raise ValueError(f'max_predictions_per_seq={max_predictions!r}; expected 0 (every '
@@ -78,10 +55,14 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
   for extra in family.active_heads(model.cfg):
     if extra.label_key in batch:
       logits = model.apply(variables, hidden, **{k: batch.get(k) for k in extra.keys},
-                           rngs=rngs, method=extra.method)
-      out = head_sums(logits, batch[extra.label_key])
+                           rngs=rngs, method=extra.method)                      # (B, C)
+      labels = batch[extra.label_key]                                           # -1: no row
+      out = losses.cross_entropy_sums(logits, jnp.maximum(labels, 0),
+                                      (labels >= 0).astype(jnp.float32))
+      truth = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)      # -1 -> zeros
+      predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
       sums.update({extra.name: out['loss'], f'{extra.name}_correct': out['correct'],
-                   f'{extra.name}_confusion': out['confusion']})
+                   f'{extra.name}_confusion': jnp.einsum('bt,bp->tp', truth, predicted)})
   if family.target_key not in batch:
     return sums
   head = lambda h: model.apply(variables, h, method='logits')
@@ -102,8 +83,8 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
 
 
 def total_loss(sums: dict, denoms: dict):
-  """The scalar that is differentiated, reported as `loss` everywhere: mean LM loss + mean
-  z-loss (where the batch has LM targets) + the mean loss of each head (NSP, classifier)."""
+  """The differentiated scalar, `loss` everywhere: mean LM loss + mean z-loss (where the batch
+  has LM targets) + each head's mean loss."""
   loss = jnp.zeros((), jnp.float32)
   if 'lm' in sums:
     loss = (sums['lm'] + sums['lm_z_loss']) / jnp.maximum(denoms['lm'], 1.0)
@@ -114,9 +95,8 @@ def total_loss(sums: dict, denoms: dict):
 
 
 def confusion_metrics(confusion) -> dict:
-  """(C, C) counts (true x predicted) -> Matthews correlation (Gorodkin's multi-class form;
-  the usual MCC for C = 2) and F1 (of class 1 for C = 2, as GLUE's MRPC/QQP; macro for C > 2).
-  Both are 0 where undefined (e.g. one class only)."""
+  """(C, C) counts (true x predicted) -> Matthews correlation (Gorodkin's multi-class form)
+  and F1 (of class 1 for C = 2, as GLUE's MRPC/QQP; macro for C > 2); 0 where undefined."""
   total, hits = jnp.sum(confusion), jnp.trace(confusion)
   true, pred = jnp.sum(confusion, 1), jnp.sum(confusion, 0)
   den = jnp.sqrt((total ** 2 - jnp.sum(pred ** 2)) * (total ** 2 - jnp.sum(true ** 2)))
@@ -128,13 +108,9 @@ def confusion_metrics(confusion) -> dict:
 
 
 def metrics_from_sums(sums: dict, denoms: dict) -> dict:
-  """Summed loss terms -> averages: the one set of metric names of training and evaluation.
-
-  loss: the training objective (total_loss). lm_loss / lm_accuracy / lm_perplexity: the LM
-  cross-entropy per target token, its argmax accuracy and exp(lm_loss) (+ lm_top5_accuracy
-  when the sums have it). z_loss: the auxiliary term per target token. {head}_loss /
-  {head}_accuracy / {head}_mcc / {head}_f1: each head (nsp_*, and class_* for fine-tuning).
-  """
+  """Summed terms -> the one set of metric names of training and evaluation (DESIGN.md):
+  loss, lm_loss, lm_perplexity, lm_accuracy, lm_top5_accuracy, z_loss and, per head,
+  {head}_loss, {head}_accuracy, {head}_mcc, {head}_f1."""
   out = {'loss': total_loss(sums, denoms)}
   if 'lm' in sums:
     lm_weight = jnp.maximum(denoms['lm'], 1.0)
