@@ -30,6 +30,8 @@ from pretrain_jax.models import ModelConfig, family_of  # pylint: disable=wrong-
 from pretrain_jax.objectives import span_corruption  # pylint: disable=wrong-import-position
 from pretrain_jax.training import mesh as mesh_lib  # pylint: disable=wrong-import-position
 from pretrain_jax.training import step as step_lib  # pylint: disable=wrong-import-position
+from pretrain_jax.training.config import MeshConfig, TrainConfig  # pylint: disable=wrong-import-position
+from pretrain_jax.data.config import DataConfig  # pylint: disable=wrong-import-position
 
 CONFIGS = {'gpt2_small': gpt2_small, 'bert_base': bert_base, 't5_base': t5_base}
 GIB = 2 ** 30
@@ -39,9 +41,10 @@ def step_bytes(config, batch_size: int) -> dict:
   """XLA's memory analysis of the compiled train step of `config` at `batch_size` rows."""
   config.train.batch_size = batch_size
   cfg = ModelConfig.from_config(config.model)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
-  steps = step_lib.make_steps(cfg, config.train, mesh,
-                              max_predictions=step_lib.max_predictions(config))
+  train, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
+  steps = step_lib.make_steps(cfg, train, mesh,
+                              max_predictions=step_lib.max_predictions(train, data))
   family, t = family_of(cfg), config.data.seq_len
   target_len = span_corruption.target_length(t)[1] if cfg.family == 't5' else None
   batch = family.example_batch(np.ones((batch_size, t + 1), np.int32), None, nsp=cfg.nsp,

@@ -24,6 +24,8 @@ import jax  # pylint: disable=wrong-import-position
 from pretrain_jax.models import ModelConfig  # pylint: disable=wrong-import-position
 from pretrain_jax.training import mesh as mesh_lib  # pylint: disable=wrong-import-position
 from pretrain_jax.training import step as step_lib  # pylint: disable=wrong-import-position
+from pretrain_jax.training.config import MeshConfig, TrainConfig  # pylint: disable=wrong-import-position
+from pretrain_jax.data.config import DataConfig  # pylint: disable=wrong-import-position
 from pretrain_jax.training.synthetic import SyntheticDataset  # pylint: disable=wrong-import-position
 
 
@@ -35,13 +37,14 @@ def main(argv=None):
   args = parser.parse_args(argv)
   config = importlib.import_module(f'configs.{args.config}').get_config()
   config.model.attention_dropout_rate = 0.0
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  t, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   steps, states = {}, {}
   for impl in args.impls.split(','):
     config.model.attention_impl = impl
     cfg = ModelConfig.from_config(config.model)
-    made = step_lib.make_steps(cfg, config.train, mesh,
-                               max_predictions=step_lib.max_predictions(config))
+    made = step_lib.make_steps(cfg, t, mesh,
+                               max_predictions=step_lib.max_predictions(t, data))
     steps[impl], states[impl] = made.train_step, made.create_state(0)
   data = SyntheticDataset(config.model.family, vocab_size=config.model.vocab_size,
                           seq_len=config.data.seq_len, batch_size=config.train.batch_size,
