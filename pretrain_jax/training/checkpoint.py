@@ -45,8 +45,7 @@ class Checkpointer:
         max_to_keep=keep or None, enable_async_checkpointing=async_save,
         async_options=ocp.AsyncOptions(timeout_secs=int(timeout_sec)))
     self.workdir, self.directory = workdir, checkpoint_dir(workdir)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=('state', 'data', 'checksums'))
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
     self.pending = None   # the step of the save that may still be writing
     self.step = None      # the last step trained (poll): where a failure stops the run
     self._error, self._done, self._lagged = None, False, agreement.Lagged()
