@@ -1,14 +1,9 @@
 """Per-shard crc32 checksums of a saved state, and the check of a restored one.
 
-`save` checksums the bytes of every shard with replica_id 0 that this process holds, on host
-numpy copies taken before the save returns; process 0 writes all processes' lists (gathered) as
-the `checksums` item of the same atomic save. A restore compares every recorded shard it can
-see: a fully addressable array (one host, or replicated) is checked whole, whatever mesh it was
-saved from; on several hosts a shard is checked when this process holds exactly that shard
-(same mesh), others are counted as unchecked. Restored floating-point arrays must also be
-finite. The host copy costs one device->host transfer of the state per save.
+A save records every replica-0 shard of every process. A restore checks each recorded shard it
+sees: a fully addressable array whole, whatever mesh saved it; on several hosts the shards this
+process holds exactly (same mesh), counting others unchecked. Floats must also be finite.
 """
-import json
 import zlib
 
 import jax
@@ -19,9 +14,10 @@ class CheckpointError(RuntimeError):
   """A checkpoint failed to restore or verify (damaged files, checksum or NaN)."""
 
 
-def leaf_name(path) -> str:
-  """'params/decoder/kernel' for a key path (the checksums file's keys)."""
-  return jax.tree_util.keystr(path, simple=True, separator='/')
+def _leaves(tree) -> list:
+  """(name, leaf) pairs; a name ('params/decoder/kernel') is a key of the checksums item."""
+  return [(jax.tree_util.keystr(path, simple=True, separator='/'), leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def _index(index, shape) -> list:
@@ -35,47 +31,34 @@ def _crc(x) -> int:
 def shard_checksums(tree) -> dict:
   """{leaf name: [[index, crc32], ...]} of this process's replica-0 shards (host copies)."""
   out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+  for name, leaf in _leaves(tree):
     if isinstance(leaf, jax.Array):
-      out[leaf_name(path)] = [[_index(s.index, leaf.shape), _crc(np.asarray(s.data))]
-                              for s in leaf.addressable_shards if s.replica_id == 0]
+      out[name] = [[_index(s.index, leaf.shape), _crc(s.data)]
+                   for s in leaf.addressable_shards if s.replica_id == 0]
     else:
-      x = np.asarray(leaf)
-      out[leaf_name(path)] = [[_index((slice(None),) * x.ndim, x.shape), _crc(x)]]
+      out[name] = [[[[0, n] for n in np.shape(leaf)], _crc(np.asarray(leaf))]]
   return out
 
 
 def verify(tree, checksums, where: str) -> int:
-  """Checks `tree` against recorded checksums and for non-finite floats; returns the number of
-  recorded shards it could not see (other hosts'). Raises CheckpointError naming the array."""
+  """Checks `tree` against recorded checksums (None: none were saved) and for non-finite
+  floats; returns the number of recorded shards it could not see (other hosts'). Raises
+  CheckpointError naming the array."""
   unchecked = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    name = leaf_name(path)
+  for name, leaf in _leaves(tree):
     full = None
     if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
       full = np.asarray(leaf)
-    unchecked += _verify_checksums(name, leaf, full, checksums, where)
-    if full is not None and np.issubdtype(full.dtype, np.inexact) and \
-        not np.all(np.isfinite(full)):
-      raise CheckpointError(f'checkpoint {where}: array {name} holds non-finite values '
-                            '(NaN/inf); it was saved from a diverged run')
-  return unchecked
-
-
-def _verify_checksums(name, leaf, full, checksums, where) -> int:
-  """The number of recorded shards of `name` this process cannot see."""
-  unchecked = 0
-  if checksums is not None:
-    if name not in checksums:
+    if checksums is not None and name not in checksums:
       raise CheckpointError(f'checkpoint {where}: array {name} has no checksum in '
                             f'{where}/checksums (the file does not match the state)')
     held = {} if full is not None else {
-        json.dumps(_index(s.index, leaf.shape)): s for s in leaf.addressable_shards}
-    for index, crc in checksums[name]:
+        str(_index(s.index, leaf.shape)): s.data for s in leaf.addressable_shards}
+    for index, crc in (checksums or {}).get(name, ()):
       if full is not None:
         data = full[tuple(slice(a, b) for a, b in index)]
-      elif json.dumps(index) in held:
-        data = np.asarray(held[json.dumps(index)].data)
+      elif str(index) in held:
+        data = held[str(index)]
       else:
         unchecked += 1
         continue
@@ -83,4 +66,8 @@ def _verify_checksums(name, leaf, full, checksums, where) -> int:
         raise CheckpointError(f'checkpoint {where}: array {name} (shard {index}) does not match '
                               f'its checksum in {where}/checksums; the files under {where}/state '
                               'are damaged (bit flips, partial copy)')
+    if full is not None and np.issubdtype(full.dtype, np.inexact) and \
+        not np.all(np.isfinite(full)):
+      raise CheckpointError(f'checkpoint {where}: array {name} holds non-finite values '
+                            '(NaN/inf); it was saved from a diverged run')
   return unchecked

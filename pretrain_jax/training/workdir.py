@@ -1,16 +1,13 @@
 """The run's files in its workdir: one reader (`read_config`) and one writer (`write_config`).
 
-Files (process 0 writes them; nothing here runs inside the jitted step):
-  config.json                  the config of the latest (re)start, written atomically, and only
-                               when it changes
-  config_history/<n>_step<k>.json  every config.json written; k = the checkpoint step it started at
-  tokenizer.model              the run's sentencepiece model (config.json's data.tokenizer)
-  prepared_data/               local files prepared once for every process (shared_source)
-The lock is `lock.py`'s, the checkpoints (state, data position, checksums) `checkpoint.py`'s.
+  config.json                      the config of the latest (re)start (rewritten only on a change)
+  config_history/<n>_step<k>.json  every config.json written; k: the checkpoint step it started at
+  tokenizer.model                  the run's sentencepiece model (config.json's data.tokenizer)
+  prepared_data/                   local files prepared once for every process (shared_source)
 
-Before anything else touches the workdir (the config's sections already built, so their values
-are checked): `check_not_foreign`, `lock.hold`, `check_config` (before any data are opened),
-then `write_config` once the data and tokenizer are known (it checks again, then records).
+Order at start (sections already built and checked): `check_not_foreign`, `lock.hold`,
+`check_config` (before any data are opened), then `write_config` once the data and tokenizer
+are known (it checks again, then records).
 """
 import json
 
@@ -49,32 +46,25 @@ ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
 # remat); a trained checkpoint's resume may not.
 RUN_MODEL_KEYS = ('model.dtype', 'model.attention_impl', 'model.remat', 'model.dropout_rate',
                   'model.attention_dropout_rate', 'model.mlp_dropout', 'model.embedding_dropout')
-# Every other key (model.*, the data fields that define the token stream, train.optimizer,
-# train.batch_size: each data stream fills a fixed number of rows of every batch; mesh.* is
-# free: checkpoints restore onto any mesh) must match the workdir's config.json.
+# Every other key but mesh.* (checkpoints restore onto any mesh) must match config.json, e.g.
+# train.batch_size: each data stream fills a fixed number of rows of every batch.
 
 
 def is_hf_config(saved) -> bool:
-  """True for a Hugging Face config.json's contents: a `model_type` (or `architectures`) and no
-  `train` section, which every training workdir's config.json has. The one rule for "is this a
-  Hugging Face directory" (hf.is_hf_dir, check_not_foreign, pretrain-jax evaluate)."""
+  """True for a Hugging Face config.json's contents (a `model_type` or `architectures`, no
+  `train` section): the one rule for "is this a Hugging Face directory"."""
   return isinstance(saved, dict) and 'train' not in saved and (
       'model_type' in saved or 'architectures' in saved)
 
 
 def check_not_foreign(workdir: str) -> None:
-  """Refuses a Hugging Face model directory as a workdir, before the lock or a tokenizer is
-  written into it (its config.json then read as a changed config, in a 3 KB message)."""
-  path = paths.join(workdir, CONFIG_FILE)
-  if not paths.isfile(path):
-    return
+  """Refuses a Hugging Face model directory as a workdir, before anything is written into it."""
   try:
-    saved = paths.read_json(path)
+    saved = read_config(workdir)
   except ValueError:
     return                       # the config check names a broken config.json
   if is_hf_config(saved):
-    kind = (f'model_type {saved["model_type"]!r}' if 'model_type' in saved
-            else f'architectures {saved.get("architectures")!r}')
+    kind = next(f'{key} {saved[key]!r}' for key in ('model_type', 'architectures') if key in saved)
     raise ValueError(f'{workdir} is a Hugging Face model directory (config.json has '
                      f'{kind}); expected a training workdir: '
                      f'import it first (pretrain-jax convert_hf import --hf_dir {workdir} '
@@ -87,11 +77,8 @@ def flatten(d: dict) -> dict:
 
 
 def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
-  """The refused differences between two configs, as 'key: old -> new' lines.
-
-  `allowed` is train.allow_config_change: comma-separated keys of ALLOWABLE_KEYS. Naming any
-  other key is itself refused (ValueError).
-  """
+  """The refused differences between two configs, as 'key: old -> new' lines. `allowed` is
+  train.allow_config_change: comma-separated keys of ALLOWABLE_KEYS (others: ValueError)."""
   allowed = [k.strip() for k in (allowed or '').split(',') if k.strip()]
   bad = [k for k in allowed if k not in ALLOWABLE_KEYS]
   if bad:
@@ -130,7 +117,7 @@ def read_config(workdir: str):
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a workdir was trained with, for loading it. A tokenizer path that no longer
+  """The config a workdir was trained with, for loading it; a tokenizer path that no longer
   exists (the workdir was moved) is pointed at the workdir's copy."""
   saved = read_config(workdir)
   if saved is None:
@@ -145,11 +132,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def check_config(config, workdir: str, untrained: bool = False):
   """Refuses `config` where it differs from the workdir's config.json in a key that may not
-  change (config_differences); returns the saved config (None: none yet). The train loop calls
-  it before the data are opened, so a changed `data.files` is refused before it is prepared.
-  `untrained`: the newest checkpoint is step 0, weights no step of this workdir trained (an
-  import, pretrain-jax convert_hf), so only the model must match: the run starts from them with
-  its own train, data and optimizer settings."""
+  change; returns the saved config (None: none yet). `untrained`: the newest checkpoint is an
+  import's step 0, so only the model must match (the run brings its own train and data)."""
   saved = read_config(workdir)
   if saved is not None:
     lines = config_differences(resolved(saved), resolved(config.to_dict()),
@@ -172,21 +156,18 @@ def check_config(config, workdir: str, untrained: bool = False):
 
 def write_config(config, workdir: str, tokenizer_path: str, start_step,
                  is_writer: bool = True) -> ml_collections.ConfigDict:
-  """Checks `config` against the workdir's config.json, then records it (process 0 only).
-
-  Returns the config as saved (`data.tokenizer` names the workdir's copy when there is one).
-  Nothing is written when the config is refused or unchanged. `start_step` is the newest
-  checkpoint's step (None: a fresh workdir).
-  """
+  """Checks `config` against the workdir's config.json, then records it (`is_writer`: process
+  0), with the tokenizer's copy; nothing is written when it is refused or unchanged. Returns the
+  config as saved. `start_step`: the newest checkpoint's step (None: a fresh workdir)."""
   config = ml_collections.ConfigDict(config.to_dict())
   root = paths.absolute(workdir)
   copy = paths.join(root, TOKENIZER_FILE)
-  tokenizer_found = bool(tokenizer_path) and paths.isfile(tokenizer_path)
-  copy_needed = tokenizer_found and paths.absolute(tokenizer_path) != copy
-  if tokenizer_found:
-    if copy_needed and paths.isfile(copy) and not _same_bytes(tokenizer_path, copy):
-      raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
-                       f'trained with ({copy}); resume with that one or use a new workdir')
+  found = bool(tokenizer_path) and paths.isfile(tokenizer_path)
+  copy_needed = found and paths.absolute(tokenizer_path) != copy
+  if copy_needed and paths.isfile(copy) and _differ(tokenizer_path, copy):
+    raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
+                     f'trained with ({copy}); resume with that one or use a new workdir')
+  if found:
     config.data.tokenizer = copy
   saved = check_config(config, root, untrained=start_step == 0)   # (an import's step 0)
   if saved is None and start_step is not None:
@@ -209,15 +190,14 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
   return config
 
 
-def _same_bytes(a: str, b: str) -> bool:
-  return paths.read_bytes(a) == paths.read_bytes(b)
+def _differ(a: str, b: str) -> bool:
+  return paths.read_bytes(a) != paths.read_bytes(b)
 
 
 def shared_source(data_config, workdir: str):
-  """The data source every process reads: local files / the embedded corpus are prepared once,
-  by process 0, in sources.prepared_dir (on several processes `<workdir>/prepared_data` unless
-  data.prepared_dir is set) while the others wait at a barrier and then open that one copy,
-  so no host-local cache matters for correctness. Each host reads its streams' shares of it."""
+  """The data source every process reads: process 0 prepares local files / the embedded corpus
+  once (in `<workdir>/prepared_data` on several processes, unless data.prepared_dir is set)
+  while the others wait, so no host-local cache matters for correctness."""
   from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (tensorflow)
   count = jax.process_count()
   return sources.open_source(
@@ -227,10 +207,9 @@ def shared_source(data_config, workdir: str):
 
 
 def shared_tokenizer(data_config, workdir: str, source=None):
-  """The tokenizer every process uses: `data.tokenizer` when set; else `<workdir>/tokenizer.model`,
-  which process 0 creates (trained once on `source`, or copied from its cache:
-  data.load_tokenizer) while the others wait at a barrier, so all hosts load the same file and
-  no host-local cache matters for correctness. Once config.json exists the copy is the run's."""
+  """The tokenizer every process uses: `data.tokenizer` when set; else the workdir's copy,
+  which process 0 makes (trained on `source`, or from the cache: data.load_tokenizer) while the
+  others wait. Once config.json exists the copy is the run's."""
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
   if data_config.tokenizer:
     return data.load_tokenizer(data_config)
@@ -240,7 +219,7 @@ def shared_tokenizer(data_config, workdir: str, source=None):
   # so it is replaced by the one these settings make (the config check guards the rest).
   if jax.process_index() == 0 and not (paths.isfile(copy) and read_config(root) is not None):
     made = data.load_tokenizer(data_config, source).path
-    if not (paths.isfile(copy) and _same_bytes(made, copy)):
+    if not paths.isfile(copy) or _differ(made, copy):
       paths.copy(made, copy)
   agreement.barrier('pretrain_jax: the workdir tokenizer is written')
   return data.Tokenizer(copy)
