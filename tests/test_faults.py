@@ -122,6 +122,17 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, holder, reason):
   assert not os.path.exists(tmp_path / 'LOCK')
 
 
+def test_a_lock_whose_heartbeat_thread_has_not_started_is_still_released(tmp_path):
+  """A SIGTERM right after the LOCK appears can land between creating the heartbeat thread and
+  starting it; the start-up handler's release() must remove the LOCK all the same (joining an
+  unstarted thread raises, and the handler swallows errors, leaving the LOCK)."""
+  lock = lock_lib.LocalLock(str(tmp_path))
+  assert lock._claim(None)
+  lock._thread = threading.Thread(target=lambda: None)   # made, not started
+  lock.release()
+  assert not (tmp_path / 'LOCK').exists()
+
+
 def test_a_lock_created_but_not_yet_noted_is_still_released(tmp_path):
   """SIGTERM during start-up once landed between creating the LOCK and noting its record; the
   start-up handler's release() then saw no record and left the LOCK (tests/test_faults.py's

@@ -108,8 +108,8 @@ class WorkdirLock:
   def release(self) -> None:
     """Stops the heartbeat and removes the lock if it holds this trainer's record."""
     self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
+    if self._thread is not None and self._thread.is_alive():   # (a SIGTERM can land before the
+      self._thread.join()                                       # thread started: no join then)
     if not self.lost and self.record is not None:
       holder, _, version = self._read()
       if self._ours(holder):
