@@ -28,9 +28,12 @@ def _batch(family, seq_len=12):
 def _sums_and_grads(cfg, params, batch, **loss_kw):
   """(loss sums, gradients) of the total loss with dropout on; loss_kw go to task.loss_sums."""
   model = build(cfg)
+  # The dropout key is an 'rbg' one: the same masks on both sides, as with JAX's default
+  # threefry, whose per-element hashing makes T5's step compile several times slower.
+  key = jax.random.key(3, impl='rbg')
 
   def loss(p):
-    sums = task.loss_sums(model, p, batch, rngs={'dropout': jax.random.key(3)}, **loss_kw)
+    sums = task.loss_sums(model, p, batch, rngs={'dropout': key}, **loss_kw)
     return task.total_loss(sums, task.denominators(cfg.family, batch)), sums
   # jitted: one compile of the step instead of one per operation; both sides alike
   (_, sums), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
