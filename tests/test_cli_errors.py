@@ -6,13 +6,19 @@ import sys
 
 import pytest
 
+import commands
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(script, *args, cwd=ROOT):
-  command = f'pretrain_jax.commands.{script.removesuffix(".py")}'
-  return subprocess.run([sys.executable, '-m', command, *args],
-                        capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
+def run_script(script, *args, cwd=ROOT, fresh=False):
+  """The command, forked from tests/commands.py's server, or with `fresh` in a process of its
+  own: its whole start, imports included, prints no more than the one line."""
+  command = script.removesuffix('.py')
+  if fresh:
+    return subprocess.run([sys.executable, '-m', f'pretrain_jax.commands.{command}', *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
+  return commands.run(command, *args, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize('script, args, flag, field, hint', [
@@ -26,7 +32,7 @@ def run_script(script, *args, cwd=ROOT):
 ])
 def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
-  done = run_script(script, *args, flag)
+  done = run_script(script, *args, flag, fresh=True)
   assert done.returncode == 2, done.stderr[-3000:]
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(f'error: {flag}: '), done.stderr[-3000:]
