@@ -1,12 +1,10 @@
 """The benchmark suite (pretrain-jax benchmark --suite): the GPU suite's code at tiny shapes on
 CPU, its variants, its records and its errors (no timing assertions: see DESIGN.md)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+import commands
 import configs.bench_common
 from configs import bench_gpu_bert, bench_gpu_gpt, bench_gpu_t5, tiny_gpt
 from pretrain_jax.data.config import DataConfig
@@ -14,15 +12,13 @@ from pretrain_jax.objectives import span_corruption
 from pretrain_jax.perf import benchmark, suite
 from pretrain_jax.perf.config import BenchmarkConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ('model', 'variant', 'family', 'params', 'batch_size', 'seq_len', 'tokens_per_s',
         'step_ms', 'mfu', 'mfu_datasheet', 'peak_flops', 'model_flops_per_step', 'step_bytes',
         'compile_s', 'loss', 'device', 'xla_flags', 'vs_baseline')
 
 
 def _benchmark(*args):
-  return subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.benchmark', *args],
-                        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+  return commands.run('benchmark', *args, timeout=600)
 
 
 def _records(out):

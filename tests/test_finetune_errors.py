@@ -1,12 +1,11 @@
 """Fine-tuning's user errors: task files, config numbers, typo'd labels, the transfer plot, help."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import commands
 import gcs_emulator
 from configs import finetune as finetune_config
 from pretrain_jax import paths
@@ -197,13 +196,10 @@ def test_a_rare_label_is_warned_about_and_still_trains(capsys):
 
 
 def test_help_lists_the_required_shared_flags():
-  runs = {script: subprocess.Popen(
-      [sys.executable, '-m', f'pretrain_jax.commands.{script[:-3]}', '--help'], cwd=ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-          for script in ('finetune.py', 'transfer.py')}
-  for script, proc in runs.items():
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
+  for script in ('finetune.py', 'transfer.py'):
+    done = commands.run(script[:-3], '--help', timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
     shown = out[out.index(f'commands/{script}:'):]
     for flag in ('--config:', '--init:', '--task:', '--workdir:'):
       assert flag in shown, (script, flag, out)

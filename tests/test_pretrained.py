@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import commands
 import pretrain_jax
 from configs import tiny_bert, tiny_gpt, tiny_t5
 from pretrain_jax import data, inference
@@ -65,12 +66,14 @@ def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_w
   w = batch['loss_weights']
   assert float((nll * w).sum() / w.sum()) == pytest.approx(metrics['loss'], abs=1e-4)
   # The CLI prints the same numbers, twice: a compact last line on stdout (it printed nothing
-  # readable once), a summary on stderr.
+  # readable once), a summary on stderr. Once in a fresh process, once forked from
+  # tests/commands.py's server: two processes, each with its own hash seed.
   from pretrain_jax.commands import terminal  # pylint: disable=g-import-not-at-top
-  cmd = [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', gpt_workdir,
-         '--batches', '1']
-  done = [subprocess.run(cmd, capture_output=True, text=True, check=True, env=dict(os.environ))
-          for _ in range(2)]
+  args = ['--workdir', gpt_workdir, '--batches', '1']
+  done = [subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.evaluate', *args],
+                         capture_output=True, text=True, check=True, env=dict(os.environ)),
+          commands.run('evaluate', *args)]
+  assert done[1].returncode == 0, done[1].stderr[-3000:]
   lines = [d.stdout.strip().splitlines()[-1] for d in done]
   assert len(lines[0].encode()) < terminal.LINE_BYTES
   runs = [json.loads(line) for line in lines]
@@ -118,10 +121,8 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
       inference.generate_text(model, ['The list'], **bad)
   with pytest.raises(ValueError, match='a list of prompts'):
     inference.generate_text(model, 'The list')
-  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.generate',
-                         '--workdir', str(tmp_path / 'not_loaded'), '--prompt', 'The',
-                         '--temperature=-1'],   # checked before the checkpoint is looked for
-                        capture_output=True, text=True, check=False)
+  done = commands.run('generate', '--workdir', tmp_path / 'not_loaded', '--prompt', 'The',
+                      '--temperature=-1')   # checked before the checkpoint is looked for
   assert done.returncode == 2 and done.stderr.strip() == (
       'error: temperature=-1.0 is out of range; expected >= 0 (0 = greedy)'), done.stderr
   t5_dir = str(tmp_path / 't5')
@@ -234,10 +235,10 @@ def test_training_time_eval_and_evaluate_script_print_the_same_numbers(bert_nsp_
   workdir = bert_nsp_workdir
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     logged = [json.loads(line) for line in f if '"eval"' in line][-1]
-  cmd = [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', workdir]
   # (no --batches: it defaults to the run's train.eval_batches, as a user runs it)
-  printed = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
-                                      env=dict(os.environ)).stdout.strip().splitlines()[-1])
+  done = commands.run('evaluate', '--workdir', workdir)
+  assert done.returncode == 0, done.stderr[-3000:]
+  printed = json.loads(done.stdout.strip().splitlines()[-1])
   names = {'loss', 'lm_loss', 'lm_perplexity', 'lm_accuracy', 'lm_top5_accuracy', 'z_loss',
            'nsp_loss', 'nsp_accuracy'}
   assert names <= set(logged) and names <= set(printed), (sorted(logged), sorted(printed))

@@ -5,20 +5,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+import commands
 from pretrain_jax.commands import terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def command(name: str, *args, cwd=ROOT, env=None):
-  return subprocess.run([sys.executable, '-m', f'pretrain_jax.commands.{name}', *args],
-                        cwd=cwd, capture_output=True, text=True, timeout=900,
-                        env=dict(os.environ, **(env or {})))
+  return commands.run(name, *args, cwd=cwd, timeout=900, env=dict(os.environ, **(env or {})))
 
 
 def last_line(done) -> dict:

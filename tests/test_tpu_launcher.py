@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+import commands
 from pretrain_jax.cloud import gcloud, launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TPU_PY = ['-m', 'pretrain_jax.commands.tpu']
 ZONE = 'us-west4-a'
 VM = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot')
 QR = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot', queued=True)
@@ -132,8 +132,7 @@ def short(argv):
 
 
 def tpu_py(args, env, timeout=60):
-  return subprocess.run([sys.executable, *TPU_PY] + args, env=env, capture_output=True, text=True,
-                        timeout=timeout, check=False)
+  return commands.run('tpu', *args, env=env, timeout=timeout)
 
 
 # -- pure builders -----------------------------------------------------------------------------
