@@ -61,8 +61,11 @@ def batches(config, n, fixed=False):
   return [next(data) for _ in range(n)]
 
 
-@pytest.mark.parametrize('family,optimizer', [('gpt', 'adamw'), ('bert', 'adamw'),
-                                              ('t5', 'adafactor')])
+# BERT is slow: in the default set its MLM loss falls in test_pretrained's fill-mask overfit
+# (task.loss_sums under Adam) and test_sharding runs its train step with NSP.
+@pytest.mark.parametrize('family,optimizer', [
+    ('gpt', 'adamw'), pytest.param('bert', 'adamw', marks=pytest.mark.slow),
+    ('t5', 'adafactor')])
 def test_loss_goes_down_on_a_fixed_batch(family, optimizer):
   config = tiny_config(family, optimizer=optimizer)
   if family == 'bert':
