@@ -260,8 +260,7 @@ def test_fine_tune_dropout_overrides_the_checkpoint_and_nothing_else():
   assert built.model.num_layers == 2 and built.model.emb_dim == 32
   c.unlock()
   c.model.num_layers = 3
-  with pytest.raises(ValueError, match=r'model.num_layers=3: the architecture comes from the '
-                     r'checkpoint; expected only model.dropout_rate, model.attention_dropout'):
+  with pytest.raises(ValueError, match=r'model.num_layers=3: .*model.dropout_rate'):
     run_lib.build_config(c, init, task)
 
 

@@ -202,8 +202,7 @@ def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp
       src, 'gpt').encode('the list')
   with open(os.path.join(copy, 'merges.txt'), 'a') as f:
     f.write('x y\n')
-  with pytest.raises(ValueError, match=r'tokenizer .*moved/hf_tokenizer differs from the one '
-                                       r'this workdir was trained with'):
+  with pytest.raises(ValueError, match=r'tokenizer .*moved/hf_tokenizer differs'):
     hf_workdir.data_tokenizer(config, work)
   config.data.tokenizer = ''
   with pytest.raises(ValueError, match=r'tokenizer \(none: data.tokenizer is empty\) differs'):
@@ -212,6 +211,5 @@ def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp
   other.mkdir(parents=True)
   (other / 'spiece.model').write_bytes(b'not a gpt tokenizer')
   config.data.tokenizer = str(other)
-  with pytest.raises(FileNotFoundError, match=r"holds no gpt tokenizer files \(found "
-                                              r"\['spiece.model'\]\); expected tokenizer.json"):
+  with pytest.raises(FileNotFoundError, match=r"no gpt tokenizer .*\['spiece.model'\]"):
     hf_workdir.data_tokenizer(config, str(tmp_path / 'fresh'))

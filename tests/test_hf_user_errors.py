@@ -90,8 +90,7 @@ def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   flag = f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}'
   assert flag in summary['train_flags']
   config = json.load(open(os.path.join(work, 'config.json')))
-  with pytest.raises(ValueError, match=r"hf_tokenizer' is a directory.*sentencepiece \.model"
-                                       r".*hf\.workdir\.data_tokenizer"):
+  with pytest.raises(ValueError, match=r"hf_tokenizer' is a directory"):
     data.load_tokenizer(DataConfig.from_config(config['data']))
 
 
@@ -209,8 +208,7 @@ def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(di
   from configs import tiny_bert  # pylint: disable=g-import-not-at-top
   from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
   before = sorted(os.listdir(dirs['bert']))
-  with pytest.raises(ValueError, match=r"is a Hugging Face model directory \(config.json has "
-                                       r"model_type 'bert'\); expected a training workdir"):
+  with pytest.raises(ValueError, match=r"Hugging Face model directory .*model_type 'bert'"):
     loop.train_and_evaluate(tiny_bert.get_config(), dirs['bert'])
   assert sorted(os.listdir(dirs['bert'])) == before
 

@@ -123,16 +123,15 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
     inference.generate_text(model, 'The list')
   done = commands.run('generate', '--workdir', tmp_path / 'not_loaded', '--prompt', 'The',
                       '--temperature=-1')   # checked before the checkpoint is looked for
-  assert done.returncode == 2 and done.stderr.strip() == (
-      'error: temperature=-1.0 is out of range; expected >= 0 (0 = greedy)'), done.stderr
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+  assert done.stderr.startswith('error: temperature=-1.0 is out of range'), done.stderr
   t5_dir = str(tmp_path / 't5')
   loop.train_and_evaluate(_small(tiny_t5.get_config(), steps=2), t5_dir)
   t5 = pretrain_jax.load_pretrained(t5_dir)
   filled = inference.generate_text(t5, ['The <extra_id_0> of a list.'], max_new_tokens=4)
   assert len(filled[0]['ids']) <= 4
   # A sentinel past the tokenizer's 100 was encoded as text and "filled" anyway.
-  with pytest.raises(ValueError, match=r"names <extra_id_150>, which this tokenizer does not "
-                                       r"have \(it has <extra_id_0> to <extra_id_99>\)"):
+  with pytest.raises(ValueError, match=r'<extra_id_150>.* <extra_id_0> to <extra_id_99>'):
     inference.generate_text(t5, ['The <extra_id_0> of <extra_id_150>.'], max_new_tokens=4)
   with pytest.raises(ValueError, match='fill_mask'):
     inference.fill_mask(t5, 'a [MASK]')
@@ -303,13 +302,10 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(gpt_workdi
   assert set(fine_tuned.predict(['a b c'])) <= {'original', 'shuffled'}
   # Single sentences: pairs are refused (they were read as one longer input); and the other way.
   assert saved['task']['pairs'] is False
-  with pytest.raises(ValueError, match=r"text_pairs given: this model was fine-tuned on task "
-                                       r"'word_order' of single sentences; expected "
-                                       r"predict\(texts\) alone"):
+  with pytest.raises(ValueError, match=r"text_pairs given: .*'word_order' of single sentences"):
     fine_tuned.predict(['a b c'], ['d e'])
   fine_tuned.config.task.pairs = True
-  with pytest.raises(ValueError, match=r'text_pairs missing: .* of sentence pairs; expected '
-                                       r'predict\(texts, text_pairs\)'):
+  with pytest.raises(ValueError, match=r'text_pairs missing: .* of sentence pairs'):
     fine_tuned.predict(['a b c'])
 
 
