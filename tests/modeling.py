@@ -33,6 +33,8 @@ def tokens(shape, seed=1):
 
 @functools.lru_cache(maxsize=None)
 def _apply(cfg):
+  """build(cfg).apply, jitted once per config: one compile per input shape, where the eager
+  apply compiled each operation of the model on its own."""
   return jax.jit(lambda params, *args, **kw: build(cfg).apply({'params': params}, *args, **kw))
 
 
