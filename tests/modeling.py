@@ -1,4 +1,6 @@
 """Tiny model configs and helpers shared by the model tests."""
+import functools
+
 import flax.linen as nn
 import jax
 
@@ -29,9 +31,16 @@ def tokens(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 3, VOCAB)
 
 
+@functools.lru_cache(maxsize=None)
+def _apply(cfg):
+  """build(cfg).apply, jitted once per config: one compile per input shape, where the eager
+  apply compiled each operation of the model on its own."""
+  return jax.jit(lambda params, *args, **kw: build(cfg).apply({'params': params}, *args, **kw))
+
+
 def forward(cfg, params, *args, **kw):
   """The LM logits (BERT's first output; its NSP logits are dropped)."""
-  out = build(cfg).apply({'params': params}, *args, **kw)
+  out = _apply(cfg)(params, *args, **kw)
   return out[0] if isinstance(out, tuple) else out
 
 

@@ -19,8 +19,7 @@ def _model(family, **kw):
 def test_rows_longer_than_learned_positions_are_refused(family):
   model = _model(family)                                    # max_len 32
   ids = np.asarray(modeling.tokens((1, 33)))
-  with pytest.raises(ValueError, match=r'a row of 33 tokens; the model holds at most '
-                                       r'max_len=32 \(learned positions\)'):
+  with pytest.raises(ValueError, match=r'33 tokens.* max_len=32'):
     model(ids)
   out = model(ids[:, :32])                                  # the table's length is fine
   assert np.isfinite(np.asarray(getattr(out, 'logits', out))).all()
@@ -41,12 +40,12 @@ def test_sinusoidal_and_relative_positions_take_any_length():
 
 @pytest.mark.parametrize('family,kw,message', [
     ('gpt', dict(input_ids=[[3, modeling.VOCAB, 4]]),
-     rf'input_ids holds {modeling.VOCAB}; expected values in \[0, vocab_size={modeling.VOCAB}\)'),
-    ('gpt', dict(input_ids=[[3, -1, 4]]), r'input_ids holds -1; expected values in \[0, '),
+     rf'input_ids holds {modeling.VOCAB};.* vocab_size={modeling.VOCAB}'),
+    ('gpt', dict(input_ids=[[3, -1, 4]]), r'input_ids holds -1;'),
     ('bert', dict(input_ids=[[3, 4]], token_type_ids=[[0, 2]]),
-     r'token_type_ids holds 2; expected values in \[0, type_vocab_size=2\)'),
+     r'token_type_ids holds 2;.* type_vocab_size=2'),
     ('t5', dict(input_ids=[[3, 4]], decoder_input_ids=[[0, 5000]]),
-     r'decoder_input_ids holds 5000; expected values in \[0, vocab_size='),
+     r'decoder_input_ids holds 5000;'),
 ])
 def test_ids_outside_their_tables_are_refused(family, kw, message):
   model = _model(family)
@@ -55,10 +54,9 @@ def test_ids_outside_their_tables_are_refused(family, kw, message):
 
 
 @pytest.mark.parametrize('kw,message', [
-    (dict(max_new_tokens=True), r'max_new_tokens=True is out of range; expected an integer >= 1'),
+    (dict(max_new_tokens=True), r'max_new_tokens=True is out of range'),
     (dict(max_new_tokens=2.0), r'max_new_tokens=2.0 is out of range'),
-    (dict(top_k=2.5), r'top_k=2.5 is out of range; expected an integer from 0 \(no filter\) '
-                      r'to the vocabulary size 97'),
+    (dict(top_k=2.5), r'top_k=2.5 is out of range;.* 97'),
     (dict(top_k=98), r'top_k=98 is out of range'),
     (dict(top_p=0.0), r'top_p=0.0 is out of range'),
 ])
@@ -73,13 +71,11 @@ def test_sampling_counts_are_integers_in_range(kw, message):
 def test_generate_without_prompts_and_fill_mask_with_a_fractional_top_k_are_refused():
   model = _model('gpt')
   model.tokenizer = _Tokenizer()
-  with pytest.raises(ValueError, match='generate got no prompts; expected a list of at least '
-                                       'one text'):
+  with pytest.raises(ValueError, match='no prompts'):
     model.generate([])
   bert = _model('bert')
   bert.tokenizer = _Tokenizer()
-  with pytest.raises(ValueError, match=r'top_k=2.5 is out of range; expected an integer from 1 '
-                                       r'to the vocabulary size 97'):
+  with pytest.raises(ValueError, match=r'top_k=2.5 is out of range;.* 97'):
     bert.fill_mask('a [MASK] b', top_k=2.5)
 
 

@@ -6,13 +6,19 @@ import sys
 
 import pytest
 
+import commands
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(script, *args, cwd=ROOT):
-  command = f'pretrain_jax.commands.{script.removesuffix(".py")}'
-  return subprocess.run([sys.executable, '-m', command, *args],
-                        capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
+def run_script(script, *args, cwd=ROOT, fresh=False):
+  """The command, forked from tests/commands.py's server, or with `fresh` in a process of its
+  own: its whole start, imports included, prints no more than the one line."""
+  command = script.removesuffix('.py')
+  if fresh:
+    return subprocess.run([sys.executable, '-m', f'pretrain_jax.commands.{command}', *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
+  return commands.run(command, *args, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize('script, args, flag, field, hint', [
@@ -26,7 +32,7 @@ def run_script(script, *args, cwd=ROOT):
 ])
 def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
-  done = run_script(script, *args, flag)
+  done = run_script(script, *args, flag, fresh=True)
   assert done.returncode == 2, done.stderr[-3000:]
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(f'error: {flag}: '), done.stderr[-3000:]
@@ -38,16 +44,16 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
 @pytest.mark.parametrize('script, args, expected', [
     ('describe.py', ['--config', 'README.md'], 'error: README.md: not a config file ('),
     ('train_tiny.py', ['--workdir', 'W', '--models', 'tiny_gpz'],
-     "error: --models names ['tiny_gpz']; expected configs/<name>.py names"),
+     ('--models', "['tiny_gpz']")),
     ('train_tiny.py', ['--workdir', 'W', '--steps', '-3'], 'error: flag --steps=-3: '),
     ('evaluate.py', ['--workdir', 'W', '--batches', '-1'], 'error: flag --batches=-1: '),
     ('evaluate.py', ['--workdir', 'W', '--random_init', '--step', '60'],
-     'error: --random_init with --step 60: a random init has no step'),
+     ('--random_init', '--step 60')),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'README.md'],
-     'README.md (or a folder above it) is a file; expected a directory'),
+     ('README.md', 'is a file')),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', '--num_processes=2',
                   '--process_id=0'],
-     '--num_processes, --process_id without --multihost: each process would train alone'),
+     ('--num_processes, --process_id', '--multihost')),
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W', '--multihost',
                   '--coordinator_address=nohost', '--num_processes=2', '--process_id=1'],
      'error: --coordinator_address=nohost; expected HOST:PORT'),
@@ -55,8 +61,7 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      "error: 'gs://' names no bucket; expected gs://BUCKET/..."),
     # trained into ./gs:/bucket/runs/x, then failed at the first checkpoint (366 lines)
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'gs:/bucket/runs/x'],
-     "error: 'gs:/bucket/runs/x' looks like a mistyped URL; expected gs://BUCKET/... (two "
-     "slashes)"),
+     ("'gs:/bucket/runs/x'", 'gs://BUCKET/')),
     ('benchmark.py', ['--config', 'configs/tiny_gpt.py', '--peak_flops', '-5'],
      'error: flag --peak_flops=-5: '),
     ('benchmark.py', ['--config', 'configs/tiny_gpt.py', '--steps', '0'],
@@ -64,7 +69,7 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
     # accepted at start, it failed inside islice at the first evaluation (before that save)
     ('train.py', ['--config', 'configs/tiny_gpt.py', '--workdir', 'W',
                   '--config.train.eval_batches=-1'],
-     'error: train.eval_batches=-1; expected >= 0 batches per evaluation (0 = the whole split)'),
+     'error: train.eval_batches=-1;'),
     # a usage line's optional part pasted with its brackets: dropped without a word before
     ('transfer.py', ['--init', 'W', '--task', 'word_order', '--workdir', 'W',
                      '[--sizes', '200,0]'],
@@ -73,35 +78,34 @@ def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint
      "error: unexpected arguments ['config.train.steps=3']; expected only flags"),
     # a config of another command: AttributeError / TypeError tracebacks from inside before
     ('describe.py', ['--config', 'configs/finetune.py'],
-     'error: --config=configs/finetune.py is a fine-tuning config (read by finetune, transfer); '
-     'expected a pre-training config (read by train, describe, benchmark;'),
+     ('--config=configs/finetune.py', 'fine-tuning', 'expected a pre-training')),
     ('train.py', ['--config', 'configs/shakespeare_char.py', '--workdir', 'W'],
-     'is a chapter experiment config (read by shakespeare); expected a pre-training config'),
+     ('configs/shakespeare_char.py', 'chapter experiment', 'expected a pre-training')),
     ('finetune.py', ['--config', 'configs/tiny_gpt.py', '--init', 'W', '--task', 'word_order',
                      '--workdir', 'W'],
-     'is a pre-training config (read by train, describe, benchmark); expected a fine-tuning'),
+     ('configs/tiny_gpt.py', 'pre-training', 'expected a fine-tuning')),
     # a config file's own error: was one line with ml_collections' traceback flattened in it
     ('describe.py', ['--config', 'configs/tiny_gpt.py:foo'],
-     "error: --config=configs/tiny_gpt.py:foo: this config file takes no ':variant'; expected "
-     '--config=configs/tiny_gpt.py'),
+     ('--config=configs/tiny_gpt.py:foo', "':variant'")),
     ('shakespeare.py', ['--corpus', 'x', '--config=configs/shakespeare_char.py:prodct'],
-     "error: --config=configs/shakespeare_char.py:prodct: shakespeare_char variant 'prodct'; "
-     "expected one of ('chapter', 'product')"),
+     ('--config=configs/shakespeare_char.py:prodct', "'prodct'", "('chapter', 'product')")),
     # argparse scripts: one line, naming the flag the user typed
     ('benchmark_data.py', ['--objectives', 'clm,clmm'],
-     "error: --objectives=clm,clmm: 'clmm'; expected a comma-separated list of clm, mlm, nsp, "
-     'prefix_lm, span_corruption; see --help'),
+     ("--objectives=clm,clmm", "'clmm'")),
     ('train_tokenizer.py', ['--output', 'W', '--files', 'nomatch/*.jsonl'],
      "error: --files: 'nomatch/*.jsonl' matches no file"),
     ('benchmark_data.py', ['--files', 'nomatch/*.jsonl'],
      "error: --files: 'nomatch/*.jsonl' matches no file"),
 ])
 def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
+  """`expected`: what the line names (the flag, the value, what is expected), one string or
+  several."""
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]
   done = run_script(script, *args)
   lines = done.stderr.strip().splitlines()
   assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
-  assert lines[0].startswith('error: ') and expected in lines[0], lines
+  expected = (expected,) if isinstance(expected, str) else expected
+  assert lines[0].startswith('error: ') and all(e in lines[0] for e in expected), lines
   assert not os.path.exists(tmp_path / 'w')
 
 
@@ -130,14 +134,12 @@ def test_base_config_names_and_paths():
   """convert_hf.py --base_config: a name that is no config was a ModuleNotFoundError traceback,
   and the path form the other scripts take ('configs/tiny_gpt.py') was not understood."""
   import configs  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match=r"^base config 'nosuch' is not in configs/; expected one "
-                                       r"of \[.*'tiny_gpt'"):
+  with pytest.raises(ValueError, match=r"^base config 'nosuch' .*'tiny_gpt'"):
     configs.base_config(None, 'nosuch')
   name, config = configs.base_config(None, 'configs/tiny_gpt.py')
   assert name == 'tiny_gpt' and config.model.family == 'gpt'
   import modeling  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match=r"^base config 'tiny_t5' is a t5 config; this model is "
-                                       r"gpt: expected a gpt config \(default: gpt2_small\)"):
+  with pytest.raises(ValueError, match=r"^base config 'tiny_t5' is a t5 .* gpt"):
     configs.base_config(modeling.tiny('gpt'), 'tiny_t5')   # wrote a workdir nothing could use
   assert configs.base_config(modeling.tiny('gpt'), 'tiny_gpt')[0] == 'tiny_gpt'
 
@@ -167,7 +169,7 @@ def test_a_config_whose_get_config_returns_a_dict_is_one_line(tmp_path):
   done = run_script('describe.py', '--config', str(config))
   assert done.returncode == 2 and 'Traceback' not in done.stderr, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1].startswith(
-      f'error: --config={config}: get_config() returned a dict, not an ml_collections.ConfigDict')
+      f'error: --config={config}: get_config() returned a dict')
 
 
 def test_a_process_whose_peers_never_join_exits_with_one_line(tmp_path):
@@ -179,9 +181,9 @@ def test_a_process_whose_peers_never_join_exits_with_one_line(tmp_path):
                     str(tmp_path / 'w'), '--multihost', f'--coordinator_address={address}',
                     '--num_processes=2', '--process_id=0', '--init_timeout=3')
   assert done.returncode == 2, done.stderr[-3000:]
-  assert done.stderr.strip().splitlines()[-1].startswith(
-      f'error: --multihost: not all 2 processes joined the coordinator {address} within 3 s '
-      '(--init_timeout)'), done.stderr[-3000:]
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: --multihost: ') and all(
+      s in last for s in ('2 processes', address, '3 s (--init_timeout)')), done.stderr[-3000:]
   assert 'Check failure' not in done.stderr and not os.path.exists(tmp_path / 'w')
 
 

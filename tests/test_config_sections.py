@@ -45,8 +45,7 @@ def test_an_unknown_fine_tune_key_is_refused_naming_it():
   c.epochs = 3
   with pytest.raises(ValueError, match=r"^unknown config keys \['epochs'\]"):
     FinetuneConfig.from_config(c)
-  with pytest.raises(ValueError, match=r'^model\.num_layers=3: the architecture comes from the '
-                                       'checkpoint'):
+  with pytest.raises(ValueError, match=r'^model\.num_layers=3: .*checkpoint'):
     ModelOverrides.from_config({'num_layers': 3, 'dropout_rate': None})
 
 
@@ -57,29 +56,25 @@ def test_an_unknown_fine_tune_key_is_refused_naming_it():
     (TrainConfig, train(async_checkpoints=1), r'^train\.async_checkpoints=1; expected True or '
                                                'False'),
     (TrainConfig, train(learning_rate=True), r'^train\.learning_rate=True; expected a number'),
-    (TrainConfig, train(learning_rate=1e40), r'^train\.learning_rate=1e\+40; expected a rate > 0 '
-                                             'that float32 holds'),
+    (TrainConfig, train(learning_rate=1e40), r'^train\.learning_rate=1e\+40; .*float32'),
     (TrainConfig, train(schedule='step'), r"^train\.schedule='step'; expected one of"),
     (TrainConfig, train(eval_batches=-1), r'^train\.eval_batches=-1; expected >= 0 batches'),
-    (TrainConfig, train(max_predictions_per_seq=-2), r'^train\.max_predictions_per_seq=-2; '
-                                                      r'expected -1 \(the MLM bound\)'),
-    (TrainConfig, train(checkpoint_timeout_sec=0), r'^train\.checkpoint_timeout_sec=0; expected '
-                                                    'a positive number of seconds'),
+    (TrainConfig, train(max_predictions_per_seq=-2), r'^train\.max_predictions_per_seq=-2;'),
+    (TrainConfig, train(checkpoint_timeout_sec=0), r'^train\.checkpoint_timeout_sec=0;'),
     (DataConfig, dict(objective='mlm', seq_len=64, mlm_probability=0.0),
-     r'^config\.data\.mlm_probability=0\.0; expected a value in \(0, 1\]'),
+     r'^config\.data\.mlm_probability=0\.0; .*\(0, 1\]'),
     (DataConfig, dict(objective='clm', seq_len=64, tokenizer_type='wordpiece'),
-     r"^config\.data\.tokenizer_type='wordpiece'; expected one of \('unigram'"),
+     r"^config\.data\.tokenizer_type='wordpiece'; .*'unigram'"),
     (DataConfig, dict(objective='clm', seq_len=64, num_streams=-2),
      r'^config\.data\.num_streams=-2; expected a positive integer'),
     (DataConfig, dict(objective='clm', seq_len=1), r'^config\.data\.seq_len=1 is too short for '
                                                    'clm; expected >= 2'),
     (MeshConfig, dict(data=-1, fsdp=-1), r"^config\.mesh \{'data': -1, 'fsdp': -1, 'tensor': 1\}"
-                                         ': expected positive sizes and at most one -1'),
+                                         ': .*at most one -1'),
     (TaskConfig, dict(max_eval_examples=-1), r'^task\.max_eval_examples=-1; expected 0 \(all '
                                              r'examples\)'),
     (TaskDataConfig, dict(seq_len=0), r'^data\.seq_len=0; expected a positive input length'),
-    (ModelOverrides, dict(dropout_rate=1.5), r"^model\.dropout_rate=1\.5; expected None \(the "
-                                             "checkpoint's\\) or a rate in \\[0, 1\\)"),
+    (ModelOverrides, dict(dropout_rate=1.5), r'^model\.dropout_rate=1\.5;'),
     (BenchmarkConfig, dict(steps=0), r'^benchmark\.steps=0; expected a positive number'),
 ])
 def test_a_bad_value_is_refused_naming_key_and_value(section, values, message):

@@ -194,8 +194,7 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
   with pytest.raises(ValueError, match='seq_len=4 is too short for mlm with NSP'):
     data.make_dataset(config('mlm', True, seq_len=4), tokenizer, split='train', batch_size=2)
   for p in (0.0, 1.5):   # 0 trained on nothing at loss 0.0000
-    with pytest.raises(ValueError, match=rf'^config.data.mlm_probability={p}; expected a value '
-                                         r'in \(0, 1\]'):
+    with pytest.raises(ValueError, match=rf'^config.data.mlm_probability={p};'):
       data.make_dataset(config('mlm', mlm_probability=p), tokenizer, split='train', batch_size=2)
   with pytest.raises(ValueError, match='up to 114 noise spans but the tokenizer has 100'):
     data.make_dataset(config('span_corruption', seq_len=2048), tokenizer, split='train',
@@ -280,15 +279,12 @@ def test_a_position_in_changed_files_is_refused(tokenizer, tmp_path):
   data.make_dataset(dc, tokenizer, split='train', batch_size=2).set_state(older)
   write('b.jsonl', 5)
   grown = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
-  with pytest.raises(ValueError, match="split 'train' had 40 documents of [0-9,]+ bytes when "
-                                       'the data position was saved and has 45 documents'):
+  with pytest.raises(ValueError, match="split 'train' had 40 documents .* has 45 documents"):
     grown.set_state(state)
   (tmp_path / 'b.jsonl').unlink()
   write('a.jsonl', 40, words='rewritten with other words, as a re-filtered shard would be')
   rewritten = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
-  with pytest.raises(ValueError, match=r"had 40 documents of [0-9,]+ bytes when the data "
-                                       r'position was saved and has 40 documents of [0-9,]+ '
-                                       'bytes now'):
+  with pytest.raises(ValueError, match=r'had 40 documents .* has 40 documents of [0-9,]+ bytes'):
     rewritten.set_state(state)
 
 

@@ -59,8 +59,7 @@ def test_file_errors_name_the_problem(tmp_path, cache):
   with pytest.raises(ValueError, match=r"x.csv' has an unsupported extension"):
     local_builder.expand_files(str(tmp_path / 'x.csv'))
   (tmp_path / 'adir').mkdir()   # was 'has an unsupported extension'
-  with pytest.raises(ValueError, match=r"adir' is a directory; expected files or a glob such as "
-                                       r"'.*adir/\*.jsonl'"):
+  with pytest.raises(ValueError, match=r"adir' is a directory;"):
     local_builder.expand_files(str(tmp_path / 'adir'))
   (tmp_path / 'empty.jsonl').write_text('\n\n')
   dc = CLM16.replace(files=str(tmp_path / 'empty.jsonl'))
@@ -217,12 +216,10 @@ def test_named_tfds_dataset(tmp_path, cache):
   assert batches and it.stats['skipped_invalid_utf8'] == 1 and it.stats['skipped_empty'] == 1
   assert it.stats['documents'] == 20
   dc = dc.replace(tfds_data_dir=str(tmp_path / 'elsewhere'))
-  with pytest.raises(ValueError, match=r"not prepared; prepare it \(e\.g\. `tfds build "
-                                       r"pj_test_text:1\.0\.0 --data_dir .*elsewhere`\)"):
+  with pytest.raises(ValueError, match=r'not prepared;.* pj_test_text:1\.0\.0 .*elsewhere'):
     sources.open_source(dc)
   dc = dc.replace(tfds_name='no_such_dataset_xyz')
-  with pytest.raises(ValueError, match='cannot open tfds dataset.*expected a copy prepared in '
-                                       'data_dir, or a name and version tensorflow-datasets'):
+  with pytest.raises(ValueError, match="cannot open tfds dataset 'no_such_dataset_xyz'"):
     sources.open_source(dc)
   dc = dc.replace(tfds_name='c4/en:3.0.1')   # no copy there, and a version the pinned tfds cannot build
   with pytest.raises(ValueError, match=r"'c4/en:3.0.1'.*expected a copy prepared in data_dir"):

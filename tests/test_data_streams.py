@@ -57,22 +57,19 @@ def test_the_rule():
 
 
 @pytest.mark.parametrize('objective,nsp', CASES)
-def test_global_batches_are_the_same_on_1_2_and_4_hosts(tokenizer, objective, nsp):
-  dc = config(objective, nsp)
-  one = global_batches(hosts(dc, tokenizer, 1), 5)
-  assert_same(one, global_batches(hosts(dc, tokenizer, 2), 5))
-  assert_same(one, global_batches(hosts(dc, tokenizer, 4), 5))
-  # Rows [s*B/S, (s+1)*B/S) are stream s: a stream alone (1 of 4 "hosts") gives them.
-  alone = global_batches([hosts(dc, tokenizer, 4)[3]], 5)
-  assert_same([{k: v[6:] for k, v in b.items()} for b in one], alone)
-  seg = one[0].get('segment_ids', one[0].get('encoder_segment_ids'))
-  assert (seg > 0).mean() > 0.7  # real rows, not padding that would match trivially
-
-
-@pytest.mark.parametrize('objective,nsp', CASES)
-def test_a_state_saved_on_n_hosts_resumes_on_m(tokenizer, objective, nsp):
+def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_a_state_saved_on_n_resumes_on_m(
+    tokenizer, objective, nsp):
+  """The first 3 global batches on 2, 1 and 4 hosts are the 1-host ones; the state saved there,
+  restored on 1, 2 and 2 hosts, gives the 1-host batches 4 to 6."""
   dc = config(objective, nsp)
   reference = global_batches(hosts(dc, tokenizer, 1), 6)
+  # Rows [s*B/S, (s+1)*B/S) are stream s: a stream alone (host 3 of 4) gives them.
+  alone = global_batches([data.make_dataset(dc, tokenizer, split='train',
+                                            batch_size=GLOBAL // 4, process_index=3,
+                                            process_count=4)], 6)
+  assert_same([{k: v[6:] for k, v in b.items()} for b in reference], alone)
+  seg = reference[0].get('segment_ids', reference[0].get('encoder_segment_ids'))
+  assert (seg > 0).mean() > 0.7  # real rows, not padding that would match trivially
   for before, after in [(2, 1), (1, 2), (4, 2)]:
     its = hosts(dc, tokenizer, before)
     assert_same(global_batches(its, 3), reference[:3])
@@ -94,32 +91,26 @@ def test_eval_split_smaller_than_the_streams(tokenizer):
 
 def test_refusals(tokenizer):
   dc = config('clm')
-  with pytest.raises(ValueError, match=r'4 data streams \(config.data.num_streams\) cannot be '
-                     r'split over 3 hosts; expected a host count dividing 4: one of \[1, 2, 4\], '
-                     r'or a run started with num_streams one of \[3, 6, 12, 24\]'):
+  with pytest.raises(ValueError, match=r'4 data streams .* 3 hosts;.*\[1, 2, 4\].*'
+                                       r'\[3, 6, 12, 24\]'):
     data.make_dataset(dc, tokenizer, split='train', batch_size=8, process_index=0,
                       process_count=3)
-  with pytest.raises(ValueError, match=r'global batch_size=6 does not split into '
-                     r'config.data.num_streams=4 streams of equal rows; expected a batch size '
-                     r'that is a multiple of 4, or num_streams one of \[1, 2, 3, 6\]'):
+  with pytest.raises(ValueError, match=r'batch_size=6 .*num_streams=4 .*\[1, 2, 3, 6\]'):
     data.make_dataset(dc, tokenizer, split='train', batch_size=6)
   saved = hosts(dc, tokenizer, 2)[0].get_state()
   other = hosts(config('clm', num_streams=8), tokenizer, 1)[0]
-  with pytest.raises(ValueError, match=r'saved with 4 streams \(config.data.num_streams\) and '
-                     r'this run has 8; .* resume with --config.data.num_streams=4 on a host '
-                     r'count dividing it \(\[1, 2, 4\]\)'):
+  with pytest.raises(ValueError, match=r'saved with 4 streams .* has 8;.*num_streams=4 .*'
+                                       r'\[1, 2, 4\]'):
     other.set_state(saved)
   one = hosts(dc, tokenizer, 1)[0]
-  with pytest.raises(ValueError, match=r"no position for streams \[2, 3\] \(it holds \['0', "
-                     r"'1'\]\); expected every stream this host owns: \[0, 1, 2, 3\]"):
+  with pytest.raises(ValueError, match=r"streams \[2, 3\] .*\['0', '1'\].*\[0, 1, 2, 3\]"):
     one.set_state(saved)  # one host's state alone is not the whole data position
   old = {'version': 1, 'split': 'train', 'epoch': 0, 'doc': 5, 'offset': 0, 'batches': 2}
   with pytest.raises(ValueError, match='version 1 was saved before data streams'):
     one.set_state(old)
   per_host = checkpoint.saved_data_state([old, old])  # a checkpoint written before streams
   assert per_host == {'process_count': 2, 'processes': [old, old]}
-  with pytest.raises(ValueError, match=r'checkpoint step 7 was saved by 2 processes; this run '
-                     r'has 1: .* resume only on 2 processes'):
+  with pytest.raises(ValueError, match=r'step 7 was saved by 2 processes; this run has 1:'):
     checkpoint.host_data_state(per_host, step=7)
 
 

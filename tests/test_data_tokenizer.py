@@ -86,8 +86,7 @@ def test_sentinel_pieces_are_appended_in_t5_order():
 
 def test_too_small_vocab_is_a_clear_error(tmp_path):
   for size in (128, -5):   # 129 already works (256 ids); -5 said 'leaves -100 ids'
-    with pytest.raises(ValueError, match=rf'^tokenizer_vocab_size={size}: too small; expected '
-                                         'more than 128'):
+    with pytest.raises(ValueError, match=rf'^tokenizer_vocab_size={size}: .*128'):
       tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=size)
   with pytest.raises(ValueError, match="tokenizer_type='wordpiece'"):
     tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'x.model'), vocab_size=512,

@@ -1,7 +1,6 @@
 """Fine-tuning: heads, linear probe vs full, tasks and their errors, T5 scoring, transfer."""
 import json
 import os
-import sys
 import signal
 import statistics
 
@@ -11,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import commands
 from configs import common, finetune as finetune_config, tiny_bert, tiny_gpt, tiny_t5
 from pretrain_jax.data import classification, tasks
 from pretrain_jax.finetune import run as run_lib
@@ -192,13 +192,9 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
 @pytest.mark.parametrize('flag, value', [('seeds', '0,0'), ('sizes', 'all'), ('sizes', '100,100'),
                                          ('modes', 'full,full')])
 def test_transfer_script_refuses_bad_seeds_and_sizes(flag, value, tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  done = subprocess.run(
-      [sys.executable, '-m', 'pretrain_jax.commands.transfer', '--init', str(tmp_path),
-       '--task', 'word_order', '--workdir', str(tmp_path / 'out'), f'--{flag}={value}'],
-      capture_output=True, text=True, timeout=300, cwd=root, check=False)
+  done = commands.run('transfer', '--init', tmp_path, '--task', 'word_order', '--workdir',
+                      tmp_path / 'out', f'--{flag}={value}', cwd=root, timeout=300)
   assert done.returncode == 2, done.stderr[-2000:]
   assert f'--{flag}={value}; expected' in done.stderr.strip().splitlines()[-1], done.stderr
   assert not os.path.exists(tmp_path / 'out')
@@ -264,8 +260,7 @@ def test_fine_tune_dropout_overrides_the_checkpoint_and_nothing_else():
   assert built.model.num_layers == 2 and built.model.emb_dim == 32
   c.unlock()
   c.model.num_layers = 3
-  with pytest.raises(ValueError, match=r'model.num_layers=3: the architecture comes from the '
-                     r'checkpoint; expected only model.dropout_rate, model.attention_dropout'):
+  with pytest.raises(ValueError, match=r'model.num_layers=3: .*model.dropout_rate'):
     run_lib.build_config(c, init, task)
 
 
@@ -457,10 +452,7 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(gpt_init, tmp_path, m
   for key in ('loss', 'class_accuracy', 'class_loss'):
     assert resumed['eval_metrics'][key] == whole['eval_metrics'][key], key
   # The fine-tuned workdir is not a pre-training one: evaluate.py says so in one line.
-  import subprocess  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.evaluate',
-                         '--workdir', str(tmp_path / 'whole')], capture_output=True, text=True,
-                        timeout=300, cwd=root, check=False)
+  done = commands.run('evaluate', '--workdir', tmp_path / 'whole', cwd=root, timeout=300)
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
   assert "holds a model fine-tuned on task 'word_order'" in done.stderr

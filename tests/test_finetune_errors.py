@@ -1,12 +1,11 @@
 """Fine-tuning's user errors: task files, config numbers, typo'd labels, the transfer plot, help."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import commands
 import gcs_emulator
 from configs import finetune as finetune_config
 from pretrain_jax import paths
@@ -84,8 +83,7 @@ def test_malformed_task_lines_name_the_file_and_the_line(tmp_path):
   with pytest.raises(ValueError, match=r'train.jsonl line 5: a JSON list; expected an object'):
     tasks.load_task(str(d))
   d = _task_dir(tmp_path, good, 'text,label\nx,good\ny,bad,surplus\n')
-  with pytest.raises(ValueError, match=r"validation.csv line 3: 3 field\(s\); expected 2 as in "
-                     r"the header \['text', 'label'\]"):
+  with pytest.raises(ValueError, match=r"validation.csv line 3: 3 field\(s\); expected 2"):
     tasks.load_task(str(d))
   os.remove(d / 'validation.csv')
   d = _task_dir(tmp_path, good, 'text\tlabel\nx\tgood\nonly text\n', 'validation.tsv')
@@ -166,8 +164,7 @@ def test_a_seq_len_with_no_room_for_text_is_refused(family, pair, least):
     encode = staticmethod(lambda text: [10 + len(w) for w in text.split()])
   example = dict({'text': 'a bb ccc', 'label': 'x'}, **({'text_pair': 'dd ee'} if pair else {}))
   task = tasks.Task('t', {'train': [example, dict(example, label='y')]}, ('x', 'y'))
-  with pytest.raises(ValueError, match=f'^data.seq_len={least - 1} leaves no room for text '
-                     f'.*expected at least {least}'):
+  with pytest.raises(ValueError, match=f'^data.seq_len={least - 1} .* {least}'):
     classification.encode(task, 'train', Tok, family_of(family).task_layout,
                           seq_len=least - 1)
   rows = classification.encode(task, 'train', Tok, family_of(family).task_layout,
@@ -197,13 +194,10 @@ def test_a_rare_label_is_warned_about_and_still_trains(capsys):
 
 
 def test_help_lists_the_required_shared_flags():
-  runs = {script: subprocess.Popen(
-      [sys.executable, '-m', f'pretrain_jax.commands.{script[:-3]}', '--help'], cwd=ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-          for script in ('finetune.py', 'transfer.py')}
-  for script, proc in runs.items():
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
+  for script in ('finetune.py', 'transfer.py'):
+    done = commands.run(script[:-3], '--help', timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
     shown = out[out.index(f'commands/{script}:'):]
     for flag in ('--config:', '--init:', '--task:', '--workdir:'):
       assert flag in shown, (script, flag, out)
@@ -248,14 +242,13 @@ def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, 
 @pytest.mark.parametrize('name', ['nosuchtask', 'glue/sst3', 'data/no_such_dir'])
 def test_a_task_name_that_is_nothing_says_what_a_task_can_be(name):
   """'nosuchtask' said "found splits []" (globbed as a directory), as if it were an empty one."""
-  with pytest.raises(ValueError, match=rf"task '{name}' is not a directory and not a known "
-                                       r"task; expected 'word_order', 'doc_titles', a tfds task"):
+  with pytest.raises(ValueError, match=rf"task '{name}' is not a directory .*'word_order'"):
     tasks.load_task(name)
 
 
 def test_a_tfds_task_that_is_not_prepared_is_one_clear_error(tmp_path):
   """glue/cola in a data_dir that does not hold it: was an AssertionError from inside tfds's
   as_dataset (a 37-line traceback from finetune.py); now the pre-training data's message."""
-  with pytest.raises(ValueError, match=r"tfds dataset 'glue/cola' in .*empty is not prepared; "
-                                       r"prepare it .* or point config\.task\.tfds_data_dir "):
+  with pytest.raises(ValueError, match=r"'glue/cola' in .*empty is not prepared;.* "
+                                       r"config\.task\.tfds_data_dir"):
     tasks.load_task('glue/cola', tfds_data_dir=str(tmp_path / 'empty'))

@@ -4,20 +4,17 @@ against float32 within fp8's precision, the model running on it, and the refusal
 with fp8 tensor cores. Whether XLA:GPU fuses it into cuBLASLt fp8 GEMMs, and its speed, need
 an H100 (pretrain-jax benchmark --suite gpu --variants baseline,fp8)."""
 import dataclasses
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import commands
 from modeling import init, tiny, tokens
 from pretrain_jax.models import build, family_of
 from pretrain_jax.tuning import backends, fp8
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _q(a, dtype):
@@ -95,10 +92,8 @@ def test_fp8_is_chosen_only_for_gpus_with_fp8_tensor_cores():
 
 
 def test_fp8_on_this_cpu_is_one_error_line():
-  out = subprocess.run(
-      [sys.executable, '-m', 'pretrain_jax.commands.benchmark', '--config', 'tiny_gpt',
-       '--config.train.fp8=true', '--steps', '1', '--warmup', '0'],
-      capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+  out = commands.run('benchmark', '--config', 'tiny_gpt', '--config.train.fp8=true', '--steps',
+                     '1', '--warmup', '0', timeout=300)
   assert out.returncode == 2 and out.stdout == ''
   assert out.stderr.startswith('error: train.fp8=True on cpu') and len(
       out.stderr.strip().splitlines()) == 1

@@ -1,8 +1,6 @@
 """HF directory <-> training workdir (pretrain_jax.hf.workdir, pretrain-jax convert_hf)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,9 +11,9 @@ from pretrain_jax.hf import weights
 from pretrain_jax.hf import workdir as workdir_lib
 from pretrain_jax.models import ModelConfig
 
+import commands  # pylint: disable=g-bad-import-order
 import modeling  # pylint: disable=g-bad-import-order
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs'] * 30
 
 
@@ -118,9 +116,7 @@ def test_cli_import_scan_layers_and_export(tmp_path):
   cfg = modeling.tiny('bert', nsp=True)
   params = modeling.init(cfg)
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, params)
-  run = lambda *args: subprocess.run(
-      [sys.executable, '-m', 'pretrain_jax.commands.convert_hf', *args],
-      capture_output=True, text=True, check=False, cwd=ROOT)
+  run = lambda *args: commands.run('convert_hf', *args)
   done = run('import', f'--hf_dir={src}', f'--workdir={tmp_path / "work"}', '--scan_layers')
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads(done.stdout.strip().splitlines()[-1])['family'] == 'bert'

@@ -7,8 +7,6 @@ embedded corpus (no downloads).
 """
 import json
 import os
-import subprocess
-import sys
 
 import ml_collections
 import numpy as np
@@ -24,6 +22,7 @@ from pretrain_jax.hf import weights
 from pretrain_jax.hf import workdir as hf_workdir
 from pretrain_jax.training import checkpoint as ckpt_lib
 
+import commands  # pylint: disable=g-bad-import-order
 import modeling  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,10 +79,8 @@ def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
       ('batch_size', 'steps', 'warmup_steps', 'learning_rate', 'log_every', 'eval_every',
        'eval_batches', 'checkpoint_every')] + [
       "--config.data.tfds_name=", "--config.data.validation_fraction=0.05"]
-  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.train',
-                         '--config', os.path.join(ROOT, 'configs', 'gpt2_small.py'),
-                         '--workdir', work, *flags], capture_output=True, text=True,
-                        timeout=600, cwd=ROOT, env=dict(os.environ), check=False)
+  done = commands.run('train', '--config', os.path.join(ROOT, 'configs', 'gpt2_small.py'),
+                      '--workdir', work, *flags, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert (result['start_step'], result['step']) == (0, STEPS) and np.isfinite(result['train_loss'])
@@ -205,8 +202,7 @@ def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp
       src, 'gpt').encode('the list')
   with open(os.path.join(copy, 'merges.txt'), 'a') as f:
     f.write('x y\n')
-  with pytest.raises(ValueError, match=r'tokenizer .*moved/hf_tokenizer differs from the one '
-                                       r'this workdir was trained with'):
+  with pytest.raises(ValueError, match=r'tokenizer .*moved/hf_tokenizer differs'):
     hf_workdir.data_tokenizer(config, work)
   config.data.tokenizer = ''
   with pytest.raises(ValueError, match=r'tokenizer \(none: data.tokenizer is empty\) differs'):
@@ -215,6 +211,5 @@ def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp
   other.mkdir(parents=True)
   (other / 'spiece.model').write_bytes(b'not a gpt tokenizer')
   config.data.tokenizer = str(other)
-  with pytest.raises(FileNotFoundError, match=r"holds no gpt tokenizer files \(found "
-                                              r"\['spiece.model'\]\); expected tokenizer.json"):
+  with pytest.raises(FileNotFoundError, match=r"no gpt tokenizer .*\['spiece.model'\]"):
     hf_workdir.data_tokenizer(config, str(tmp_path / 'fresh'))

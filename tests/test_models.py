@@ -131,7 +131,7 @@ def test_t5_gradients_agree_across_attention_implementations():
 
   def grads(cfg):
     loss = lambda p: (forward(cfg, p, x, y, encoder_segment_ids=seg) * weights).sum()
-    return jax.grad(loss)(params)
+    return jax.jit(jax.grad(loss))(params)
 
   a, b = grads(ref), grads(ref.replace(attention_impl='xla'))
   for name in ('encoder', 'decoder'):

@@ -139,8 +139,7 @@ def test_missing_credentials_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv(key, raising=False)
   monkeypatch.setenv('GOOGLE_APPLICATION_CREDENTIALS', str(tmp_path / 'no-such-key.json'))
   start = time.time()
-  with pytest.raises(paths.PathError, match=r'gs://somebucket/w: cannot list gs://somebucket '
-                                            r'\(DefaultCredentialsError'):
+  with pytest.raises(paths.PathError, match=r'gs://somebucket/w: .*DefaultCredentialsError'):
     paths.exists('gs://somebucket/w')
   assert time.time() - start < 15
 

@@ -26,16 +26,26 @@ def _traces(workdir) -> list:
   return [sorted(os.listdir(f)) for f in folders]
 
 
-def test_the_asked_steps_are_traced_and_a_resume_traces_its_own(tmp_path, capsys):
-  _train(_gpt(steps=4, profile_steps=2), tmp_path)       # not step 1: it compiles
-  assert 'profile of steps 2..3 written to ' in capsys.readouterr().err
+def test_the_asked_steps_are_traced_not_timed_and_a_resume_traces_its_own(tmp_path, capsys):
+  """One workdir, three runs: steps 3..4 traced (not step 1: it compiles) and not counted as
+  throughput; resumed at 6, the window that passed is not traced again; resumed at 8, the trace
+  starts after the resume's compiling step and the run's end stops a longer one."""
+  import json  # pylint: disable=g-import-not-at-top
+  _train(_gpt(steps=6, profile_steps=2, profile_start_step=2), tmp_path)
+  assert 'profile of steps 3..4 written to ' in capsys.readouterr().err
   [names] = _traces(tmp_path)
   assert 'perfetto_trace.json.gz' in names and any(n.endswith('.xplane.pb') for n in names)
   assert all(os.path.getsize(f) > 0 for f in glob.glob(str(tmp_path / 'tensorboard/**/*.pb'),
                                                           recursive=True))
-  # Resumed at 4: start after step 4 at the earliest, and the run's end stops a longer trace.
-  _train(_gpt(steps=7, profile_steps=10, profile_start_step=3), tmp_path)
-  assert 'profile of steps 6..7 written to ' in capsys.readouterr().err   # 5 compiles
+  with open(tmp_path / 'metrics.jsonl') as f:
+    timed = {r['step'] for r in map(json.loads, f) if 'tokens_per_sec' in r}
+  assert timed == {2, 5, 6}, timed  # not 1 (compiling) nor 3..4 (traced)
+  _train(_gpt(steps=8, profile_steps=2, profile_start_step=2), tmp_path)   # resumed at 6
+  assert 'profile of' not in capsys.readouterr().err
+  assert len(_traces(tmp_path)) == 1
+  # Resumed at 8: start after step 8 at the earliest, and the run's end stops a longer trace.
+  _train(_gpt(steps=11, profile_steps=10, profile_start_step=3), tmp_path)
+  assert 'profile of steps 10..11 written to ' in capsys.readouterr().err   # 9 compiles
   assert len(_traces(tmp_path)) == 2
 
 
@@ -51,16 +61,6 @@ def test_bad_profile_values_are_refused_before_anything_is_written(tmp_path, key
   with pytest.raises(ValueError, match=rf'train\.{key}={value!r}; expected a number of steps'):
     _train(_gpt(steps=2, **{key: value}), tmp_path / 'w')
   assert not os.path.exists(tmp_path / 'w')
-
-
-def test_traced_steps_are_not_throughput_and_a_passed_window_is_not_traced_again(tmp_path):
-  import json  # pylint: disable=g-import-not-at-top
-  _train(_gpt(steps=6, profile_steps=2, profile_start_step=2), tmp_path)   # traces 3..4
-  with open(tmp_path / 'metrics.jsonl') as f:
-    timed = {r['step'] for r in map(json.loads, f) if 'tokens_per_sec' in r}
-  assert timed == {2, 5, 6}, timed  # not 1 (compiling) nor 3..4 (traced)
-  _train(_gpt(steps=8, profile_steps=2, profile_start_step=2), tmp_path)   # resumed at 6
-  assert len(_traces(tmp_path)) == 1
 
 
 def test_a_trace_that_fails_to_start_does_not_stop_the_run(tmp_path, capsys, monkeypatch):

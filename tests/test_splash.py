@@ -26,9 +26,8 @@ DEC_SEG = np.array([[1] * 8 + [2] * 9 + [3] * 3, [1] * 20])     # document 3 has
 
 CASES = {   # (mask, key length)
     'bert_padding': (masks.AttentionMask(q_segment_ids=PADDED), 20),
-    'gpt_causal_packed': (masks.AttentionMask(q_segment_ids=SEG, causal=True), 20),
+    'gpt_and_t5_decoder_causal_packed': (masks.AttentionMask(q_segment_ids=SEG, causal=True), 20),
     't5_encoder': (masks.AttentionMask(q_segment_ids=SEG), 20),
-    't5_decoder': (masks.AttentionMask(q_segment_ids=SEG, causal=True), 20),
     't5_cross': (masks.AttentionMask(q_segment_ids=DEC_SEG, kv_segment_ids=ENC_SEG), 13),
     'prefix_lm': (masks.AttentionMask(q_segment_ids=SEG, causal=True, prefix=PREFIX), 20),
     'one_document_causal': (masks.AttentionMask(causal=True), 20),

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+import commands
 from pretrain_jax.cloud import gcloud, launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TPU_PY = ['-m', 'pretrain_jax.commands.tpu']
 ZONE = 'us-west4-a'
 VM = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot')
 QR = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot', queued=True)
@@ -132,8 +132,7 @@ def short(argv):
 
 
 def tpu_py(args, env, timeout=60):
-  return subprocess.run([sys.executable, *TPU_PY] + args, env=env, capture_output=True, text=True,
-                        timeout=timeout, check=False)
+  return commands.run('tpu', *args, env=env, timeout=timeout)
 
 
 # -- pure builders -----------------------------------------------------------------------------
@@ -369,8 +368,8 @@ def test_watch_gives_up_after_max_retries(fake):
   sleeps = []
   job = make_launcher(fake, sleeps=sleeps, max_retries=2)
   job.create()
-  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj is PREEMPTED again after '
-                     r'2 re-creations \(--max_retries=2\)'):
+  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj is PREEMPTED .*'
+                                                 r'--max_retries=2'):
     job.run(TRAIN_ARGS, watch=True)
   assert [short(c) for c in fake.calls()].count('tpu-vm create') == 3
   assert [s for s in sleeps if s not in (5, 7)] == [30, 60]  # exponential backoff
@@ -384,8 +383,8 @@ def test_cli_watch_gives_up_with_one_line_and_nonzero_exit(fake):
   done = tpu_py(['run', '--watch', '--max_retries', '1'] + flags + ['--'] + TRAIN_ARGS,
                 fake.env)
   assert done.returncode == 1
-  assert done.stderr.strip().splitlines()[-1] == (
-      'error: gave up: slice ptj is PREEMPTED again after 1 re-creations (--max_retries=1)')
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: gave up: slice ptj is PREEMPTED') and '--max_retries=1' in last
   assert 'Traceback' not in done.stderr and done.stdout == ''
 
 
@@ -418,7 +417,7 @@ def test_gcloud_missing_is_one_line_exit_2(tmp_path):
 def test_unknown_tpu_type_lists_the_known_ones(fake):
   done = tpu_py(['create', '--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5e-16'], fake.env)
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
-  assert "error: unknown --tpu_type 'v5e-16' (v5e is spelled v5litepod)" in done.stderr
+  assert "error: unknown --tpu_type 'v5e-16'" in done.stderr and 'v5litepod' in done.stderr
   assert 'v5litepod-{1,4,8,16,32,64,128,256}' in done.stderr and 'v6e-{1,4,8' in done.stderr
   assert fake.calls() == []
 
@@ -470,8 +469,8 @@ def test_worker_commands_parse_and_the_train_command_runs_detached(tmp_path):
 def test_recreation_that_fails_counts_as_a_retry(fake):
   fake.play(exists=True, life=1, launched=True, fail_verb='create')  # preempted, no capacity
   sleeps = []
-  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj is not back \(last error: '
-                     r'`gcloud compute tpus tpu-vm create .*PERMISSION_DENIED'):
+  with pytest.raises(launcher.LaunchError, match=r'gave up: slice ptj .*tpu-vm create '
+                                                 r'.*PERMISSION_DENIED'):
     make_launcher(fake, sleeps=sleeps, max_retries=3).run(TRAIN_ARGS, watch=True)
   assert [short(c) for c in fake.calls()].count('tpu-vm create') == 3
   assert sleeps == [30, 60, 120]
@@ -496,9 +495,8 @@ def test_status_logs_stop_delete(fake):
 
 def test_describe_output_that_is_not_json_is_one_clear_error():
   job = launcher.Launcher(VM, lambda argv, capture: (0, 'Listed 0 items.\n', ''))
-  with pytest.raises(launcher.LaunchError, match=r"^`gcloud compute tpus tpu-vm describe ptj "
-                     r"--zone=us-west4-a --format=json` printed 'Listed 0 items.'; expected a "
-                     r"JSON object$"):
+  with pytest.raises(launcher.LaunchError, match=r"^`gcloud .*describe ptj .* printed 'Listed 0 "
+                                                 r"items.'"):
     job.describe()
 
 
@@ -540,29 +538,27 @@ def test_bad_tpu_flags_are_one_line_before_any_gcloud_command(fake, flag, messag
     (['--config', 'configs/gpt2_smal.py', '--workdir', 'gs://bkt/r'],
      'error: --config configs/gpt2_smal.py: no such file in '),
     (['--config', 'configs/gpt2_small.py', '--workdir', 'runs/local'],
-     'error: --workdir runs/local is not in a Cloud Storage bucket; expected gs://BUCKET/...'),
+     'error: --workdir runs/local is not in a Cloud Storage bucket'),
     (['--config', 'configs/gpt2_small.py', '--workdir', 'gs://'],
      'error: --workdir gs:// is not in a Cloud Storage bucket'),
     # the README's placeholder: "expected gs://BUCKET/...", which it was given
     (['--config', 'configs/gpt2_small.py', '--workdir', 'gs://BUCKET/runs/gpt2'],
-     "error: --workdir gs://BUCKET/runs/gpt2: 'BUCKET' is not a valid Cloud Storage bucket "
-     "name; expected 3-222 lowercase letters"),
+     "error: --workdir gs://BUCKET/runs/gpt2: 'BUCKET' is not a valid"),
     (TRAIN_ARGS + ['--config.model.vocab_sise=50304'],
-     "error: pretrain-jax train refuses these arguments: --config.model.vocab_sise=50304: the config has "
-     "no field 'vocab_sise' (did you mean 'vocab_size'?)"),
+     ('pretrain-jax train refuses', '--config.model.vocab_sise=50304', "'vocab_size'")),
     (TRAIN_ARGS + ['--config.train.steps=abc'],
-     'error: pretrain-jax train refuses these arguments: flag --config.train.steps=abc:'),
+     ('pretrain-jax train refuses', '--config.train.steps=abc:')),
     (TRAIN_ARGS + ['--nosuchflag=1'],
-     "error: pretrain-jax train refuses these arguments: Unknown command line flag 'nosuchflag'"),
+     ('pretrain-jax train refuses', "'nosuchflag'")),
     (TRAIN_ARGS + ['--watch', '--max_retries=2', '--nospot'],
-     "error: --max_retries, --nospot, --watch after -- would go to pretrain-jax train; expected "
-     "tpu's own flags before --"),
+     'error: --max_retries, --nospot, --watch after --'),
     (['--workdir', 'gs://bkt/r'], 'need --config and --workdir'),
 ])
 def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train_args, message):
   done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--'] + train_args, fake.env)
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-  assert message in done.stderr
+  for part in (message,) if isinstance(message, str) else message:
+    assert part in done.stderr, done.stderr
   assert fake.calls() == []                       # refused before any gcloud command
   ok = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--dry_run', '--'] + TRAIN_ARGS
               + ['--config.model.vocab_size=50304'], fake.env)
@@ -583,8 +579,7 @@ def test_run_refuses_a_committed_config_with_uncommitted_edits(tmp_path, monkeyp
   monkeypatch.setattr(launcher, 'REPO_ROOT', str(repo))
   args = ['--config', 'configs/mine.py', '--workdir', 'gs://bkt/r']
   config.write_text(config.read_text() + '\n# edited\n')
-  with pytest.raises(ValueError, match=r'^--config configs/mine.py has uncommitted changes; '
-                                       r'setup ships the committed HEAD'):
+  with pytest.raises(ValueError, match=r'^--config configs/mine.py has uncommitted changes'):
     tpu.check_train_args(args)
   subprocess.run(git + ['commit', '-q', '-am', 'edit'], check=True)
   ran, real_run = [], subprocess.run   # committed as it is: on to train.py's own parsing

@@ -63,8 +63,11 @@ def batches(config, n, fixed=False):
   return [next(data) for _ in range(n)]
 
 
-@pytest.mark.parametrize('family,optimizer', [('gpt', 'adamw'), ('bert', 'adamw'),
-                                              ('t5', 'adafactor')])
+# BERT is slow: in the default set its MLM loss falls in test_pretrained's fill-mask overfit
+# (task.loss_sums under Adam) and test_sharding runs its train step with NSP.
+@pytest.mark.parametrize('family,optimizer', [
+    ('gpt', 'adamw'), pytest.param('bert', 'adamw', marks=pytest.mark.slow),
+    ('t5', 'adafactor')])
 def test_loss_goes_down_on_a_fixed_batch(family, optimizer):
   config = tiny_config(family, optimizer=optimizer)
   if family == 'bert':
@@ -219,8 +222,7 @@ def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, o
                                        f"with '{expected}'"):
     loop.check_objective(model_cfg, objective)
   loop.check_objective(model_cfg, expected)
-  with pytest.raises(ValueError, match=r'^config.data.nsp=True but config.model.nsp=False; '
-                                       'expected both True'):
+  with pytest.raises(ValueError, match=r'^config.data.nsp=True but config.model.nsp=False'):
     loop.check_objective(model_cfg, expected, data_nsp=True)
   with pytest.raises(ValueError, match=f"objective='{objective}'"):
     loop.train_and_evaluate(config, str(tmp_path / 'w'))

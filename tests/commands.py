@@ -1,0 +1,166 @@
+"""Commands run as `python -m pretrain_jax.commands.NAME ARGS` runs them, without paying the
+libraries' import (JAX, Flax, orbax, TensorFlow: seconds of CPU) in every test that runs one.
+
+One server process per pytest worker imports what the commands import, then forks a child per
+command: the child takes the command's working directory, environment, sys.argv and sys.path as
+`python -m` sets them, writes to its own stdout and stderr files, runs the command's module as
+__main__ and exits as the interpreter would (but for its last garbage collection: see _child).
+`run` returns a subprocess.CompletedProcess. A command whose environment changes what loads at
+import (JAX_*, XLA_*, TF_*, malloc settings, PYTHON*) runs in a plain subprocess instead. The
+server has started no JAX backend and no thread of JAX's or TensorFlow's, so its children start
+clean: each command's devices and compiles are its own.
+"""
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Environment variables read when a library loads (or by glibc, or by Python at start): a
+# command given other values than the server's must start a process of its own.
+AT_IMPORT = ('JAX_', 'XLA_', 'TF_', 'TPU_', 'CUDA_', 'PRETRAIN_JAX_MALLOC', 'MALLOC_', 'GLIBC_',
+             'LD_', 'PYTHON', 'OMP_', 'OPENBLAS_', 'MKL_')
+_server = {}
+
+
+def _import_env(env: dict) -> dict:
+  return {k: v for k, v in env.items() if k.startswith(AT_IMPORT)}
+
+
+def _start():
+  proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], cwd=ROOT,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, env=dict(os.environ))
+  ready = _line(proc, 600)
+  assert ready == 'ready', f'the command server did not start ({ready!r})'
+  _server.update(proc=proc, env=_import_env(os.environ))
+  atexit.register(_stop)
+  return proc
+
+
+def _line(proc, timeout):
+  """The server's next line (unbuffered, so that a wait with a timeout sees what is there), or
+  None after `timeout` seconds."""
+  fd, line = proc.stdout.fileno(), b''
+  while not line.endswith(b'\n'):
+    if not select.select([fd], [], [], timeout)[0]:
+      return None
+    byte = os.read(fd, 1)
+    if not byte:
+      raise RuntimeError('the command server stopped')
+    line += byte
+  return line.decode().strip()
+
+
+def _stop():
+  proc = _server.pop('proc', None)
+  if proc is not None:
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def run(command: str, *args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
+  """`python -m <module> *args` in `cwd` with `env` (default: this process's), where the module
+  is pretrain_jax.commands.<command> (or `command` itself if it names a module: 'pretrain_jax'
+  for the dispatcher). Never raises on a non-zero exit; raises subprocess.TimeoutExpired."""
+  module = command if command.startswith('pretrain_jax') else f'pretrain_jax.commands.{command}'
+  env = dict(os.environ if env is None else env)
+  argv = [sys.executable, '-m', module, *map(str, args)]
+  if 'proc' in _server and _server['proc'].poll() is not None:
+    _server.clear()
+  proc = _server.get('proc') or _start()
+  if _import_env(env) != _server['env']:
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+  with tempfile.TemporaryDirectory() as tmp:
+    out, err = os.path.join(tmp, 'out'), os.path.join(tmp, 'err')
+    proc.stdin.write((json.dumps({'module': module, 'args': list(argv[3:]), 'cwd': str(cwd),
+                                  'env': env, 'stdout': out, 'stderr': err}) + '\n').encode())
+    proc.stdin.flush()
+    pid = int(_line(proc, 60))
+    code = _line(proc, timeout)
+    if code is None:
+      os.kill(pid, signal.SIGKILL)    # not reaped yet: the server waits for it
+      _line(proc, 60)
+      raise subprocess.TimeoutExpired(argv, timeout)
+    code = int(code)
+    read = lambda path: open(path, encoding='utf-8', errors='replace').read()
+    return subprocess.CompletedProcess(argv, code, read(out), read(err))
+
+
+def _child(request: dict) -> None:
+  """In the forked child: become `python -m module args`, then exit as the interpreter does
+  (an uncaught exception's traceback and exit 1, SystemExit's code, threads joined, atexit
+  handlers run), but for its last garbage collection and module teardown: with the libraries
+  loaded they cost a second or more. What a process prints only then (an object's __del__
+  failing at exit) is not in the child's stderr: a test of that runs a plain subprocess."""
+  import runpy  # pylint: disable=g-import-not-at-top
+  try:
+    os.chdir(request['cwd'])
+    os.environ.clear()
+    os.environ.update(request['env'])
+    from pretrain_jax.tuning import process  # pylint: disable=g-import-not-at-top
+    process.start()        # what importing pretrain_jax.cli does in a fresh process
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, request['stdout'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, request['stderr'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+      opened = os.open(path, flags)
+      os.dup2(opened, fd)
+      os.close(opened)
+    sys.argv = [request['module'], *request['args']]
+    sys.path[0] = os.getcwd()      # as `python -m` sets it
+  except BaseException:  # pylint: disable=broad-except
+    import traceback  # pylint: disable=g-import-not-at-top
+    traceback.print_exc()
+    os._exit(70)  # pylint: disable=protected-access
+  code = 0
+  try:
+    runpy.run_module(request['module'], run_name='__main__', alter_sys=True)
+  except SystemExit as e:
+    if e.code is None or isinstance(e.code, int):
+      code = e.code or 0
+    else:
+      print(e.code, file=sys.stderr)
+      code = 1
+  except BaseException:  # pylint: disable=broad-except
+    import traceback  # pylint: disable=g-import-not-at-top
+    traceback.print_exc()
+    code = 1
+  import threading  # pylint: disable=g-import-not-at-top
+  threading._shutdown()  # pylint: disable=protected-access
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def serve() -> None:
+  """The server: import what the commands import, then one forked child per request line."""
+  sys.path[0] = ROOT         # not this folder: a command's sys.path[0] is its working directory
+  from pretrain_jax import cli  # pylint: disable=g-import-not-at-top,unused-import
+  import absl.app, absl.flags, ml_collections.config_flags  # pylint: disable=g-import-not-at-top,g-multiple-import,unused-import
+  import jax, flax.linen, optax, orbax.checkpoint  # pylint: disable=g-import-not-at-top,g-multiple-import,unused-import
+  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+  import pretrain_jax.training.loop, pretrain_jax.inference, pretrain_jax.finetune.run  # pylint: disable=g-import-not-at-top,g-multiple-import,unused-import
+  import pretrain_jax.hf  # pylint: disable=g-import-not-at-top,unused-import
+  import gc  # pylint: disable=g-import-not-at-top
+  gc.freeze()                # the children's collections skip what is loaded already
+  print('ready', flush=True)
+  for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+      _child(request)
+    print(pid, flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+
+
+if __name__ == '__main__':
+  serve()
