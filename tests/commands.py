@@ -6,7 +6,7 @@ command: the child takes the command's working directory, environment, sys.argv 
 `python -m` sets them, writes to its own stdout and stderr files, runs the command's module as
 __main__ and exits as the interpreter would (but for its last garbage collection: see _child).
 `run` returns a subprocess.CompletedProcess. A command whose environment changes what loads at
-import (JAX_*, XLA_*, TF_*, malloc settings, PYTHON*) runs in a plain subprocess instead. The
+import (JAX_*, TF_*, malloc settings, PYTHON*) runs in a plain subprocess instead. The
 server has started no JAX backend and no thread of JAX's or TensorFlow's, so its children start
 clean: each command's devices and compiles are its own.
 """
@@ -21,14 +21,18 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Environment variables read when a library loads (or by glibc, or by Python at start): a
-# command given other values than the server's must start a process of its own.
-AT_IMPORT = ('JAX_', 'XLA_', 'TF_', 'TPU_', 'CUDA_', 'PRETRAIN_JAX_MALLOC', 'MALLOC_', 'GLIBC_',
-             'LD_', 'PYTHON', 'OMP_', 'OPENBLAS_', 'MKL_')
+# command given other values than the server's must start a process of its own. (XLA_FLAGS is
+# read when a backend starts, in the child.)
+AT_IMPORT = ('JAX_', 'TF_', 'TPU_', 'CUDA_', 'PRETRAIN_JAX_MALLOC', 'MALLOC_', 'GLIBC_', 'LD_',
+             'PYTHON', 'OMP_', 'OPENBLAS_', 'MKL_')
+# What every command's start sets unless given (tuning/process.start): a test process that has
+# imported pretrain_jax.cli holds them, the server's environment may not.
+PROCESS_DEFAULTS = {'TF_CPP_MIN_LOG_LEVEL': '3', 'TF_ENABLE_ONEDNN_OPTS': '0'}
 _server = {}
 
 
 def _import_env(env: dict) -> dict:
-  return {k: v for k, v in env.items() if k.startswith(AT_IMPORT)}
+  return {k: v for k, v in {**PROCESS_DEFAULTS, **env}.items() if k.startswith(AT_IMPORT)}
 
 
 def _start():

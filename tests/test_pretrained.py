@@ -138,14 +138,16 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
 
 
 @pytest.fixture(scope='module')
-def bert_nsp_workdir(cache, tmp_path_factory):
-  """A small BERT with NSP (configs/tiny_bert.py, _small) trained 3 steps: read it, never write
-  to it."""
-  config = _small(tiny_bert.get_config(), steps=3)
-  config.model.nsp = config.data.nsp = True
-  workdir = str(tmp_path_factory.mktemp('bert') / 'bert_nsp')
-  loop.train_and_evaluate(config, workdir)
-  return workdir
+def bert_nsp_workdir(cache, tmp_path_factory, worker_id):
+  """A small BERT with NSP (configs/tiny_bert.py, _small) trained 3 steps, once per session
+  (tests/conftest.py): read it, never write to it."""
+  from conftest import once_per_session  # pylint: disable=g-import-not-at-top
+
+  def build(path):
+    config = _small(tiny_bert.get_config(), steps=3)
+    config.model.nsp = config.data.nsp = True
+    loop.train_and_evaluate(config, path)
+  return once_per_session(tmp_path_factory, worker_id, 'small_bert_nsp_3_steps', build)
 
 
 def test_fill_mask_recovers_the_word_of_an_overfit_sentence(bert_nsp_workdir):
