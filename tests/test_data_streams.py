@@ -16,21 +16,9 @@ GLOBAL = 8
 
 
 @pytest.fixture(scope='module')
-def tokenizer(tmp_path_factory, worker_id):
-  """The module's tokenizer, in a fresh PRETRAIN_JAX_CACHE that this session's workers share:
-  built once, with the embedded corpus prepared for both splits, then only read."""
-  from conftest import once_per_session  # pylint: disable=g-import-not-at-top
-
-  def build(path):
-    with pytest.MonkeyPatch.context() as patch:
-      patch.setenv('PRETRAIN_JAX_CACHE', path)
-      tok = data.load_tokenizer(DataConfig.from_config(common.data_config('clm', 64)))
-      for split in ('train', 'validation'):
-        next(data.make_dataset(config('clm'), tok, split=split, batch_size=GLOBAL))
-  path = once_per_session(tmp_path_factory, worker_id, 'data_streams_cache', build)
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv('PRETRAIN_JAX_CACHE', path)
-    yield data.load_tokenizer(DataConfig.from_config(common.data_config('clm', 64)))
+def tokenizer(data_cache):  # (the session's data cache: tests/conftest.py)
+  del data_cache
+  return data.load_tokenizer(DataConfig.from_config(common.data_config('clm', 64)))
 
 
 def config(objective, nsp=False, num_streams=4):
