@@ -23,9 +23,6 @@ CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', Fals
          ('prefix_lm', False)]
 
 
-pytestmark = pytest.mark.xdist_group('data_cache')   # the session's data cache (conftest.py)
-
-
 @pytest.fixture(scope='module')
 def tokenizer(data_cache):  # (the session's data cache: tests/conftest.py)
   del data_cache

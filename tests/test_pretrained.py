@@ -18,7 +18,6 @@ from pretrain_jax.objectives import mlm
 from pretrain_jax.training import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.xdist_group('gpt_workdir')   # the session's small GPT (conftest.py)
 
 
 def _small(config, steps=6):

@@ -14,7 +14,6 @@ import filelock
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-pytestmark = pytest.mark.xdist_group('sharding')   # one worker waits for the subprocess
 STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of test_train.tiny_config (lr 1e-2)
 MESHES = {'data': dict(data=8, fsdp=1, tensor=1), 'fsdp': dict(data=1, fsdp=8, tensor=1),
           'tensor': dict(data=2, fsdp=1, tensor=4), 'mixed': dict(data=2, fsdp=2, tensor=2)}

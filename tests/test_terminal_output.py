@@ -25,7 +25,6 @@ def last_line(done) -> dict:
   return json.loads(line)
 
 
-@pytest.mark.xdist_group('gpt_workdir')
 def test_main_job_ends_with_a_compact_line(tmp_path, gpt_workdir):
   """train_tiny's line was 14 KB (every probe's examples). (evaluate's line and summary:
   test_pretrained.test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic.)"""
