@@ -116,7 +116,7 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
 
 
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
-# Slow: in the default set, test_cudnn_runs_as_xla_where_there_is_no_gpu gives 'xla''s values,
+# Slow: in the default set, test_cudnn_runs_as_xla_where_there_is_no_gpu gives the 'xla' values,
 # test_notes_name_each_fallback says the note, and test_benchmark's script runs a cudnn bf16
 # config's train step on this CPU.
 @pytest.mark.slow
