@@ -110,6 +110,28 @@ def gpt_workdir(tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope='module')
+def data_cache(tmp_path_factory, worker_id):
+  """A PRETRAIN_JAX_CACHE that the session's workers share, set for one test module and
+  restored after it; yields its path. Built once per session: the tokenizer of
+  common.data_config('clm', 64) and the embedded corpus prepared for both splits, so no module
+  trains or prepares them again (a module may add data of its own files: another key)."""
+  def build(path):
+    from configs import common  # pylint: disable=g-import-not-at-top
+    from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.data.config import DataConfig  # pylint: disable=g-import-not-at-top
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv('PRETRAIN_JAX_CACHE', path)
+      dc = DataConfig.from_config(common.data_config('clm', 64))
+      tokenizer = data.load_tokenizer(dc)
+      for split in ('train', 'validation'):
+        next(data.make_dataset(dc, tokenizer, split=split, batch_size=8))
+  path = once_per_session(tmp_path_factory, worker_id, 'data_cache', build)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('PRETRAIN_JAX_CACHE', path)
+    yield path
+
+
+@pytest.fixture(scope='module')
 def module_cache(tmp_path_factory):
   """A fresh PRETRAIN_JAX_CACHE (corpora, tokenizers, compilation cache) shared by one test
   module and restored after it; yields its path."""

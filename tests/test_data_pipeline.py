@@ -23,11 +23,9 @@ CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', Fals
          ('prefix_lm', False)]
 
 
-pytestmark = pytest.mark.usefixtures('module_cache')  # a fresh cache for this module
-
-
 @pytest.fixture(scope='module')
-def tokenizer():
+def tokenizer(data_cache):  # (the session's data cache: tests/conftest.py)
+  del data_cache
   return data.load_tokenizer(DataConfig.from_config(common.data_config('clm', 64)))
 
 

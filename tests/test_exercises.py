@@ -3,8 +3,6 @@ summarisation with ROUGE (and beam search), the comparison figure, and their one
 import itertools
 import json
 import os
-import subprocess
-import sys
 import types
 
 import jax
@@ -13,6 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import commands
 import modeling
 from configs import finetune as finetune_config
 from pretrain_jax import paths
@@ -21,7 +20,6 @@ from pretrain_jax.finetune import evaluators, figures, run as run_lib, transfer
 from pretrain_jax.inference import beam, sampling, scoring
 from pretrain_jax.models import build
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class WordTokenizer:
@@ -278,10 +276,7 @@ def tiny_inits(module_cache, tmp_path_factory):
 
 def _cli(*args, cache=None):
   env = dict(os.environ, **({'PRETRAIN_JAX_CACHE': cache} if cache else {}))
-  done = subprocess.run([sys.executable, '-m', 'pretrain_jax', *map(str, args)],
-                        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
-                        check=False)
-  return done
+  return commands.run('pretrain_jax', *args, env=env, timeout=600)
 
 
 STEPS = ['--config.train.steps=2', '--config.train.batch_size=4', '--config.train.warmup_steps=1',

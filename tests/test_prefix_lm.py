@@ -2,19 +2,15 @@
 CLI, and `evaluate` and `generate` work on its workdir as on a GPT's."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import commands
 
 
 def _run(command, *flags):
-  done = subprocess.run([sys.executable, '-m', f'pretrain_jax.commands.{command}', *flags],
-                        capture_output=True, text=True, timeout=900, cwd=ROOT,
-                        env=dict(os.environ), check=False)
+  done = commands.run(command, *flags, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -37,10 +33,8 @@ def test_tiny_prefix_lm_trains_evaluates_and_generates_from_the_cli(module_cache
                 '--max_new_tokens', '4')
   assert out['family'] == 'gpt' and len(out['results']) == 1, out
   # The objective follows the mask: a prefix-LM model refuses next-token (CLM) data.
-  done = subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.train', '--config',
-                         'tiny_prefix_lm', '--workdir', str(tmp_path / 'clm'),
-                         '--config.data.objective=clm'], capture_output=True, text=True,
-                        timeout=600, cwd=ROOT, env=dict(os.environ), check=False)
+  done = commands.run('train', '--config', 'tiny_prefix_lm', '--workdir', tmp_path / 'clm',
+                      '--config.data.objective=clm', timeout=600)
   assert done.returncode != 0
   assert "config.data.objective='clm'" in done.stderr and "'prefix_lm'" in done.stderr
 

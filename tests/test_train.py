@@ -82,6 +82,7 @@ def test_loss_goes_down_on_a_fixed_batch(family, optimizer):
   assert int(state.step) == 12
 
 
+@pytest.mark.slow   # default set: test_sharding's gpt/mixed/micro2 (2 microbatches vs one batch)
 def test_microbatches_match_one_big_batch():
   big, micro = tiny_config('gpt'), tiny_config('gpt', microbatches=4)
   state_a, step_a, _ = setup(big)
