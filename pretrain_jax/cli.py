@@ -28,6 +28,8 @@ CONFIG_KINDS = {   # a config file's kind: (the keys that mark it, the commands 
 }
 _CONFIG_TRACEBACK = 'Error whilst parsing config file:'   # ml_collections: get_config raised
 _JOINED = []   # non-empty once join_processes succeeded: this process is one of several
+_ANNOUNCE = []   # share_stops's announce(line): tells the other processes this one stops
+_STOPPING = threading.Lock()   # held by whichever of an error and a peer's notice stops first
 _PEER_GONE = ('Connection reset by peer', 'Connection closed by peer',   # gloo's (CPU) texts:
               'Gloo context initialization failed')  # a peer gone before the first collective
 
@@ -218,6 +220,27 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
   _JOINED.append(True)
 
 
+def share_stops(announce, watch) -> None:
+  """In a multi-process run: `announce(line)` leaves this process's error line for the others
+  before it exits, and `watch(fn)` has another process's line end this one's wait (fn prints
+  it and exits 2): a peer refusing its flags stops the run at once, not after gloo's timeout."""
+  _ANNOUNCE[:] = [announce]
+  watch(_peer_stopped)
+
+
+def _gone(reason: str) -> str:
+  return ('error: another process of this multi-process run stopped or was killed '
+          f'({" ".join(reason.split())[:300]}); see its log, then rerun the same command '
+          'on every host: it resumes from the newest complete checkpoint')
+
+
+def _peer_stopped(notice: str) -> None:
+  """From the watching thread: the main thread waits in a collective that cannot be left."""
+  if _STOPPING.acquire(blocking=False):   # else this process is stopping with its own error
+    print(_gone(notice), file=sys.stderr, flush=True)
+    _exit(2)
+
+
 def _exit(code: int) -> None:
   """sys.exit; once several processes joined, os._exit: JAX's exit handler would wait minutes
   for every process, so one host's error would hold the slice (the others' collectives fail)."""
@@ -251,12 +274,12 @@ def call(fn, *args, verbose: bool = False):
         raise
       traceback.print_exc()
       _exit(1)
-    line = one_line(e)
-    if gone:
-      line = ('error: another process of this multi-process run stopped or was killed '
-              f'({" ".join(str(e).split())[:300]}); see its log, then rerun the same command '
-              'on every host: it resumes from the newest complete checkpoint')
+    line = _gone(str(e)) if gone else one_line(e)
+    if _JOINED:   # a peer's notice being printed exits this process first
+      _STOPPING.acquire()
     print(line, file=sys.stderr, flush=True)
+    if _ANNOUNCE and not gone:
+      _ANNOUNCE[0](line)
     _exit(2)
 
 

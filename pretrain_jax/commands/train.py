@@ -78,7 +78,9 @@ def _run(argv):
   from pretrain_jax.hf import tokenizers as hf_tokenizers
   from pretrain_jax.hf import workdir as hf_workdir
   from pretrain_jax.models import ModelConfig
-  from pretrain_jax.training import loop, synthetic
+  from pretrain_jax.training import agreement, loop, synthetic
+  if _MULTIHOST.value:   # a process's error reaches the others waiting in a collective at once
+    cli.share_stops(agreement.announce_stop, agreement.watch_peers)
   config = cli.config_of(_CONFIG, 'pre-training')
   if jax.process_index() == 0:
     for problem in hf_config.export_problems(ModelConfig.from_config(config.model)):

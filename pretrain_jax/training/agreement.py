@@ -3,28 +3,84 @@
 `all_processes`, `gather_json` and `barrier` block: decisions taken once (the lock, a restore, a
 save's outcome). `Lagged` answers the per-step questions (a stop request, a background save's
 outcome) from an all-gather dispatched LAG steps before, so no host waits for its step to end.
+A process that stops on an error leaves a notice (`announce_stop`); one blocked in a blocking
+agreement reads it at once (`watch_peers`) instead of waiting out gloo's timeout for the peer.
 """
 import collections
+import contextlib
 import functools
 import json
+import threading
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax._src import distributed
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+_NOTICES = 'pretrain_jax/stopped/'   # jax.distributed's key-value directory of stop notices
+_ON_PEER_STOP = []   # fn(notice) the command registered (it exits: a collective cannot be left)
+
+
+def announce_stop(line: str) -> None:
+  """Leaves `line` for the other processes (this one exits next), as `process I: line`. A peer
+  gone before the run's first collective is otherwise noticed only at gloo's 30 s timeout."""
+  client = distributed.global_state.client
+  if client is None:
+    return
+  try:
+    client.key_value_set(f'{_NOTICES}{jax.process_index()}',
+                         f'process {jax.process_index()}: {line}')
+  except Exception:  # pylint: disable=broad-except  (the coordinator gone: gloo's error says so)
+    pass
+
+
+def watch_peers(on_stop) -> None:
+  """While a blocking agreement waits, another process's stop notice calls `on_stop(notice)`
+  from a thread."""
+  _ON_PEER_STOP[:] = [on_stop]
+
+
+@contextlib.contextmanager
+def _watched():
+  """Polls the stop notices while the caller blocks in a collective. Only then: a process that
+  stops on its own after an agreed decision prints its own error, not its peer's."""
+  if not _ON_PEER_STOP or distributed.global_state.client is None:
+    yield
+    return
+  done, me = threading.Event(), f'{_NOTICES}{jax.process_index()}'
+
+  def poll():
+    client = distributed.global_state.client
+    while not done.wait(0.2):
+      try:
+        notices = [v for k, v in sorted(client.key_value_dir_get(_NOTICES)) if k != me]
+      except Exception:  # pylint: disable=broad-except  (the collective reports the peer gone)
+        return
+      if notices and not done.is_set():
+        _ON_PEER_STOP[0](notices[0])
+        return
+
+  threading.Thread(target=poll, name='peer_stop_watch', daemon=True).start()
+  try:
+    yield
+  finally:
+    done.set()
 
 
 def all_processes(flag: bool) -> bool:
   """`flag` ANDed over all processes."""
   if jax.process_count() == 1:
     return bool(flag)
-  return bool(np.all(multihost_utils.process_allgather(np.asarray(flag, bool))))
+  with _watched():
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(flag, bool))))
 
 
 def barrier(name: str) -> None:
   """Waits until every process reaches the barrier `name` (nothing on one process)."""
   if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+    with _watched():
+      multihost_utils.sync_global_devices(name)
 
 
 def gather_json(obj) -> list:
@@ -32,10 +88,11 @@ def gather_json(obj) -> list:
   if jax.process_count() == 1:
     return [obj]
   data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-  sizes = multihost_utils.process_allgather(np.asarray([data.size], np.int32)).reshape(-1)
-  padded = np.zeros(int(np.max(sizes)), np.uint8)
-  padded[:data.size] = data
-  everyone = multihost_utils.process_allgather(padded)
+  with _watched():
+    sizes = multihost_utils.process_allgather(np.asarray([data.size], np.int32)).reshape(-1)
+    padded = np.zeros(int(np.max(sizes)), np.uint8)
+    padded[:data.size] = data
+    everyone = multihost_utils.process_allgather(padded)
   return [json.loads(bytes(row[:int(n)]).decode()) for row, n in zip(everyone, sizes)]
 
 
