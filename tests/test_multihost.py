@@ -224,13 +224,17 @@ def test_processes_given_different_configs_are_refused_on_a_fresh_workdir(tmp_pa
 
 def test_one_process_refusing_stops_the_other_at_once_with_one_line(tmp_path):
   """Process 1 refuses its flags and exits; process 0, in a collective with it, said nothing
-  for 5 minutes, then aborted with a C++ stack (and process 1 hung in JAX's exit barrier)."""
+  for 5 minutes, then aborted with a C++ stack (and process 1 hung in JAX's exit barrier);
+  later it said so only after gloo's 30 s wait for the gone peer."""
   (code0, err0), (code1, err1) = _two_processes_failing(
       str(tmp_path / 'run'), ['--config.train.eval_batches=-1'])
   assert code1 == 2 and err1.strip().splitlines()[-1].startswith(
       'error: train.eval_batches=-1; expected >= 0'), err1[-3000:]
   assert code0 == 2 and err0.strip().splitlines()[-1].startswith(
       'error: another process of this multi-process run stopped or was killed ('), err0[-3000:]
+  # Process 0 waits in its first agreement; it reads process 1's line from the coordinator
+  # instead of waiting out gloo's key-value timeout for the missing peer.
+  assert '(process 1: error: train.eval_batches=-1; expected >= 0' in err0, err0[-3000:]
   assert 'Check failure' not in err0 + err1
 
 

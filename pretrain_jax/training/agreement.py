@@ -3,8 +3,10 @@
 `all_processes`, `gather_json` and `barrier` block: decisions taken once (the lock, a restore, a
 save's outcome). `Lagged` answers the per-step questions (a stop request, a background save's
 outcome) from an all-gather dispatched LAG steps before, so no host waits for its step to end.
-A process that stops on an error leaves a notice (`announce_stop`); one blocked in a blocking
-agreement reads it at once (`watch_peers`) instead of waiting out gloo's timeout for the peer.
+A process that stops on an error before the run's first agreement leaves a notice
+(`announce_stop`); a peer blocked in that agreement reads it at once (`watch_peers`) instead of
+waiting out gloo's 30 s key-value timeout for the missing process. After it, gloo's connections
+are up and a gone peer fails the next collective at once, so nothing is left or read.
 """
 import collections
 import contextlib
@@ -20,13 +22,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 _NOTICES = 'pretrain_jax/stopped/'   # jax.distributed's key-value directory of stop notices
 _ON_PEER_STOP = []   # fn(notice) the command registered (it exits: a collective cannot be left)
+_AGREED = []   # non-empty once this process completed a blocking agreement
 
 
 def announce_stop(line: str) -> None:
-  """Leaves `line` for the other processes (this one exits next), as `process I: line`. A peer
-  gone before the run's first collective is otherwise noticed only at gloo's 30 s timeout."""
+  """Leaves `line` for the other processes (this one exits next), as `process I: line`, if
+  this process has not completed an agreement yet (after one, the RPC to a coordinator that may
+  be exiting too would only risk JAX's abort on a lost coordinator)."""
   client = distributed.global_state.client
-  if client is None:
+  if client is None or _AGREED:
     return
   try:
     client.key_value_set(f'{_NOTICES}{jax.process_index()}',
@@ -43,10 +47,12 @@ def watch_peers(on_stop) -> None:
 
 @contextlib.contextmanager
 def _watched():
-  """Polls the stop notices while the caller blocks in a collective. Only then: a process that
-  stops on its own after an agreed decision prints its own error, not its peer's."""
-  if not _ON_PEER_STOP or distributed.global_state.client is None:
+  """Polls the stop notices while the caller blocks in the run's first agreement (the only one
+  a peer's notice can precede). Only then: a process that stops on its own after an agreed
+  decision prints its own error, not its peer's."""
+  if _AGREED or not _ON_PEER_STOP or distributed.global_state.client is None:
     yield
+    _AGREED[:] = [True]
     return
   done, me = threading.Event(), f'{_NOTICES}{jax.process_index()}'
 
@@ -66,6 +72,7 @@ def _watched():
     yield
   finally:
     done.set()
+  _AGREED[:] = [True]
 
 
 def all_processes(flag: bool) -> bool:
