@@ -5,8 +5,8 @@ save's outcome). `Lagged` answers the per-step questions (a stop request, a back
 outcome) from an all-gather dispatched LAG steps before, so no host waits for its step to end.
 A process that stops on an error before the run's first agreement leaves a notice
 (`announce_stop`); a peer blocked in that agreement reads it at once (`watch_peers`) instead of
-waiting out gloo's 30 s key-value timeout for the missing process. After it, gloo's connections
-are up and a gone peer fails the next collective at once, so nothing is left or read.
+waiting out gloo's key-value timeout (its context's set-up) for the missing process. After it,
+gloo's connections are up and a gone peer fails the next collective at once: nothing is sent.
 """
 import collections
 import contextlib
