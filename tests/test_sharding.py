@@ -5,7 +5,7 @@ run as a script) and the tests below assert on the JSON it prints. What is check
 partitioned program (both sides compile alike), and its compiles are most of the subprocess's
 time, so its XLA:CPU code is built the cheapest way: LLVM -O0 (the train state's init too, which
 run_once otherwise builds at level 1: tests/test_state_init.py checks that level's bits) and
-the classic elemental emitters instead of the MLIR fusion emitters (half the compile time).
+the classic elemental emitters, which compile faster than the MLIR fusion emitters.
 """
 import json
 import os
