@@ -39,7 +39,8 @@ def test_script_prints_json_last_line():
        '--config.train.batch_size=2', '--config.data.seq_len=16',
        # a GPU config on this CPU: was a 70-line 'cuDNN is not detected'; runs as 'xla'
        '--config.model.attention_impl=cudnn', '--config.model.dtype=bfloat16',
-       '--config.model.attention_dropout_rate=0', timeout=300)
+       '--config.model.attention_dropout_rate=0', timeout=300,
+      env=dict(os.environ, XLA_FLAGS=commands.FAST_COMPILE_XLA_FLAGS))   # checks no speed
   assert out.returncode == 0, out.stderr[-3000:]
   record = json.loads(out.stdout.strip().splitlines()[-1])
   for key in KEYS:

@@ -1,6 +1,7 @@
 """The benchmark suite (pretrain-jax benchmark --suite): the GPU suite's code at tiny shapes on
 CPU, its variants, its records and its errors (no timing assertions: see DESIGN.md)."""
 import json
+import os
 
 import pytest
 
@@ -18,7 +19,9 @@ KEYS = ('model', 'variant', 'family', 'params', 'batch_size', 'seq_len', 'tokens
 
 
 def _benchmark(*args):
-  return commands.run('benchmark', *args, timeout=600)
+  # the cheapest XLA:CPU build: these tests check the records and processes, not the speed
+  env = dict(os.environ, XLA_FLAGS=commands.FAST_COMPILE_XLA_FLAGS)
+  return commands.run('benchmark', *args, env=env, timeout=600)
 
 
 def _records(out):
@@ -52,8 +55,10 @@ def test_cpu_smoke_suite_writes_one_line_per_model_and_a_table():
     assert record['device'] == 'cpu' and record['mfu_datasheet'] is None
     assert record['seq_len'] == 64 and record['dtype'] == 'bfloat16'
     assert record['attention_impl'] == 'xla'        # the configs' cudnn, run as xla off GPUs
-    # the GPU configs' flags were set before JAX started (the command line set none)
-    assert record['xla_flags'] == configs.bench_common.GPU_XLA_FLAGS
+    # the GPU configs' flags were set before JAX started, then the environment's (the command
+    # line set none)
+    assert record['xla_flags'] == (configs.bench_common.GPU_XLA_FLAGS + ' '
+                                   + commands.FAST_COMPILE_XLA_FLAGS)
   assert records[2]['target_len'] == span_corruption.target_length(64)[1]
   table = out.stderr.strip().splitlines()[-4:]
   assert table[0].split()[:3] == ['model', 'variant', 'tokens/s']
@@ -81,9 +86,10 @@ def test_variants_run_beside_the_baseline_and_in_their_own_process():
       'loss']
   assert records['no_command_buffers']['loss'] == records['baseline']['loss']
   assert records['chunked_ce']['loss'] == pytest.approx(records['baseline']['loss'], rel=1e-2)
+  suite_flags = configs.bench_common.GPU_XLA_FLAGS + ' ' + commands.FAST_COMPILE_XLA_FLAGS
   assert records['no_command_buffers']['xla_flags'] == (
-      configs.bench_common.GPU_XLA_FLAGS + ' --xla_gpu_enable_command_buffer=')
-  assert records['baseline']['xla_flags'] == configs.bench_common.GPU_XLA_FLAGS
+      suite_flags + ' --xla_gpu_enable_command_buffer=')
+  assert records['baseline']['xla_flags'] == suite_flags
 
 
 @pytest.mark.parametrize('args, named', [

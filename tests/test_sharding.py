@@ -3,9 +3,9 @@
 XLA_FLAGS must be set before jax is imported, so the checks run in one subprocess (this file,
 run as a script) and the tests below assert on the JSON it prints. What is checked is the
 partitioned program (both sides compile alike), and its compiles are most of the subprocess's
-time, so its XLA:CPU code is built the cheapest way: LLVM -O0 (the train state's init too, which
-run_once otherwise builds at level 1: tests/test_state_init.py checks that level's bits) and
-the classic elemental emitters, which compile faster than the MLIR fusion emitters.
+time, so its XLA:CPU code is built the cheapest way (commands.FAST_COMPILE_XLA_FLAGS), the
+train state's init too (run_once would build it at LLVM level 1: tests/test_state_init.py
+checks that level's bits).
 """
 import json
 import os
@@ -14,6 +14,8 @@ import sys
 
 import filelock
 import pytest
+
+import commands
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of test_train.tiny_config (lr 1e-2)
@@ -31,8 +33,7 @@ def report(tmp_path_factory, worker_id):
   with filelock.FileLock(f'{path}.lock'):
     if not path.exists():
       env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8 '
-                                       '--xla_backend_optimization_level=0 '
-                                       '--xla_cpu_use_fusion_emitters=false',
+                                       + commands.FAST_COMPILE_XLA_FLAGS,
                  PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
       proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True,
                             text=True, timeout=600)
