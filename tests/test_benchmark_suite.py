@@ -173,11 +173,13 @@ def test_an_unknown_feed_is_refused():
 
 
 def test_profile_dir_traces_each_benchmark(tmp_path):
-  config = configs.bench_common.smoke(bench_gpu_t5.get_config())
-  [record] = suite.run([('t5', config)], ['baseline'], steps=1, warmup=0, peak_flops=1e9,
-                       profile_dir=str(tmp_path))
-  assert 'error' not in record and record['profile'] == str(tmp_path / 't5-baseline')
-  traces = [p.name for p in (tmp_path / 't5-baseline').rglob('*') if p.is_file()]
+  # the suite's T5 step (test_benchmark's harness test compiles it too)
+  out = _benchmark('--suite', 'cpu_smoke', '--models', 'bench_gpu_t5', '--steps', '1',
+                   '--warmup', '0', '--peak_flops', '1e9', '--profile_dir', tmp_path)
+  assert out.returncode == 0, out.stderr
+  [record] = _records(out)
+  assert 'error' not in record and record['profile'] == str(tmp_path / 'bench_gpu_t5-baseline')
+  traces = [p.name for p in (tmp_path / 'bench_gpu_t5-baseline').rglob('*') if p.is_file()]
   assert any(n.endswith('.xplane.pb') for n in traces), traces
   assert 'perfetto_trace.json.gz' in traces
 
