@@ -28,6 +28,14 @@ AT_IMPORT = ('JAX_', 'TF_', 'TPU_', 'CUDA_', 'PRETRAIN_JAX_MALLOC', 'MALLOC_', '
 # What every command's start sets unless given (tuning/process.start): a test process that has
 # imported pretrain_jax.cli holds them, the server's environment may not.
 PROCESS_DEFAULTS = {'TF_CPP_MIN_LOG_LEVEL': '3', 'TF_ENABLE_ONEDNN_OPTS': '0'}
+# XLA:CPU's cheapest build of a program (LLVM -O0, the classic elemental emitters, which
+# compile faster than the MLIR fusion emitters, and one LLVM module per program, as splitting
+# it for parallel codegen costs more CPU than it saves on the tests' small programs): for a
+# process whose test checks what it prints or partitions, not how fast its code runs.
+# XLA_FLAGS is read when a backend starts, so a command given them still runs in the fork
+# server.
+FAST_COMPILE_XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false '
+                          '--xla_cpu_parallel_codegen_split_count=1')
 _server = {}
 
 

@@ -2,6 +2,7 @@
 import json
 import os
 
+from flax import traverse_util
 import numpy as np
 import pytest
 
@@ -15,10 +16,23 @@ KEYS = ('family', 'params', 'step_s', 'tokens_per_s', 'model_flops_per_step', 'p
         'mfu', 'compile_s')
 
 
+def smoke_flags(module) -> list:
+  """--config.KEY=VALUE for each field that bench_common.smoke changes in `module`'s config."""
+  full = traverse_util.flatten_dict(module.get_config().to_dict(), sep='.')
+  smoke = traverse_util.flatten_dict(bench_common.smoke(module.get_config()).to_dict(), sep='.')
+  return [f'--config.{key}={value}' for key, value in smoke.items() if full.get(key) != value]
+
+
 def test_harness_record_is_consistent():
-  # the suite's T5 at tiny shapes: test_benchmark_suite's profile test compiles the same step
-  record = benchmark.benchmark_train_step(bench_common.smoke(bench_gpu_t5.get_config()),
-                                          steps=2, warmup=1, peak_flops=1e9)
+  # the suite's T5 at tiny shapes, as `benchmark --config` prints benchmark_train_step's record
+  # (the step test_benchmark_suite's suite and profile tests compile: one compile per session)
+  out = commands.run('benchmark', '--config', os.path.join(ROOT, 'configs', 'bench_gpu_t5.py'),
+                     *smoke_flags(bench_gpu_t5), '--steps', '2', '--warmup', '1',
+                     '--peak_flops', '1e9', timeout=300,
+                     env=dict(os.environ, XLA_FLAGS=commands.FAST_COMPILE_XLA_FLAGS))
+  assert out.returncode == 0, out.stderr[-3000:]
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  assert (record['seq_len'], record['batch_size'], record['steps']) == (64, 2, 2)
   for key in KEYS:
     assert key in record, key
   assert record['family'] == 't5' and record['peak_flops'] == 1e9
@@ -39,7 +53,8 @@ def test_script_prints_json_last_line():
        '--config.train.batch_size=2', '--config.data.seq_len=16',
        # a GPU config on this CPU: was a 70-line 'cuDNN is not detected'; runs as 'xla'
        '--config.model.attention_impl=cudnn', '--config.model.dtype=bfloat16',
-       '--config.model.attention_dropout_rate=0', timeout=300)
+       '--config.model.attention_dropout_rate=0', timeout=300,
+      env=dict(os.environ, XLA_FLAGS=commands.FAST_COMPILE_XLA_FLAGS))   # checks no speed
   assert out.returncode == 0, out.stderr[-3000:]
   record = json.loads(out.stdout.strip().splitlines()[-1])
   for key in KEYS:

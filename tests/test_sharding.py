@@ -1,9 +1,11 @@
 """Meshes on 8 simulated CPU devices give the single-device results (fp32, 3 steps).
 
 XLA_FLAGS must be set before jax is imported, so the checks run in one subprocess (this file,
-run as a script) and the tests below assert on the JSON it prints. Its XLA:CPU code is built at
-LLVM -O0: what is checked is the partitioned program (both sides compile alike), and its
-compiles are most of the subprocess's time.
+run as a script) and the tests below assert on the JSON it prints. What is checked is the
+partitioned program (both sides compile alike), and its compiles are most of the subprocess's
+time, so its XLA:CPU code is built the cheapest way (commands.FAST_COMPILE_XLA_FLAGS), the
+train state's init too (run_once would build it at LLVM level 1: tests/test_state_init.py
+checks that level's bits).
 """
 import json
 import os
@@ -12,6 +14,8 @@ import sys
 
 import filelock
 import pytest
+
+import commands
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of test_train.tiny_config (lr 1e-2)
@@ -29,7 +33,7 @@ def report(tmp_path_factory, worker_id):
   with filelock.FileLock(f'{path}.lock'):
     if not path.exists():
       env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8 '
-                                       '--xla_backend_optimization_level=0',
+                                       + commands.FAST_COMPILE_XLA_FLAGS,
                  PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
       proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True,
                             text=True, timeout=600)
@@ -81,7 +85,9 @@ def test_bad_configs_fail_before_compiling(report, key, expected):
 
 def _worker():
   """Runs in the 8-device subprocess; prints one JSON line."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
   import jax
   import ml_collections
   import numpy as np
@@ -89,8 +95,12 @@ def _worker():
   from pretrain_jax.training import checkpoint, mesh as mesh_lib, state as state_lib
   from pretrain_jax.training import optimizer as opt_lib
   from pretrain_jax.training.config import MeshConfig, TrainConfig
+  from pretrain_jax.tuning import backends
   from test_train import batches, setup, tiny_config
   assert jax.device_count() == 8, jax.devices()
+  # run_once's inits at XLA_FLAGS' -O0 too (its compiler options would say level 1)
+  init_tuning = dataclasses.replace(backends.CPU, init_compiler_options=None)
+  state_lib.backends = types.SimpleNamespace(for_platform=lambda platform: init_tuning)
 
   def run(family, mesh, microbatches=1, **train):
     config = tiny_config(family, microbatches=microbatches, **train,
