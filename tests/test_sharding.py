@@ -54,9 +54,11 @@ def test_mesh_matches_one_device(report, case):
   # (~1e-7, where a sharded sum and a single-device sum round differently) can move by up to
   # 2 * lr per step on one side and not the other. Sound per-element bound: 2 * steps * peak lr
   # (0.06; seen: 1.07e-5 for gpt/tensor on an AVX2 EPYC). A real sharding error moves many
-  # elements, so the share of elements off by more than 1e-5 must stay at rounding level.
+  # elements (a shard of a tensor: hundreds here), so the share of elements off by more than
+  # 1e-5 must stay at rounding level: a handful, whose count depends on the CPU and the code
+  # XLA emits for it.
   assert got['max_param_diff'] <= 2 * STEPS * PEAK_LR
-  assert got['params_off'] <= 1e-4 * got['params_total'], got
+  assert got['params_off'] <= 1e-3 * got['params_total'], got
 
 
 def test_state_is_created_sharded(report):
