@@ -37,7 +37,10 @@ def _sane(record):
     assert key in record, key
   assert 'error' not in record
   assert record['tokens_per_s'] > 0 and record['step_ms'] > 0
-  assert 0 < record['mfu'] <= 1
+  # Against the matmul probe timed beside each step (not a datasheet peak), a shared machine's
+  # load can land on the probe more than on the step and lift a ratio past 1; a unit slip (ms
+  # for s, TFLOP/s for FLOP/s) is off by 1000x.
+  assert 0 < record['mfu'] < 5
   assert record['mfu_datasheet'] is None or 0 < record['mfu_datasheet'] <= 1
   tokens = record['batch_size'] * (record['seq_len'] + record.get('target_len', 0))
   assert record['tokens_per_s'] == pytest.approx(tokens / record['step_ms'] * 1e3, rel=2e-3)
