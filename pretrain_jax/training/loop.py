@@ -189,14 +189,14 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     if state is not None:
       train_iter.set_state(data_state)
       notes = [f'restored step {int(state.step)} from {where}']
+    elif ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():  # an import: its weights, and
+      state = steps.state_from(checkpointer.restore_params(     # this run's optimizer state
+          steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
+      notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
+               'state']
     else:
       state, notes = steps.create_state(t.seed), []
-      if ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():   # an import: its weights, and
-        state = state.replace(params=checkpointer.restore_params(  # this run's optimizer state
-            steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
-        notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
-                 'state']
-      elif init_params is not None:
+      if init_params is not None:
         state = state.replace(params=jax.device_put(init_params(state.params),
                                                     steps.state_shardings.params))
     workdir_lib.write_config(config, workdir, tokenizer_path, newest,
