@@ -173,6 +173,9 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
                              untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
     train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
+    for it in (train_iter, eval_iter):   # a prefetch thread ends with its run, not the process
+      if callable(getattr(it, 'close', None)):
+        cleanup.callback(it.close)
     tokenizer_path = opened or tokenizer_path
     eval_start = eval_iter.get_state() if eval_iter is not None else None
     previous = workdir_lib.read_config(workdir) if newest is not None else None
