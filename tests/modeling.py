@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 
 from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.training import state
 
 VOCAB = 97
 
@@ -23,8 +24,12 @@ def tiny(family: str, **kw) -> ModelConfig:
 
 
 def init(cfg: ModelConfig, length: int = 8, seed: int = 0):
+  """The model's parameters, initialised as the train state's are: one jitted program
+  (training.state.run_once; eagerly, the init ran its forward pass an op at a time)."""
   args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(length))
-  return nn.unbox(build(cfg).init(jax.random.key(seed), *args, **kwargs)['params'])
+  return state.run_once(
+      lambda key: nn.unbox(build(cfg).init(key, *args, **kwargs)['params']),
+      jax.random.key(seed))
 
 
 def tokens(shape, seed=1):

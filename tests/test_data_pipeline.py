@@ -166,6 +166,34 @@ def test_host_shares_and_global_batch(tokenizer):
     data.host_batch_size(10, 4)
 
 
+def test_a_stream_reads_every_epoch_whole_and_in_order_across_its_chained_pipelines(tokenizer):
+  """A small share's epochs are chained 1, 2, 4, ... to a pipeline (data/documents.py): however
+  they are grouped, epoch e is text_dataset(epoch=e) in order, and a start at (epoch, doc)
+  continues that sequence."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import itertools  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import documents, sources  # pylint: disable=g-import-not-at-top
+  dc = config('clm')
+  source = sources.open_source(dc)
+  kw = dict(process_index=1, process_count=2, seed=3, shuffle_buffer=dc.shuffle_buffer)
+  stream = documents.DocumentStream(source, 'validation', tokenizer, num_parallel_calls=1,
+                                    repeat=True, stats=collections.Counter(), **kw)
+  assert stream.chain >= 8
+  expected = []
+  for epoch in range(8):   # pipelines of epochs [0], [1, 2], [3, 4, 5, 6], [7, ...]
+    texts = list(sources.text_dataset(source, 'validation', epoch=epoch,
+                                      **kw).as_numpy_iterator())
+    expected += [(epoch, doc, stream.encode([t])[0]) for doc, t in enumerate(texts)]
+  assert len(expected) >= 16 and expected[1][2].size > 0
+  got = list(itertools.islice(stream.documents(), len(expected)))
+  assert [(e, d) for e, d, _ in got] == [(e, d) for e, d, _ in expected]
+  assert all(np.array_equal(g, x) for (_, _, g), (_, _, x) in zip(got, expected))
+  at = [(e, d) for e, d, _ in expected].index((2, 1))
+  resumed = list(itertools.islice(stream.documents(2, 1), len(expected) - at))
+  assert [(e, d) for e, d, _ in resumed] == [(e, d) for e, d, _ in expected[at:]]
+  assert all(np.array_equal(g, x) for (_, _, g), (_, _, x) in zip(resumed, expected[at:]))
+
+
 def test_one_epoch_ends(tokenizer):
   it = data.make_dataset(config('clm'), tokenizer, split='validation', batch_size=4,
                          repeat=False)

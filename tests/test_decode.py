@@ -14,10 +14,13 @@ from pretrain_jax.models import build
 
 
 def _cache(cfg, batch, max_len, encoder_len=None):
+  """The decoding config and its empty cache. The init is jitted and returns the cache alone,
+  so XLA drops the parameters' initialisation (a compile per parameter, or eagerly an op at a
+  time) that the cache does not read."""
   dcfg = cfg.replace(decode=True)
   dummy = jnp.ones((batch, max_len), jnp.int32)
   args = (jnp.ones((batch, encoder_len), jnp.int32), dummy) if cfg.family == 't5' else (dummy,)
-  return dcfg, build(dcfg).init(jax.random.key(0), *args)['cache']
+  return dcfg, jax.jit(lambda *a: build(dcfg).init(jax.random.key(0), *a)['cache'])(*args)
 
 
 @pytest.mark.parametrize('scan', [False, True])

@@ -59,8 +59,15 @@ def test_train_step_dropout_prng_impl(tuning):
   state = state_lib.TrainState(step=np.int32(3), params=params, opt_state=tx.init(params))
   ids = np.random.default_rng(0).integers(0, 7, (4, 7)).astype(np.int32)
   batch = {'inputs': ids[:, :-1], 'targets': ids[:, 1:], 'loss_weights': np.ones((4, 6))}
-  loss = lambda impl: float(jax.jit(step_lib.make_train_step(
-      build(cfg), tx, lambda s: 0.1, seed=0, prng_impl=impl))(state, batch)[1]['loss'])
+
+  def loss(impl):
+    step = jax.jit(step_lib.make_train_step(build(cfg), tx, lambda s: 0.1, seed=0,
+                                            prng_impl=impl))
+    # LLVM level 0 compiles faster; what is compared is which masks a key draws, the same
+    # at any level (every step here is compiled alike)
+    step = step.lower(state, batch).compile({'xla_backend_optimization_level': 0})
+    return float(step(state, batch)[1]['loss'])
+
   assert loss('philox4x32') == loss('philox4x32')
   assert loss(None) == loss('threefry2x32')   # JAX's default
   assert loss('philox4x32') != loss('threefry2x32')

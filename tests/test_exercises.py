@@ -19,6 +19,7 @@ from pretrain_jax.data import prompts, tasks
 from pretrain_jax.finetune import evaluators, figures, run as run_lib, transfer
 from pretrain_jax.inference import beam, sampling, scoring
 from pretrain_jax.models import build
+from pretrain_jax.training import state
 
 
 
@@ -151,8 +152,10 @@ def test_beam_of_one_is_greedy_and_a_wide_beam_finds_the_likeliest_sequence():
   rng = np.random.default_rng(0)
   inputs = jnp.asarray(rng.integers(2, 8, (8, 5)), jnp.int32)
   seg = jnp.ones_like(inputs)
-  params = build(cfg).init(jax.random.key(1), inputs, jnp.ones((8, 3), jnp.int32),
-                           encoder_segment_ids=seg)['params']
+  # one jitted program (eagerly, the init runs an op at a time)
+  params = state.run_once(lambda key: build(cfg).init(key, inputs, jnp.ones((8, 3), jnp.int32),
+                                                      encoder_segment_ids=seg)['params'],
+                          jax.random.key(1))
   kw = dict(max_new_tokens=3, eos_id=1, pad_id=0)
   greedy = sampling.t5_generate(params, cfg, inputs, seg, jax.random.key(0), **kw)
   one, _ = beam.t5_beam_search(params, cfg, inputs, seg, beam_size=1, **kw)

@@ -77,7 +77,9 @@ class DocumentStream:
   A small share (the embedded corpus, a validation split) is read as several epochs chained in
   ONE tf.data pipeline, so TensorFlow prefetches across epoch boundaries instead of the stream
   stalling on every epoch's start-up (file open, shuffle-buffer fill); each epoch keeps its
-  own seeds, so the documents are the same either way.
+  own seeds, so the documents are the same either way. The chains grow from one epoch (1, 2,
+  4, ... up to `chain`): building an epoch's datasets costs milliseconds, and a read that ends
+  within the first epochs (an evaluation, a short run) builds no more than it reads.
   """
 
   def __init__(self, source, split: str, tokenizer, *, process_index: int, process_count: int,
@@ -94,17 +96,20 @@ class DocumentStream:
 
   def _pipeline(self, epochs: list, skip: int, per_call: int) -> tf.data.Dataset:
     """(epoch, flat ids, lengths, status) per DOCS_PER_CALL documents of `epochs` in order."""
+    # Each epoch's batches are tagged by a zip, and ONE map over the chain encodes them: a map
+    # traces its function when the dataset is built, and a trace per chained epoch costs more
+    # than reading a small share.
     parts = []
     for i, epoch in enumerate(epochs):
       ds = sources.text_dataset(self.source, self.split, epoch=epoch, skip=skip if i == 0 else 0,
                                 **self.kwargs)
-      ds = ds.batch(per_call).map(
-          lambda t, e=epoch: (e, *tf.numpy_function(self.encode, [t],
-                                                    (tf.int32, tf.int32, tf.int32),
-                                                    stateful=False)),
-          num_parallel_calls=self.parallel, deterministic=True)
-      parts.append(ds)
-    return functools.reduce(lambda a, b: a.concatenate(b), parts).prefetch(tf.data.AUTOTUNE)
+      parts.append(tf.data.Dataset.zip(
+          tf.data.Dataset.from_tensors(np.int32(epoch)).repeat(), ds.batch(per_call)))
+    chain = functools.reduce(lambda a, b: a.concatenate(b), parts)
+    return chain.map(
+        lambda e, t: (e, *tf.numpy_function(self.encode, [t], (tf.int32, tf.int32, tf.int32),
+                                            stateful=False)),
+        num_parallel_calls=self.parallel, deterministic=True).prefetch(tf.data.AUTOTUNE)
 
   def _read(self, epochs: list, skip: int, stats, produced: dict, per_call=DOCS_PER_CALL):
     doc, current = skip, epochs[0]
@@ -133,8 +138,9 @@ class DocumentStream:
 
   def documents(self, epoch: int = 0, doc: int = 0):
     """(epoch, doc, tokens (n,) int32) from position (epoch, doc) on."""
+    group = 1
     while True:
-      epochs, produced = list(range(epoch, epoch + self.chain)), collections.Counter()
+      epochs, produced = list(range(epoch, epoch + min(group, self.chain))), collections.Counter()
       yield from self._read(epochs, doc, self.stats, produced)
       for e in epochs:
         if not produced[e, 'documents'] and (e > epoch or doc == 0):
@@ -145,7 +151,7 @@ class DocumentStream:
               f'{produced[e, "invalid"]} with invalid UTF-8')
       if not self.repeat:
         return
-      epoch, doc = epoch + self.chain, 0
+      epoch, doc, group = epoch + len(epochs), 0, group * 2
 
   def first_document(self, epoch: int):
     """(doc, tokens) of the first non-empty document of `epoch` (NSP: the last one's partner)."""

@@ -173,6 +173,9 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
                              untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
     train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
+    for it in (train_iter, eval_iter):   # a prefetch thread ends with its run, not the process
+      if callable(getattr(it, 'close', None)):
+        cleanup.callback(it.close)
     tokenizer_path = opened or tokenizer_path
     eval_start = eval_iter.get_state() if eval_iter is not None else None
     previous = workdir_lib.read_config(workdir) if newest is not None else None
@@ -189,14 +192,14 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     if state is not None:
       train_iter.set_state(data_state)
       notes = [f'restored step {int(state.step)} from {where}']
+    elif ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():  # an import: its weights, and
+      state = steps.state_from(checkpointer.restore_params(     # this run's optimizer state
+          steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
+      notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
+               'state']
     else:
       state, notes = steps.create_state(t.seed), []
-      if ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():   # an import: its weights, and
-        state = state.replace(params=checkpointer.restore_params(  # this run's optimizer state
-            steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
-        notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
-                 'state']
-      elif init_params is not None:
+      if init_params is not None:
         state = state.replace(params=jax.device_put(init_params(state.params),
                                                     steps.state_shardings.params))
     workdir_lib.write_config(config, workdir, tokenizer_path, newest,

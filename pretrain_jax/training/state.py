@@ -48,15 +48,16 @@ def _opt_state_shardings(abstract, param_shardings, mesh: Mesh):
 def abstract_state(model, tx, mesh: Mesh, batch: dict):
   """(TrainState of ShapeDtypeStructs carrying their shardings, init: PRNG key -> TrainState).
 
-  Run init with the abstract state's shardings as out_shardings (run_once).
+  Run init with the abstract state's shardings as out_shardings (run_once); init(None, params)
+  starts from given weights with a fresh optimizer state, drawing none.
   """
   args, kwargs = family_of(model.cfg).model_inputs(batch)
 
   def init_params(rng):
     return model.init({'params': rng, 'dropout': rng}, *args, **kwargs)['params']
 
-  def init_state(rng):
-    params = nn.meta.unbox(init_params(rng))
+  def init_state(rng, params=None):
+    params = nn.meta.unbox(init_params(rng)) if params is None else params
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
   specs = nn.get_partition_spec(jax.eval_shape(init_params, jax.random.key(0)))

@@ -4,6 +4,7 @@ The dropout key is `fold_in(key(seed), state.step)`, so a resumed run repeats an
 one bit for bit. Microbatches differentiate `total_loss(their sums, the FULL batch's
 denominators)`, whose gradients add up to exactly the full batch's.
 """
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -121,6 +122,11 @@ class Steps(NamedTuple):
 
   def create_state(self, seed: int):     # a fresh TrainState, created in its shards
     return state_lib.run_once(self.init_state, jax.random.key(seed),
+                              out_shardings=self.state_shardings)
+
+  def state_from(self, params):    # step 0 from these weights (an import's), fresh optimizer
+    # (no weights drawn only to be replaced: their initializers are most of an init's compile)
+    return state_lib.run_once(functools.partial(self.init_state, None), params,
                               out_shardings=self.state_shardings)
 
 
