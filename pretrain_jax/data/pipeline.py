@@ -237,8 +237,10 @@ class DataIterator:
       self._thread.join(timeout)
       self._thread = None
 
-  def close(self):
-    self._stop()
+  def close(self, timeout: float = 5.0):
+    """Stops the prefetch thread; one still inside a TensorFlow read after `timeout` seconds (a
+    stalled remote file) is left to finish on its own (a daemon), not waited for."""
+    self._stop(timeout)
 
   def __del__(self):
     try:
