@@ -8,7 +8,7 @@ import pytest
 from configs import common
 from pretrain_jax import data
 from pretrain_jax.data.config import DataConfig
-from pretrain_jax.data import streams
+from pretrain_jax.data import pipeline, streams
 from pretrain_jax.training import checkpoint
 
 CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False)]
@@ -26,11 +26,11 @@ def make_dataset(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def close_iterators():
-  """An iterator's prefetch thread holds it until closed, polling its full queue: left open,
-  the dozens made here poll until the process exits, then stop one at a time."""
+  """An iterator's prefetch thread holds it until stopped, polling its full queue: left open,
+  the dozens made here would poll until the process exits."""
   yield
-  while _OPEN:
-    _OPEN.pop().close()
+  pipeline.stop_prefetching()   # all told at once, then waited for together
+  _OPEN.clear()
 
 
 @pytest.fixture(scope='module')
@@ -96,6 +96,18 @@ def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_a_state_saved_on_n_r
     for it in resumed:
       it.set_state(checkpoint.host_data_state(saved, step=3))
     assert_same(global_batches(resumed, 3), reference[3:])
+
+
+def test_stopped_prefetching_threads_end_and_each_iterator_goes_on_from_its_position(tokenizer):
+  dc = config('mlm', True)
+  straight, stopped = hosts(dc, tokenizer, 1)[0], hosts(dc, tokenizer, 1)[0]
+  expected = global_batches([straight], 4)
+  got = global_batches([stopped], 2)
+  threads = [it._thread for it in (straight, stopped)]  # pylint: disable=protected-access
+  assert all(t.is_alive() for t in threads)
+  pipeline.stop_prefetching()
+  assert not any(t.is_alive() for t in threads)
+  assert_same(got + global_batches([stopped], 2), expected)
 
 
 def test_eval_split_smaller_than_the_streams(tokenizer):

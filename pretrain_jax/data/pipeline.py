@@ -28,6 +28,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 import weakref
 import zlib
 
@@ -45,9 +46,14 @@ _LIVE = weakref.WeakSet()  # iterators whose prefetch threads are stopped at exi
 
 
 @atexit.register
-def _stop_all():
-  for it in list(_LIVE):  # daemon threads: one stuck inside TensorFlow is left, not waited for
-    it._stop(timeout=5)  # pylint: disable=protected-access
+def stop_prefetching(timeout: float = 5.0) -> None:
+  """Stops every iterator's prefetch thread (each restarts at its position on its next batch):
+  all are told at once, then waited for `timeout` seconds in all; a daemon thread still inside
+  a TensorFlow read then is left to finish on its own."""
+  threads = [it._release() for it in list(_LIVE)]  # pylint: disable=protected-access
+  deadline = time.monotonic() + timeout
+  for thread in filter(None, threads):
+    thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def host_batch_size(global_batch_size: int, process_count: int) -> int:
@@ -231,11 +237,17 @@ class DataIterator:
     except BaseException as e:  # handed to the consumer, raised by __next__
       put(e)
 
-  def _stop(self, timeout=None):
-    if self._thread is not None:
+  def _release(self):
+    """Tells the prefetch thread to stop and forgets it; returns it (None: none runs)."""
+    thread, self._thread = self._thread, None
+    if thread is not None:
       self._stop_event.set()
-      self._thread.join(timeout)
-      self._thread = None
+    return thread
+
+  def _stop(self, timeout=None):
+    thread = self._release()
+    if thread is not None:
+      thread.join(timeout)
 
   def close(self, timeout: float = 5.0):
     """Stops the prefetch thread; one still inside a TensorFlow read after `timeout` seconds (a
