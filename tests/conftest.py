@@ -9,6 +9,19 @@ import pytest
 # tests' own helpers (modeling.py) from here.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import commands  # pylint: disable=wrong-import-position
+
+
+def pytest_configure(config):
+  """The default set compiles with commands.FAST_COMPILE_XLA_FLAGS, in its own processes and
+  the commands they start: its tests check what tiny programs compute and print, where XLA:CPU's
+  optimizing build costs more than it saves. The slow set (`-m slow`: the README's commands, the
+  main job's models end to end) compiles as users' runs do. Flags already in XLA_FLAGS come
+  after, so they win."""
+  if config.getoption('markexpr') == 'not slow':
+    os.environ['XLA_FLAGS'] = ' '.join(
+        filter(None, [commands.FAST_COMPILE_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))
+
 
 def session_dir(tmp_path_factory, worker_id):
   """A directory every pytest-xdist worker of this session shares (the parent of their temp
