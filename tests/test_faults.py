@@ -24,13 +24,6 @@ from pretrain_jax.training import lock as lock_lib
 from pretrain_jax.training import workdir as workdir_lib
 from test_train import tiny_config
 
-# A damaged checkpoint's read fails inside orbax, which abandons its other reads' coroutines;
-# Python reports them when the garbage collector meets them, during whichever test runs then
-# (the commands' cli.quiet hides them likewise).
-pytestmark = pytest.mark.filterwarnings(
-    'ignore:Exception ignored in. <coroutine object _read_array_index_and_device_put'
-    ':pytest.PytestUnraisableExceptionWarning')
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
