@@ -116,10 +116,6 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
 
 
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
-# Slow: in the default set, test_cudnn_runs_as_xla_where_there_is_no_gpu gives the 'xla' values,
-# test_notes_name_each_fallback says the note, and test_benchmark's script runs a cudnn bf16
-# config's train step on this CPU.
-@pytest.mark.slow
 def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, capsys):
   from pretrain_jax.training import loop, synthetic
   from test_train import tiny_config

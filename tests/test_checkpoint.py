@@ -64,10 +64,8 @@ def sigterm_at(n):
   return hook
 
 
-@pytest.mark.parametrize('family', ['gpt', pytest.param('t5', marks=pytest.mark.slow)])
+@pytest.mark.parametrize('family', ['gpt', 't5'])
 def test_sigterm_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path, family):
-  """(T5 with Adafactor is slow: the default set resumes the GPT with AdamW; the resume path,
-  dropout keys and data position included, does not depend on the family.)"""
   config = tiny_config(family, steps=20, checkpoint_every=100, schedule='cosine',
                        optimizer='adafactor' if family == 't5' else 'adamw')
   config.model.update(num_layers=1, dropout_rate=0.1)  # dropout randomness must resume too

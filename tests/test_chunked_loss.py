@@ -40,12 +40,7 @@ def _sums_and_grads(cfg, params, batch, **loss_kw):
   return sums, grads
 
 
-# Slow: the untied GPT and both T5s; the default set runs the tied GPT (a tied head's gradient)
-# and BERT with NSP through the same chunked loss, and test_hidden_then_logits_is_the_model_call
-# checks every case's chunked sums (T5's 6 targets in chunks of 5 included).
-@pytest.mark.parametrize('family,kw', [
-    pytest.param(*case, marks=pytest.mark.slow) if i in (1, 3, 4) else case
-    for i, case in enumerate(CASES)])
+@pytest.mark.parametrize('family,kw', CASES)
 def test_chunked_loss_matches_whole_sequence_with_dropout(family, kw):
   cfg = tiny(family, dropout_rate=0.1, attention_dropout_rate=0.1, deterministic=False, **kw)
   params = init(cfg, length=12)

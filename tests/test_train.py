@@ -63,11 +63,8 @@ def batches(config, n, fixed=False):
   return [next(data) for _ in range(n)]
 
 
-# BERT is slow: in the default set its MLM loss falls in test_pretrained's fill-mask overfit
-# (task.loss_sums under Adam) and test_sharding runs its train step with NSP.
 @pytest.mark.parametrize('family,optimizer', [
-    ('gpt', 'adamw'), pytest.param('bert', 'adamw', marks=pytest.mark.slow),
-    ('t5', 'adafactor')])
+    ('gpt', 'adamw'), ('bert', 'adamw'), ('t5', 'adafactor')])
 def test_loss_goes_down_on_a_fixed_batch(family, optimizer):
   config = tiny_config(family, optimizer=optimizer)
   if family == 'bert':
@@ -82,7 +79,6 @@ def test_loss_goes_down_on_a_fixed_batch(family, optimizer):
   assert int(state.step) == 12
 
 
-@pytest.mark.slow   # default set: test_sharding's gpt/mixed/micro2 (2 microbatches vs one batch)
 def test_microbatches_match_one_big_batch():
   big, micro = tiny_config('gpt'), tiny_config('gpt', microbatches=4)
   state_a, step_a, _ = setup(big)
