@@ -15,22 +15,12 @@ CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', Fals
 GLOBAL = 8
 
 
-_OPEN = []
-
-
-def make_dataset(*args, **kwargs):
-  it = data.make_dataset(*args, **kwargs)
-  _OPEN.append(it)
-  return it
-
-
 @pytest.fixture(autouse=True)
-def close_iterators():
-  """An iterator's prefetch thread holds it until stopped, polling its full queue: left open,
-  the dozens made here would poll until the process exits."""
+def stop_prefetching():
+  """Each iterator's prefetch thread polls its full queue until stopped: left running, the
+  dozens made here would poll until the process exits."""
   yield
-  pipeline.stop_prefetching()   # all told at once, then waited for together
-  _OPEN.clear()
+  pipeline.stop_prefetching()   # every live one, all told at once, then waited for together
 
 
 @pytest.fixture(scope='module')
@@ -47,7 +37,7 @@ def config(objective, nsp=False, num_streams=4):
 
 def hosts(dc, tokenizer, count, split='train'):
   """`count` simulated hosts' iterators (one process), each fed GLOBAL // count rows."""
-  return [make_dataset(dc, tokenizer, split=split, batch_size=GLOBAL // count,
+  return [data.make_dataset(dc, tokenizer, split=split, batch_size=GLOBAL // count,
                             process_index=p, process_count=count) for p in range(count)]
 
 
@@ -80,7 +70,7 @@ def test_global_batches_are_the_same_on_1_2_and_4_hosts_and_a_state_saved_on_n_r
   dc = config(objective, nsp)
   reference = global_batches(hosts(dc, tokenizer, 1), 6)
   # Rows [s*B/S, (s+1)*B/S) are stream s: a stream alone (host 3 of 4) gives them.
-  alone = global_batches([make_dataset(dc, tokenizer, split='train',
+  alone = global_batches([data.make_dataset(dc, tokenizer, split='train',
                                             batch_size=GLOBAL // 4, process_index=3,
                                             process_count=4)], 6)
   assert_same([{k: v[6:] for k, v in b.items()} for b in reference], alone)
@@ -121,10 +111,10 @@ def test_refusals(tokenizer):
   dc = config('clm')
   with pytest.raises(ValueError, match=r'4 data streams .* 3 hosts;.*\[1, 2, 4\].*'
                                        r'\[3, 6, 12, 24\]'):
-    make_dataset(dc, tokenizer, split='train', batch_size=8, process_index=0,
+    data.make_dataset(dc, tokenizer, split='train', batch_size=8, process_index=0,
                       process_count=3)
   with pytest.raises(ValueError, match=r'batch_size=6 .*num_streams=4 .*\[1, 2, 3, 6\]'):
-    make_dataset(dc, tokenizer, split='train', batch_size=6)
+    data.make_dataset(dc, tokenizer, split='train', batch_size=6)
   saved = hosts(dc, tokenizer, 2)[0].get_state()
   other = hosts(config('clm', num_streams=8), tokenizer, 1)[0]
   with pytest.raises(ValueError, match=r'saved with 4 streams .* has 8;.*num_streams=4 .*'
@@ -148,7 +138,7 @@ def test_an_nsp_evaluation_reads_every_pair_of_every_stream(tokenizer):
   dc = config('mlm', nsp=True, num_streams=2)
 
   def pairs(batch_size):
-    it = make_dataset(dc, tokenizer, split='train', batch_size=batch_size, repeat=False)
+    it = data.make_dataset(dc, tokenizer, split='train', batch_size=batch_size, repeat=False)
     return sorted(tuple(row) for b in it for row, label in zip(b['targets'].tolist(),
                                                                b['nsp_labels']) if label >= 0)
   small = pairs(2)
