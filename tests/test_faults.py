@@ -866,3 +866,20 @@ def test_a_metrics_write_that_fails_before_a_save_does_not_stop_the_save(tmp_pat
   assert result['checkpoint_steps'] == [1, 2]
   assert ('warning: metrics not written before saving step 1 (503 Service Unavailable); '
           'saving') in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('processes, raised, closed', [
+    (1, None, True), (1, ValueError, True), (2, None, True), (2, ValueError, False)])
+def test_a_run_closes_its_data_iterators_unless_a_multi_process_run_raised(
+    monkeypatch, processes, raised, closed):
+  """A multi-process run that raised leaves at once: waiting for a prefetch thread's read let
+  the peer's exit take the coordination service down, and this process aborted (SIGABRT)."""
+  calls = []
+
+  class Iterator:
+    def close(self):
+      calls.append('closed')
+
+  monkeypatch.setattr(jax, 'process_count', lambda: processes)
+  loop.close_at_end(Iterator())(raised, None, None)
+  assert calls == (['closed'] if closed else [])

@@ -151,6 +151,17 @@ def check_same_config(config) -> None:
                        'file on every host')
 
 
+def close_at_end(iterator):
+  """An ExitStack exit for a data iterator. A multi-process run that raised leaves it open: its
+  process leaves at once (cli._exit), and waiting for the prefetch thread's read would let a
+  peer's exit take the coordination service down under this process, which then aborts."""
+  def close(exc_type, exc, tb):
+    del exc, tb
+    if exc_type is None or jax.process_count() == 1:
+      iterator.close()
+  return close
+
+
 def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_params=None,
                        evaluators=(), tokenizer_path: str = '', tokenizer=None) -> dict:
   """Trains `config` in `workdir` (one trainer: lock.hold), resuming from its newest good
@@ -175,7 +186,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
     for it in (train_iter, eval_iter):   # a prefetch thread ends with its run, not the process
       if callable(getattr(it, 'close', None)):
-        cleanup.callback(it.close)
+        cleanup.push(close_at_end(it))
     tokenizer_path = opened or tokenizer_path
     eval_start = eval_iter.get_state() if eval_iter is not None else None
     previous = workdir_lib.read_config(workdir) if newest is not None else None
