@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 DOCS_PER_CALL = 64  # documents per sentencepiece call: amortises the tf <-> python hop
 CHAIN_BELOW_DOCS = 100_000  # stream shares smaller than this chain epochs in one pipeline...
 MAX_CHAINED_EPOCHS = 32     # ...up to this many (cheap for an in-memory share)
+# No tf.data autotuning: each stream's pipeline would run its own model thread, whose CPU a
+# small host misses (the tokenizer calls hold the GIL, so there is little to tune), and
+# deleting a pipeline waits for that thread, about 0.25 s per stream at every run's end.
+_OPTIONS = tf.data.Options()
+_OPTIONS.autotune.enabled = False
 
 
 def _unk_id(tokenizer):
@@ -109,7 +114,8 @@ class DocumentStream:
     return chain.map(
         lambda e, t: (e, *tf.numpy_function(self.encode, [t], (tf.int32, tf.int32, tf.int32),
                                             stateful=False)),
-        num_parallel_calls=self.parallel, deterministic=True).prefetch(tf.data.AUTOTUNE)
+        num_parallel_calls=self.parallel,
+        deterministic=True).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
   def _read(self, epochs: list, skip: int, stats, produced: dict, per_call=DOCS_PER_CALL):
     doc, current = skip, epochs[0]
