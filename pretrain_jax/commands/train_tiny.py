@@ -23,7 +23,7 @@ import configs
 from pretrain_jax.commands import terminal
 
 DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
-EXPECTED = 'about 3-4.5 minutes on 2 idle cores (docs/performance.md)'
+EXPECTED = 'about 2.5-4.5 minutes on 2 idle cores (docs/performance.md)'
 
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/tiny', 'one subdirectory per model')
 _MODELS = flags.DEFINE_list('models', DEFAULT_MODELS, 'config names (configs/<name>.py)')
