@@ -179,8 +179,8 @@ def test_a_stream_reads_every_epoch_whole_and_in_order_across_its_chained_pipeli
   stream = documents.DocumentStream(source, 'validation', tokenizer, num_parallel_calls=1,
                                     repeat=True, stats=collections.Counter(), **kw)
   assert stream.chain >= 8
-  # No autotuning thread per stream (documents._OPTIONS): it slowed the pipeline on 2 cores and
-  # held every run's end for ~0.25 s per stream.
+  # No autotuning thread per stream (documents._OPTIONS): it slows a small host's pipeline and
+  # holds every run's end while the streams' pipelines are deleted.
   assert stream._pipeline([0], 0, 64).options().autotune.enabled is False  # pylint: disable=protected-access
   expected = []
   for epoch in range(8):   # pipelines of epochs [0], [1, 2], [3, 4, 5, 6], [7, ...]

@@ -27,7 +27,7 @@ CHAIN_BELOW_DOCS = 100_000  # stream shares smaller than this chain epochs in on
 MAX_CHAINED_EPOCHS = 32     # ...up to this many (cheap for an in-memory share)
 # No tf.data autotuning: each stream's pipeline would run its own model thread, whose CPU a
 # small host misses (the tokenizer calls hold the GIL, so there is little to tune), and
-# deleting a pipeline waits for that thread, about 0.25 s per stream at every run's end.
+# deleting a pipeline waits for that thread, so every run's end would wait for each stream's.
 _OPTIONS = tf.data.Options()
 _OPTIONS.autotune.enabled = False
 
