@@ -749,7 +749,10 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   assert os.listdir(workdir) == [workdir_lib.TOKENIZER_FILE]
   config.data.update(tokenizer_vocab_size=384)
   config.model.vocab_size = 384
+  before = set(threading.enumerate())
   assert loop.train_and_evaluate(config, workdir)['step'] == 2
+  # The run closed its data iterators (loop.close_at_end): no prefetch thread of its outlives it.
+  assert not [t for t in set(threading.enumerate()) - before if t.name.endswith('(_work)')]
   from pretrain_jax import data  # pylint: disable=g-import-not-at-top
   assert data.Tokenizer(os.path.join(workdir, workdir_lib.TOKENIZER_FILE)).vocab_size == 384
 

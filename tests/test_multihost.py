@@ -156,28 +156,35 @@ runpy.run_module('pretrain_jax.commands.train', run_name='__main__')
 """
 
 
+def _two_scripted(script: str, workdir: str, *flags, timeout: int = 300) -> list:
+  """Both processes' (return code, stderr) of `pretrain-jax train` run through `script` (which
+  patches the process it runs in, then runs the command) on a 40-step two-process run."""
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, '-c', script, 'pretrain-jax train', *SMALL, '--workdir', workdir,
+       '--config.train.steps=40', *flags, '--multihost', f'--coordinator_address=127.0.0.1:{port}',
+       '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:   # a hang fails here
+    outs = [p.communicate(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  return [(p.returncode, err) for p, (_, err) in zip(procs, outs)]
+
+
 @pytest.mark.slow
 def test_a_save_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
   """Process 0's write of checkpoint 2 fails; process 1 waits in orbax's commit barrier for it
   until train.checkpoint_timeout_sec (20 s here), and then both stop at the same step with the
   one-line error (agreed checks), instead of one training on alone or both hanging."""
-  workdir, port = str(tmp_path / 'run'), _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, '-c', FAILING_SAVE, 'pretrain-jax train', *SMALL, '--workdir', workdir,
-       '--config.train.steps=40', '--config.train.checkpoint_every=2',
-       '--config.train.log_every=100', '--config.train.checkpoint_timeout_sec=20',
-       '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
-       f'--process_id={i}'],
-      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
-  try:
-    outs = [p.communicate(timeout=300) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
+  workdir = str(tmp_path / 'run')
   stopped = []
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 2, err[-3000:]          # the one-line user error, not a hang
+  for code, err in _two_scripted(FAILING_SAVE, workdir, '--config.train.checkpoint_every=2',
+                                 '--config.train.log_every=100',
+                                 '--config.train.checkpoint_timeout_sec=20'):
+    assert code == 2, err[-3000:]          # the one-line user error, not a hang
     # The one `error:` line; orbax's threads may log their own shutdown after it.
     last = [l for l in err.splitlines() if l.startswith('error: ')][-1:] or [err[-3000:]]
     last = last[0]
@@ -185,6 +192,37 @@ def test_a_save_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
     stopped.append(int(re.search(r'stopped training at step (\d+)', last).group(1)))
   assert stopped[0] == stopped[1] and stopped[0] <= 4, stopped   # at the latest the next save
   assert not os.path.exists(os.path.join(workdir, 'checkpoints', '2'))
+
+
+FAILING_READ = """
+import runpy, sys
+from pretrain_jax.data import pipeline
+process_id = int([a for a in sys.argv if a.startswith('--process_id=')][0].split('=')[1])
+original, train_batches = pipeline.DataIterator.__next__, []
+def failing(self):
+  if process_id == 1 and self._identity['split'] == 'train':
+    train_batches.append(1)
+    if len(train_batches) == 6:
+      raise OSError(5, 'Input/output error', 'gs://bucket/c4/train-00007.tfrecord')
+  return original(self)
+pipeline.DataIterator.__next__ = failing
+sys.argv = sys.argv[1:]
+runpy.run_module('pretrain_jax.commands.train', run_name='__main__')
+"""
+
+
+@pytest.mark.slow
+def test_a_data_read_failing_on_one_process_stops_both_instead_of_hanging(tmp_path):
+  """Process 1's sixth train batch fails to read. It ends with that error while process 0 waits
+  inside a train step: its checkpointer's close must not enter an agreement (a collective the
+  peer never joins, so both hung). Process 0 then stops, naming the other process."""
+  workdir = str(tmp_path / 'run')
+  (code0, err0), (code1, err1) = _two_scripted(FAILING_READ, workdir,
+                                               '--config.train.checkpoint_every=3', timeout=150)
+  assert code1 == 1 and 'train-00007.tfrecord' in err1, err1[-3000:]
+  assert code0 == 2 and 'error: another process of this multi-process run stopped' in err0, \
+      err0[-3000:]
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '3'))   # the save before it stands
 
 
 def _two_processes_failing(workdir: str, extra1=()):

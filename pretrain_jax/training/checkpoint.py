@@ -169,11 +169,14 @@ class Checkpointer:
     run with that run's own optimizer state)."""
     return read_params(self.directory, step, abstract_params)
 
-  def close(self) -> None:
+  def close(self, raised: bool = False) -> None:
+    """Waits for the last save. `raised`: an error is ending the run; with several processes
+    it may be this one's alone, so there is no agreement (a collective that its peers, inside a
+    train step, never join)."""
     try:
-      if self._error is None:
+      if self._error is None and not (raised and jax.process_count() > 1):
         self.wait()
-      else:   # the failure is raised already: not again
+      else:   # a failure is raised already (the save's or the run's): not again
         with contextlib.suppress(Exception):
           self.manager.wait_until_finished()
     finally:

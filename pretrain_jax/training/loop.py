@@ -235,7 +235,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     cleanup.callback(writer.close)
     cleanup.callback(stop.close)            # only after the final save: a second SIGTERM waits
     cleanup.callback(profiler.stop)         # (a run that ended inside the traced steps)
-    cleanup.callback(checkpointer.close)    # waits for the last asynchronous save
+    cleanup.push(lambda raised, *_: checkpointer.close(raised is not None))  # the last save
     while step < t.steps:
       batch = global_batch(next(train_iter), steps.batch_sharding)
       if step == start:
