@@ -60,8 +60,8 @@ class DataConfig(Section):
                                     # each reading its own share of the documents; a host count
                                     # must divide it, and it is fixed for a run (a checkpoint
                                     # resumes on any host count dividing it). 0 = gcd(batch, 8)
-  num_parallel_calls: int = -1      # tf.data parallelism for tokenization; -1 = AUTOTUNE's
-                                    # starting value, not tuned (see data/documents.py)
+  num_parallel_calls: int = -1      # tf.data parallelism for tokenization; -1 = min(16, CPU
+                                    # cores), AUTOTUNE's start, not tuned (data/documents.py)
   prefetch: int = 4                 # batches prepared ahead of the train step
 
   def validate(self) -> None:
