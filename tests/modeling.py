@@ -36,7 +36,7 @@ def tokens(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 3, VOCAB)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _apply(cfg):
   """build(cfg).apply, jitted once per config: one compile per input shape, where the eager
   apply compiled each operation of the model on its own."""
@@ -51,7 +51,7 @@ def forward(cfg, params, *args, **kw):
 
 def tiny_finetune_config(init: str):
   """A 2-step full fine-tune of `init` on 8 sentences of the embedded word_order task."""
-  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  from configs import finetune as finetune_config  # noqa: PLC0415
   c = finetune_config.get_config()
   c.init, c.task.name, c.mode = init, 'word_order', 'full'
   c.data.seq_len = 32
@@ -62,5 +62,5 @@ def tiny_finetune_config(init: str):
 
 
 def two_step_finetune(init: str, workdir: str) -> dict:
-  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import run as run_lib  # noqa: PLC0415
   return run_lib.finetune(tiny_finetune_config(init), workdir)

@@ -2,9 +2,9 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from modeling import forward, init, tiny, tokens
-from pretrain_jax.hf.family import learned_position_problems
+
+from pretrain_jax.hf.record import learned_position_problems
 from pretrain_jax.models import ModelConfig
 from pretrain_jax.models.layers import alibi_bias, alibi_slopes
 

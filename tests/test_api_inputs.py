@@ -2,10 +2,10 @@
 vocabulary (NaN logits), token types outside the table, rows longer than learned positions
 (zeros for position: finite, wrong logits); and takes only ints for counts."""
 import ml_collections
+import modeling
 import numpy as np
 import pytest
 
-import modeling
 from pretrain_jax.inference import load
 
 
@@ -61,7 +61,7 @@ def test_ids_outside_their_tables_are_refused(family, kw, message):
     (dict(top_p=0.0), r'top_p=0.0 is out of range'),
 ])
 def test_sampling_counts_are_integers_in_range(kw, message):
-  from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.inference import text  # noqa: PLC0415
   args = dict(max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, vocab_size=97)
   with pytest.raises(ValueError, match=message):
     text.check_sampling(**dict(args, **kw))

@@ -117,8 +117,10 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
 
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
 def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, capsys):
-  from pretrain_jax.training import loop, synthetic
   from test_train import tiny_config
+
+  from pretrain_jax.run import loop
+  from pretrain_jax.training import synthetic
   results = {}
   for impl in ('cudnn', 'xla'):
     config = tiny_config('gpt', steps=2, log_every=1)

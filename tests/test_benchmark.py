@@ -2,11 +2,11 @@
 import json
 import os
 
-from flax import traverse_util
+import commands
 import numpy as np
 import pytest
+from flax import traverse_util
 
-import commands
 from configs import bench_common, bench_gpu_t5, tiny_gpt
 from pretrain_jax.perf import benchmark
 from pretrain_jax.training.synthetic import SyntheticDataset

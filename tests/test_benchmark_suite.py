@@ -3,9 +3,9 @@ CPU, its variants, its records and its errors (no timing assertions: see DESIGN.
 import json
 import os
 
+import commands
 import pytest
 
-import commands
 import configs.bench_common
 from configs import bench_gpu_bert, bench_gpu_gpt, bench_gpu_t5, tiny_gpt
 from pretrain_jax.data.config import DataConfig

@@ -7,9 +7,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from modeling import forward, init, tiny, tokens
 
 from configs import shakespeare_char
-from modeling import forward, init, tiny, tokens
 from pretrain_jax.models import ModelConfig, build, family_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,11 +1,12 @@
 """The character-level BERT-vs-GPT protocol, shortened, on text that ships with CPython."""
+from pydoc_data import topics
+
 import jax
 import numpy as np
 import pytest
-from pydoc_data import topics
+from modeling import forward, init
 
 from configs import shakespeare_char
-from modeling import forward, init
 from pretrain_jax.experiments import char_lm
 from pretrain_jax.models import ModelConfig
 
@@ -75,7 +76,8 @@ def test_scan_steps_are_the_same_steps():
   """K steps in one jitted lax.scan == K calls of the train step (dropout keys fold in the
   step, so the same masks are drawn). One layer and 'rbg' dropout keys (compiled faster than
   threefry's): the keys fold in the step alike."""
-  from pretrain_jax.training import mesh as mesh_lib, step as step_lib
+  from pretrain_jax.training import mesh as mesh_lib
+  from pretrain_jax.training import step as step_lib
   from pretrain_jax.training.config import MeshConfig, TrainConfig
   config = shakespeare_char.get_config()
   family = config.gpt

@@ -6,9 +6,10 @@ import signal
 import jax
 import numpy as np
 import pytest
-
-from pretrain_jax.training import checkpoint, loop, synthetic
 from test_train import tiny_config
+
+from pretrain_jax.run import checkpoint, loop
+from pretrain_jax.training import synthetic
 
 
 @pytest.fixture(autouse=True, scope='module')

@@ -1,4 +1,4 @@
-"""tuning/process.py, applied by every command (`from pretrain_jax import cli` first):
+"""cli/process.py, applied by every command (`from pretrain_jax import cli` first):
 tiny_gpt's train-step buffers come back from the heap, not fresh pages (counted as minor page
 faults, not timed)."""
 import json

@@ -2,10 +2,10 @@
 restarting from any yielded position reproduces the remaining batches exactly."""
 import numpy as np
 import pytest
+from test_objectives_span_corruption import splice
 
 from pretrain_jax.data import batches
 from pretrain_jax.objectives import packing, span_corruption
-from test_objectives_span_corruption import splice
 
 EOS, CLS, SEP, SENTINEL0 = 1, 3, 4, 2047
 

@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
+from test_objectives_span_corruption import splice
 
 from configs import common
 from pretrain_jax import data
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.objectives import packing, span_corruption
-from test_objectives_span_corruption import splice
 
 KEYS = {
     'clm': {'inputs', 'targets', 'segment_ids', 'positions', 'loss_weights'},
@@ -170,9 +170,10 @@ def test_a_stream_reads_every_epoch_whole_and_in_order_across_its_chained_pipeli
   """A small share's epochs are chained 1, 2, 4, ... to a pipeline (data/documents.py): however
   they are grouped, epoch e is text_dataset(epoch=e) in order, and a start at (epoch, doc)
   continues that sequence."""
-  import collections  # pylint: disable=g-import-not-at-top
-  import itertools  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.data import documents, sources  # pylint: disable=g-import-not-at-top
+  import collections  # noqa: PLC0415
+  import itertools  # noqa: PLC0415
+
+  from pretrain_jax.data import documents, sources  # noqa: PLC0415
   dc = config('clm')
   source = sources.open_source(dc)
   kw = dict(process_index=1, process_count=2, seed=3, shuffle_buffer=dc.shuffle_buffer)
@@ -181,7 +182,7 @@ def test_a_stream_reads_every_epoch_whole_and_in_order_across_its_chained_pipeli
   assert stream.chain >= 8
   # No autotuning thread per stream (documents._OPTIONS): it slows a small host's pipeline and
   # holds every run's end while the streams' pipelines are deleted.
-  assert stream._pipeline([0], 0, 64).options().autotune.enabled is False  # pylint: disable=protected-access
+  assert stream._pipeline([0], 0, 64).options().autotune.enabled is False
   expected = []
   for epoch in range(8):   # pipelines of epochs [0], [1, 2], [3, 4, 5, 6], [7, ...]
     texts = list(sources.text_dataset(source, 'validation', epoch=epoch,
@@ -244,6 +245,7 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
 
 def _model_without_specials(tmp_path):
   import io
+
   import sentencepiece as spm
   out = io.BytesIO()
   lines = ['the quick brown fox jumps over the lazy dog'] * 50

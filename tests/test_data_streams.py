@@ -7,9 +7,9 @@ import pytest
 
 from configs import common
 from pretrain_jax import data
-from pretrain_jax.data.config import DataConfig
 from pretrain_jax.data import pipeline, streams
-from pretrain_jax.training import checkpoint
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.run import checkpoint
 
 CASES = [('clm', False), ('mlm', False), ('mlm', True), ('span_corruption', False)]
 GLOBAL = 8
@@ -93,7 +93,7 @@ def test_stopped_prefetching_threads_end_and_each_iterator_goes_on_from_its_posi
   straight, stopped = hosts(dc, tokenizer, 1)[0], hosts(dc, tokenizer, 1)[0]
   expected = global_batches([straight], 4)
   got = global_batches([stopped], 2)
-  threads = [it._thread for it in (straight, stopped)]  # pylint: disable=protected-access
+  threads = [it._thread for it in (straight, stopped)]
   assert all(t.is_alive() for t in threads)
   pipeline.stop_prefetching()
   assert not any(t.is_alive() for t in threads)

@@ -1,12 +1,12 @@
 """Tokenizer layout (pad/eos/unk, BERT specials, sentinels last, 128 multiple) and caching."""
 import os
 
-import numpy as np
 import pytest
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 
 from configs import common
-from pretrain_jax.data import corpus, tokenizer as tok_lib
+from pretrain_jax.data import corpus
+from pretrain_jax.data import tokenizer as tok_lib
 from pretrain_jax.data.config import DataConfig
 
 TEXTS = corpus.embedded_documents()[:120]
@@ -36,6 +36,7 @@ def test_trained_layout(tmp_path, model_type):
 def _plain_model(tmp_path, vocab=300, control=()):
   """A sentencepiece model with no sentinels and no BERT specials (like T5's public one)."""
   import io
+
   import sentencepiece as spm
   out = io.BytesIO()
   lines = [l for t in TEXTS for l in t.split('\n') if l.strip()]

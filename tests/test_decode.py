@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from modeling import forward, init, tiny, tokens
+
 from pretrain_jax.models import build
 
 

@@ -1,15 +1,16 @@
-"""16-bit dropout masks (tuning/cpu.py, the CPU tuning's): the realised rate, exact
+"""16-bit dropout masks (ops/cpu.py, the CPU tuning's): the realised rate, exact
 mean-preserving scale, flax.linen.Dropout API; the train step's dropout PRNG."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from modeling import init
-from pretrain_jax.tuning import backends, cpu
+
 from pretrain_jax.models import ModelConfig, build
-from pretrain_jax.training import state as state_lib, step as step_lib
+from pretrain_jax.ops import backends, cpu
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import step as step_lib
 
 
 def test_keep_mask_rate_and_scale():

@@ -5,8 +5,8 @@ import io
 import numpy as np
 import pytest
 
+from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.training import evaluate as eval_lib
-from pretrain_jax.training import metrics as metrics_lib
 
 
 def _step(params, batch):

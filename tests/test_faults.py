@@ -12,17 +12,18 @@ import sys
 import threading
 import time
 
+import commands
 import jax
 import numpy as np
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
-
-import commands
-from pretrain_jax.training import checkpoint, loop, synthetic
-from pretrain_jax.training import metrics as metrics_lib
-from pretrain_jax.training import lock as lock_lib
-from pretrain_jax.training import workdir as workdir_lib
 from test_train import tiny_config
+
+from pretrain_jax.run import checkpoint, loop
+from pretrain_jax.run import lock as lock_lib
+from pretrain_jax.run import metrics as metrics_lib
+from pretrain_jax.run import workdir as workdir_lib
+from pretrain_jax.training import synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -201,7 +202,7 @@ def test_the_heartbeat_and_a_save_refreshing_at_once_keep_the_lock(tmp_path):
     try:
       for _ in range(200):
         lock.refresh()
-    except Exception as e:  # pylint: disable=broad-exception-caught
+    except Exception as e:
       errors.append(e)
   threads = [threading.Thread(target=refresh_many) for _ in range(2)]
   for t in threads:
@@ -328,7 +329,7 @@ def test_restore_params_refuses_non_finite_params(tmp_path):
   params = checkpoint.restore_params(str(tmp_path))[1]
   bad = jax.tree.map(lambda x: x * np.float32('nan'), params)
   # Written the way a diverged run without the step's check would have written it.
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # noqa: PLC0415
   ckpt.manager.save(2, args=ocp.args.Composite(
       state=ocp.args.StandardSave({'params': bad}), data=ocp.args.JsonSave({})))
   ckpt.close()
@@ -551,8 +552,9 @@ CHILD = '''
 import os, signal, sys, time, json
 sys.path[:0] = [{root!r}, {tests!r}]
 from test_train import tiny_config
-from pretrain_jax.training import checkpoint, loop, synthetic
-from pretrain_jax.training import metrics as metrics_lib
+from pretrain_jax.training import synthetic
+from pretrain_jax.run import checkpoint, loop
+from pretrain_jax.run import metrics as metrics_lib
 config = tiny_config('gpt', steps=40, checkpoint_every={every})
 config.model.num_layers = 1
 mode = {mode!r}
@@ -737,8 +739,9 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   """The first run trains the workdir's tokenizer, then is refused (the model's vocabulary is
   not the tokenizer's); the corrected command asks for another vocabulary and gets it, not the
   leftover copy."""
-  from configs import tiny_gpt  # pylint: disable=g-import-not-at-top
-  from test_pretrained import _small  # pylint: disable=g-import-not-at-top
+  from test_pretrained import _small  # noqa: PLC0415
+
+  from configs import tiny_gpt  # noqa: PLC0415
   monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
   config = _small(tiny_gpt.get_config(), steps=2)
   config.data.update(tokenizer_vocab_size=256, tokenizer_train_chars=200_000, seq_len=64)
@@ -753,7 +756,7 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   assert loop.train_and_evaluate(config, workdir)['step'] == 2
   # The run closed its data iterators (loop.close_at_end): no prefetch thread of its outlives it.
   assert not [t for t in set(threading.enumerate()) - before if t.name.endswith('(_work)')]
-  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import data  # noqa: PLC0415
   assert data.Tokenizer(os.path.join(workdir, workdir_lib.TOKENIZER_FILE)).vocab_size == 384
 
 

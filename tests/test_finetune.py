@@ -4,18 +4,22 @@ import os
 import signal
 import statistics
 
+import commands
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-import commands
-from configs import common, finetune as finetune_config, tiny_bert, tiny_gpt, tiny_t5
+from configs import common
+from configs import finetune as finetune_config
 from pretrain_jax.data import classification, tasks
 from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.models import ModelConfig, build, family_of
-from pretrain_jax.training import loop, mesh as mesh_lib, step as step_lib, task as task_lib
+from pretrain_jax.run import loop
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training import task as task_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 T5_LAYOUT = family_of('t5').task_layout
@@ -137,7 +141,7 @@ def test_confusion_metrics_against_literals():
 
 
 def test_transfer_summary_over_seeds_against_literals():
-  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   row = lambda mode, seed, final, best: {
       'mode': mode, 'size': 100, 'seed': seed, 'metric': 'class_accuracy', 'final': final,
       'best': best, 'steps': 200, 'wall_sec': 1.0, 'step_time_sec': 0.01, 'family': 'gpt'}
@@ -158,8 +162,10 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
   """SIGTERM ends the whole comparison (the preempted run's row is marked and left out of the
   summary; rerunning resumes); a mode the checkpoint cannot do fails before any run."""
   import types
-  import modeling  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+
+  import modeling  # noqa: PLC0415
+
+  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   runs = []
 
   def fake_finetune(c, workdir, init, task):
@@ -214,7 +220,8 @@ def test_t5_labels_are_read_back_as_the_tokenizer_decodes_them(tmp_path, monkeyp
   """A `text, label` CSV gives ' neg'; a vocabulary without 'é' reads 'café' back as 'caf ⁇'.
   The class of a decoded prediction is the label whose decoded form it is (class metrics used
   to compare it with the raw label: exact_match 1.0 beside class_accuracy 0.0)."""
-  from pretrain_jax.data import corpus, tokenizer as tok_lib
+  from pretrain_jax.data import corpus
+  from pretrain_jax.data import tokenizer as tok_lib
   path = tok_lib.train_sentencepiece(corpus.embedded_documents()[:120],
                                      str(tmp_path / 't.model'), vocab_size=1000)
   tok = tok_lib.Tokenizer(path)
@@ -243,7 +250,7 @@ def _write(path, rows):
 
 
 def test_fine_tune_dropout_overrides_the_checkpoint_and_nothing_else():
-  import types  # pylint: disable=g-import-not-at-top
+  import types  # noqa: PLC0415
   init = types.SimpleNamespace(model_config=model_cfg('gpt'),
                                config={'data': {'tokenizer': '/x/t.model'}})
   rows = [{'text': 'a', 'label': 'x'}, {'text': 'b', 'label': 'y'}]
@@ -402,7 +409,7 @@ def test_pretrained_beats_scratch_on_the_embedded_task(family, request, tmp_path
   is the transfer it does show: from the pre-trained weights, its training loss on the task is
   lower than from scratch on every seed."""
   init = request.getfixturevalue(f'{family}_init')
-  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   rows = transfer.run_transfer(_transfer_config(init, family), str(tmp_path),
                                modes=('scratch', 'full'), seeds=SEEDS)
   assert [(r['mode'], r['seed']) for r in rows] == [

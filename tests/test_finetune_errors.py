@@ -2,15 +2,16 @@
 import json
 import os
 
+import commands
+import gcs_emulator
 import numpy as np
 import pytest
 
-import commands
-import gcs_emulator
 from configs import finetune as finetune_config
 from pretrain_jax import paths
 from pretrain_jax.data import classification, tasks
-from pretrain_jax.finetune import run as run_lib, transfer
+from pretrain_jax.finetune import run as run_lib
+from pretrain_jax.finetune import transfer
 from pretrain_jax.models import family_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,8 +224,9 @@ def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, 
   change, and init cannot be allowed to change; an older workdir's relative spelling is kept
   when it names the same directory."""
   import types
+
   import ml_collections
-  import modeling  # pylint: disable=g-import-not-at-top
+  import modeling  # noqa: PLC0415
   monkeypatch.chdir(tmp_path)
   init = types.SimpleNamespace(model_config=modeling.tiny('gpt'), config=ml_collections.ConfigDict())
   task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y'))

@@ -1,9 +1,8 @@
 """The analytic FLOP count against hand arithmetic and the 6*N*D rule."""
 import pytest
-
 from modeling import tiny
-from pretrain_jax.models import flops
-from pretrain_jax.models import ModelConfig
+
+from pretrain_jax.models import ModelConfig, cost, flops
 
 
 def test_gpt_forward_flops_by_hand():
@@ -12,14 +11,14 @@ def test_gpt_forward_flops_by_hand():
   per_token_block = 2 * 32 * 32 * 4 + 2 * 32 * 64 * 2
   attention = 4 * b * t * t * 32 / 2
   expected = 2 * (b * t * per_token_block + attention) + b * t * 2 * 32 * 97
-  assert flops.forward_flops(cfg, b, t) == expected
-  assert flops.train_flops(cfg, b, t) == 3 * expected
+  assert cost.forward_flops(cfg, b, t) == expected
+  assert cost.train_flops(cfg, b, t) == 3 * expected
 
 
 def test_bidirectional_attention_costs_twice_causal():
   gpt, bert = tiny('gpt'), tiny('bert')
   extra_bert = 4 * 16 * 2 * 32 * 32           # MLM transform on every token
-  diff = flops.forward_flops(bert, 4, 16) - flops.forward_flops(gpt, 4, 16) - extra_bert
+  diff = cost.forward_flops(bert, 4, 16) - cost.forward_flops(gpt, 4, 16) - extra_bert
   assert diff == 2 * (4 * 4 * 16 * 16 * 32 / 2)
 
 
@@ -30,13 +29,13 @@ def test_gpt2_small_close_to_6nd():
   non_embedding = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
   six_nd = 6 * (non_embedding + 768 * 50257) * tokens
   attention = 3 * 12 * 4 * 8 * 1024 * 1024 * 768 / 2
-  assert flops.train_flops(cfg, 8, 1024) == pytest.approx(six_nd + attention, rel=1e-9)
+  assert cost.train_flops(cfg, 8, 1024) == pytest.approx(six_nd + attention, rel=1e-9)
 
 
 def test_t5_counts_cross_attention_on_encoder_length():
   cfg = tiny('t5')
-  short = flops.forward_flops(cfg, 2, 16, 8)
-  longer = flops.forward_flops(cfg, 2, 32, 8)
+  short = cost.forward_flops(cfg, 2, 16, 8)
+  longer = cost.forward_flops(cfg, 2, 32, 8)
   # Doubling the encoder length doubles encoder cost, cross k/v projections and cross scores.
   assert longer > short
   per_enc_token = 2 * flops._block_dense(cfg) + 2 * 2 * 32 * 32 * 2
@@ -49,27 +48,28 @@ def test_t5_counts_cross_attention_on_encoder_length():
 def test_head_counted_on_max_predictions_positions():
   cfg = ModelConfig(family='bert', vocab_size=1000, num_layers=1, emb_dim=8, num_heads=2,
                     head_dim=4, mlp_dim=16)
-  whole, gathered = flops.forward_flops(cfg, 2, 16), flops.forward_flops(cfg, 2, 16,
+  whole, gathered = cost.forward_flops(cfg, 2, 16), cost.forward_flops(cfg, 2, 16,
                                                                          head_positions=4)
   assert whole - gathered == 2 * (16 - 4) * (2 * 8 * 1000 + 2 * 8 * 8)   # unembedding + transform
-  assert flops.forward_flops(cfg, 2, 16, head_positions=32) == whole
+  assert cost.forward_flops(cfg, 2, 16, head_positions=32) == whole
 
 
 def test_a_classification_step_counts_no_lm_head_and_a_linear_probe_no_backward():
   """Fine-tuning's MFU counted the LM head, which a classification step never runs, and a
   linear probe's backbone backward, which stop_gradient skips (review K: 80% MFU shown)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
+  import numpy as np  # noqa: PLC0415
+
+  from pretrain_jax.models import family_of  # noqa: PLC0415
   for family in ('gpt', 'bert'):
     cfg = tiny(family)
     b, t = 3, 10
-    headless = flops.forward_flops(cfg, b, t) - b * t * 2 * 32 * 97 - (
+    headless = cost.forward_flops(cfg, b, t) - b * t * 2 * 32 * 97 - (
         b * t * 2 * 32 * 32 if family == 'bert' else 0)          # unembedding (+ transform)
-    assert flops.train_flops(cfg, b, t, lm_head=False) == 3 * headless
-    assert flops.train_flops(cfg, b, t, lm_head=False, frozen_backbone=True) == headless
+    assert cost.train_flops(cfg, b, t, lm_head=False) == 3 * headless
+    assert cost.train_flops(cfg, b, t, lm_head=False, frozen_backbone=True) == headless
     pretrain = family_of(cfg).init_batch(t)
     pretrain = {k: np.repeat(v, b, axis=0) for k, v in pretrain.items()}
     classify = {k: v for k, v in pretrain.items() if k != family_of(cfg).target_key}
-    assert flops.batch_cost(cfg, pretrain) == (b * t, flops.train_flops(cfg, b, t))
-    assert flops.batch_cost(cfg, classify) == (b * t, 3 * headless)
-    assert flops.batch_cost(cfg, classify, frozen_backbone=True) == (b * t, headless)
+    assert cost.batch_cost(cfg, pretrain) == (b * t, cost.train_flops(cfg, b, t))
+    assert cost.batch_cost(cfg, classify) == (b * t, 3 * headless)
+    assert cost.batch_cost(cfg, classify, frozen_backbone=True) == (b * t, headless)

@@ -1,20 +1,19 @@
-"""fp8 dense layers (train.fp8, tuning/fp8.py): what a CPU can check. The matmul's values and
+"""fp8 dense layers (train.fp8, ops/fp8.py): what a CPU can check. The matmul's values and
 gradients against a NumPy reference of the same rounding (ml_dtypes' float8 casts), its error
 against float32 within fp8's precision, the model running on it, and the refusal off GPUs
 with fp8 tensor cores. Whether XLA:GPU fuses it into cuBLASLt fp8 GEMMs, and its speed, need
 an H100 (pretrain-jax benchmark --suite gpu --variants baseline,fp8)."""
 import dataclasses
 
+import commands
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import commands
 from modeling import init, tiny, tokens
-from pretrain_jax.models import build, family_of
-from pretrain_jax.tuning import backends, fp8
 
+from pretrain_jax.models import build, family_of
+from pretrain_jax.ops import backends, fp8
 
 
 def _q(a, dtype):
@@ -101,8 +100,8 @@ def test_fp8_on_this_cpu_is_one_error_line():
 
 def test_a_resume_switches_fp8_only_when_allowed():
   """fp8 changes how the step computes, not what the state is: an allowable change."""
-  from configs import tiny_gpt  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import workdir  # pylint: disable=g-import-not-at-top
+  from configs import tiny_gpt  # noqa: PLC0415
+  from pretrain_jax.run import workdir  # noqa: PLC0415
   saved = tiny_gpt.get_config().to_dict()
   on = tiny_gpt.get_config()
   on.train.fp8 = True

@@ -10,17 +10,17 @@ import signal
 import tempfile
 import time
 
+import gcs_emulator
 import jax
 import numpy as np
 import pytest
 
-import gcs_emulator
 import pretrain_jax
 from configs import tiny_gpt
 from pretrain_jax import data, paths
 from pretrain_jax.data import corpus
-from pretrain_jax.training import checkpoint, loop, metrics
-from pretrain_jax.training import gcs_lock, lock as lock_lib
+from pretrain_jax.run import checkpoint, loop, metrics
+from pretrain_jax.run import lock as lock_lib
 
 
 @pytest.fixture(scope='module')
@@ -38,7 +38,7 @@ def gcs(tmp_path_factory):
 
 
 def test_a_refused_start_removes_its_new_gcs_workdir(gcs):
-  from pretrain_jax.commands import terminal  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.cli import terminal  # noqa: PLC0415
   for written, kept in (('tokenizer.model', []), ('LOCK', ['LOCK'])):
     workdir = f'{gcs}/refused/{written}'
     with pytest.raises(ValueError, match='no file'):
@@ -82,8 +82,8 @@ def test_metrics_log_is_rewritten_whole_never_appended(gcs):
 def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
   """jax.profiler writes local files; on a gs:// workdir the trace lands under its
   tensorboard/plugins/profile when it stops, and the local copy is removed."""
-  from pretrain_jax.training import profiler  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.run import profiler  # noqa: PLC0415
+  from pretrain_jax.training.config import TrainConfig  # noqa: PLC0415
   t = TrainConfig(batch_size=1, steps=5, learning_rate=1.0, warmup_steps=0, profile_steps=2,
                   profile_start_step=0)
   tracer = profiler.StepProfiler(t, f'{gcs}/profiled', start=0, line=print)
@@ -107,10 +107,10 @@ def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
 
 def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   workdir = f'{gcs}/locked'
-  first = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  first = lock_lib.GcsLock(workdir, heartbeat_sec=3600)
   assert first.acquire() == ''
   with pytest.raises(lock_lib.LockHeld, match=r'gs://bucket/locked is in use by pid'):
-    gcs_lock.GcsLock(workdir).acquire()
+    lock_lib.GcsLock(workdir).acquire()
   generation = first.version
   first.refresh()                                   # heartbeat: a new generation, still ours
   assert first.version != generation and first.record is not None
@@ -123,9 +123,9 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   stale = dict(first.record, heartbeat=time.time() - 1200, host='elsewhere')
   first.version = first._write(stale, first.version)
   assert first.version is not None
-  racer = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  racer = lock_lib.GcsLock(workdir, heartbeat_sec=3600)
   racing = racer._read()[2]                         # reads the stale lock too
-  second = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  second = lock_lib.GcsLock(workdir, heartbeat_sec=3600)
   assert 'took over the stale lock gs://bucket/locked/LOCK' in second.acquire()
   assert not racer._claim(racing)                   # of two takeovers, one wins
   first.refresh()
@@ -137,7 +137,7 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   assert not paths.exists(f'{workdir}/LOCK')
   # A SIGTERM between the upload and noting it (the start-up handler calls release()): the
   # lock it wrote is still removed, and another trainer's is not.
-  third = gcs_lock.GcsLock(workdir, heartbeat_sec=3600)
+  third = lock_lib.GcsLock(workdir, heartbeat_sec=3600)
   assert third._claim(None)                         # written; acquire() has not returned
   third.release()
   assert not paths.exists(f'{workdir}/LOCK')
@@ -145,14 +145,14 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   third.release()
   assert paths.exists(f'{workdir}/LOCK')
   second.release()
-  assert isinstance(lock_lib.open_lock(workdir), gcs_lock.GcsLock)
+  assert isinstance(lock_lib.open_lock(workdir), lock_lib.GcsLock)
 
 
 def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
   """GCS cannot append, so rows are buffered and rewritten every 30 s: a trainer killed
   within 30 s of a checkpoint lost the rows before it, which its resume never logs again.
   Every save now writes them first. (Killed: the writer's exit flush never runs.)"""
-  from test_checkpoint import datasets_with_hook  # pylint: disable=g-import-not-at-top
+  from test_checkpoint import datasets_with_hook  # noqa: PLC0415
   config = _small(tiny_gpt.get_config(), steps=5)
   config.train.update(checkpoint_every=2, eval_every=0)
   workdir = f'{gcs}/killed'
@@ -252,7 +252,7 @@ def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path)
                            .splitlines()) if r['split'] == 'eval'][-1]['loss']
   assert model.evaluate(batches, max_batches=1)['loss'] == pytest.approx(logged, abs=1e-5)
   # Export to a Hugging Face directory in the bucket, and load it back from there.
-  from pretrain_jax.hf import workdir as hf_workdir
+  from pretrain_jax.hf import convert as hf_workdir
   out = hf_workdir.export_hf(f'{gcs}/parts', f'{gcs}/hf/gpt')
   assert out['hf_dir'] == f'{gcs}/hf/gpt' and out['step'] == 6
   assert {'config.json', 'model.safetensors'} <= set(paths.listdir(f'{gcs}/hf/gpt'))

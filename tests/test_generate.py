@@ -3,8 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from modeling import init, tiny, tokens
+
 from pretrain_jax.inference.sampling import gpt_generate, sample_logits, t5_generate
 
 

@@ -8,14 +8,13 @@ import json
 import os
 import sys
 
+import modeling
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from pretrain_jax import hf
 from pretrain_jax.hf import weights
-
-import modeling  # pylint: disable=g-bad-import-order
 
 
 @pytest.fixture(scope='module')
@@ -126,7 +125,7 @@ def test_untied_copy_that_differs_is_rejected(exported, tmp_path):
 
 
 def test_old_bert_names_and_sharded_bf16_safetensors(exported, tmp_path):
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import ml_dtypes  # noqa: PLC0415
   src, _, params = exported['bert']
   sd = load_file(os.path.join(src, 'model.safetensors'))
   old = {k.replace('LayerNorm.weight', 'LayerNorm.gamma').replace('LayerNorm.bias',
@@ -145,7 +144,7 @@ def test_old_bert_names_and_sharded_bf16_safetensors(exported, tmp_path):
   assert_same_params(loaded, params)
 
   torch = pytest.importorskip('torch')
-  from safetensors.torch import save_file as save_torch  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file as save_torch  # noqa: PLC0415
   os.makedirs(tmp_path / 'bf16')
   save_torch({k: torch.tensor(v).bfloat16() for k, v in sd.items()},
              str(tmp_path / 'bf16' / 'model.safetensors'), metadata={'format': 'pt'})

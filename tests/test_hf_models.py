@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip('torch')
 tr = pytest.importorskip('transformers')
 
-from pretrain_jax import hf  # pylint: disable=g-import-not-at-top,wrong-import-position
-from pretrain_jax.hf import weights  # pylint: disable=g-import-not-at-top,wrong-import-position
-from pretrain_jax.models import build  # pylint: disable=g-import-not-at-top,wrong-import-position
+from pretrain_jax import hf  # noqa: PLC0415,E402
+from pretrain_jax.hf import weights  # noqa: PLC0415,E402
+from pretrain_jax.models import build  # noqa: PLC0415,E402
 
 TOL = 1e-4
 VOCAB = 99
@@ -48,7 +48,7 @@ def hf_models():
 @pytest.fixture(scope='module')
 def hf_dirs(tmp_path_factory):
   """name -> directory of a saved tiny HF model (T5 v1.1 with its own LM head)."""
-  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # noqa: PLC0415
   out = {}
   for name, model in hf_models().items():
     path = str(tmp_path_factory.mktemp(name))

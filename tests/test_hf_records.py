@@ -3,16 +3,14 @@ BERT / GPT-2 run trained with the project's sentencepiece tokenizer exports."""
 import json
 import os
 
+import modeling
 import pytest
 
 import configs
 from pretrain_jax import hf, models
 from pretrain_jax.data import tokenizer as data_tok
 from pretrain_jax.hf import config as hf_config
-from pretrain_jax.hf import families
-from pretrain_jax.hf import workdir as workdir_lib
-
-import modeling  # pylint: disable=g-bad-import-order
+from pretrain_jax.hf import convert, families
 
 TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs',
         'Tabs\tand ünïcode 42, lower UPPER MiXeD'] * 30
@@ -35,7 +33,7 @@ def run_with_own_tokenizer(tmp_path, family):
   cfg = modeling.tiny(family, vocab_size=256)
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
   work = tmp_path / 'work'
-  workdir_lib.import_hf(src, str(work), configs.base_config)
+  convert.import_hf(src, str(work), configs.base_config)
   sp_path = data_tok.train_sentencepiece(TEXT, str(tmp_path / 'sp.model'), vocab_size=256)
   with open(work / 'config.json') as f:
     config = json.load(f)
@@ -49,7 +47,7 @@ def test_sentencepiece_run_exports_a_tokenizer_json(tmp_path, family):
   tr = pytest.importorskip('transformers')
   work, sp_path = run_with_own_tokenizer(tmp_path, family)
 
-  result = workdir_lib.export_hf(str(work), str(tmp_path / 'out'))
+  result = convert.export_hf(str(work), str(tmp_path / 'out'))
   assert result['tokenizer_files'] == ['tokenizer.json', 'tokenizer_config.json']
   ours = data_tok.Tokenizer(sp_path)
   fast = tr.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / 'out' / 'tokenizer.json'))
@@ -84,7 +82,7 @@ def test_t5_run_exports_spiece_with_its_sentinels_where_hf_puts_them(tmp_path):
   work, sp_path = run_with_own_tokenizer(tmp_path, 't5')
   assert not (work / 'hf_tokenizer').exists()    # (an imported one would be exported as is)
 
-  result = workdir_lib.export_hf(str(work), str(tmp_path / 'out'))
+  result = convert.export_hf(str(work), str(tmp_path / 'out'))
   assert result['tokenizer_files'] == ['spiece.model']
   ours = data_tok.Tokenizer(sp_path)
   theirs = tr.T5Tokenizer.from_pretrained(str(tmp_path / 'out'))

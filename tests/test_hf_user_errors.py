@@ -8,20 +8,19 @@ instance dies with it).
 import json
 import os
 
+import commands
+import gcs_emulator
 import jax
 import jax.numpy as jnp
 import ml_collections
+import modeling
 import pytest
 
 import configs
 import pretrain_jax
 from pretrain_jax import hf
 from pretrain_jax.data import tokenizer as data_tok
-from pretrain_jax.hf import workdir as workdir_lib
-
-import commands  # pylint: disable=g-bad-import-order
-import gcs_emulator  # pylint: disable=g-bad-import-order
-import modeling  # pylint: disable=g-bad-import-order
+from pretrain_jax.hf import convert
 
 WORDS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'quick', 'brown', 'fox', 'dog']
 TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs'] * 30
@@ -43,15 +42,15 @@ def dirs(tmp_path_factory):
 
 def classifier_workdir(root) -> str:
   """A workdir as pretrain-jax finetune leaves it: model.num_classes, task.labels, GPT's `score`."""
-  from pretrain_jax.training import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import workdir as train_workdir  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.run import checkpoint as ckpt_lib  # noqa: PLC0415
+  from pretrain_jax.run import workdir as train_workdir  # noqa: PLC0415
+  from pretrain_jax.training import optimizer as opt_lib  # noqa: PLC0415
+  from pretrain_jax.training import state as state_lib  # noqa: PLC0415
+  from pretrain_jax.training.config import TrainConfig  # noqa: PLC0415
   sp_path = data_tok.train_sentencepiece(TEXT, str(root / 'sp.model'), vocab_size=256)
   cfg = modeling.tiny('gpt', vocab_size=data_tok.Tokenizer(sp_path).vocab_size, num_classes=2)
   params = jax.tree.map(jnp.asarray, modeling.init(cfg))
-  config = workdir_lib.training_config(cfg, configs.base_config(cfg)[1])
+  config = convert.training_config(cfg, configs.base_config(cfg)[1])
   config.data.tokenizer = sp_path
   config.task = ml_collections.ConfigDict({'name': 'toy', 'labels': ['neg', 'pos'],
                                            'metric': 'class_accuracy', 'prefix': ''})
@@ -71,7 +70,7 @@ def test_fill_mask_on_hf_bert_dir_and_its_import(dirs, tmp_path):
   direct = pretrain_jax.load_pretrained(dirs['bert']).fill_mask('the [MASK] fox', top_k=3)
   assert [len(m['candidates']) for m in direct] == [3]
   work = str(tmp_path / 'work')
-  workdir_lib.import_hf(dirs['bert'], work, configs.base_config)
+  convert.import_hf(dirs['bert'], work, configs.base_config)
   imported = pretrain_jax.load_pretrained(work).fill_mask('the [MASK] fox', top_k=3)
   for a, b in zip(direct[0]['candidates'], imported[0]['candidates']):
     assert a['token'] == b['token'] and a['token'] in WORDS + [f'w{i}' for i in range(30)]
@@ -83,10 +82,10 @@ def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   that directory as data.tokenizer. pretrain-jax train reads it (hf.workdir.data_tokenizer,
   tests/test_hf_pretrain.py); data.load_tokenizer, which reads sentencepiece models only, says
   where it is read instead of that the directory 'does not exist'."""
-  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.data.config import DataConfig  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import data  # noqa: PLC0415
+  from pretrain_jax.data.config import DataConfig  # noqa: PLC0415
   work = str(tmp_path / 'work')
-  summary = workdir_lib.import_hf(dirs['bert'], work, configs.base_config)
+  summary = convert.import_hf(dirs['bert'], work, configs.base_config)
   flag = f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}'
   assert flag in summary['train_flags']
   config = json.load(open(os.path.join(work, 'config.json')))
@@ -103,7 +102,7 @@ def test_fill_mask_top_k_past_the_vocabulary(dirs):
 
 
 def test_tokenizer_with_more_ids_than_the_model_is_refused(tmp_path):
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # noqa: PLC0415
   cfg = modeling.tiny('t5')  # vocab_size 97 < ~40 pieces + 100 sentinels
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
   spm.SentencePieceTrainer.train(
@@ -115,13 +114,13 @@ def test_tokenizer_with_more_ids_than_the_model_is_refused(tmp_path):
   with pytest.raises(ValueError, match=pattern):
     pretrain_jax.load_pretrained(src)
   with pytest.raises(ValueError, match=pattern):
-    workdir_lib.import_hf(src, str(tmp_path / 'work'), configs.base_config)
+    convert.import_hf(src, str(tmp_path / 'work'), configs.base_config)
   assert not os.path.exists(tmp_path / 'work')
 
 
 def test_import_without_tokenizer_warns_and_text_use_refuses(dirs, tmp_path):
   work = str(tmp_path / 'work')
-  summary = workdir_lib.import_hf(dirs['bert_notok'], work, configs.base_config)
+  summary = convert.import_hf(dirs['bert_notok'], work, configs.base_config)
   assert summary['tokenizer'] is None
   assert 'no tokenizer files' in summary['warning'] and 'vocab.txt' in summary['warning']
   with pytest.raises(FileNotFoundError, match=r'no tokenizer files .*hf_tokenizer'):
@@ -139,7 +138,7 @@ def test_import_without_tokenizer_warns_and_text_use_refuses(dirs, tmp_path):
 def test_export_refuses_a_classifier(dirs, tmp_path):
   out = str(tmp_path / 'out')
   with pytest.raises(ValueError, match=r"classifier .*'neg', 'pos'.*'score'.*pretrained LM"):
-    workdir_lib.export_hf(dirs['classifier'], out)
+    convert.export_hf(dirs['classifier'], out)
   assert not os.path.exists(out)
   cfg = modeling.tiny('gpt', num_classes=2)
   with pytest.raises(ValueError, match='num_classes=2'):
@@ -158,12 +157,12 @@ def test_generate_refuses_a_classifier(dirs):
 
 def test_export_refuses_an_hf_dir(dirs, tmp_path):
   with pytest.raises(ValueError, match=r'bert is already a Hugging Face model directory'):
-    workdir_lib.export_hf(dirs['bert'], str(tmp_path / 'out'))
+    convert.export_hf(dirs['bert'], str(tmp_path / 'out'))
   assert not os.path.exists(tmp_path / 'out')
 
 
 def test_broken_hf_dirs_name_the_file(dirs, tmp_path):
-  import shutil  # pylint: disable=g-import-not-at-top
+  import shutil  # noqa: PLC0415
   broken = {name: shutil.copytree(dirs['bert'], tmp_path / name)
             for name in ('truncated', 'layers', 'json')}
   with open(broken['truncated'] / 'model.safetensors', 'r+b') as f:
@@ -184,7 +183,7 @@ def test_broken_hf_dirs_name_the_file(dirs, tmp_path):
 
 def test_missing_hf_dir_local_and_gcs(tmp_path):
   with pytest.raises(FileNotFoundError, match=r'nowhere does not exist'):
-    workdir_lib.import_hf(str(tmp_path / 'nowhere'), str(tmp_path / 'w'), configs.base_config)
+    convert.import_hf(str(tmp_path / 'nowhere'), str(tmp_path / 'w'), configs.base_config)
   with gcs_emulator.serve() as env:
     done = commands.run('convert_hf', 'import', '--hf_dir=gs://bucket/hf/none',
                         f'--workdir={tmp_path / "x"}', env=dict(os.environ, **env), timeout=120)
@@ -205,8 +204,8 @@ def test_evaluate_script_on_an_hf_dir_is_one_clear_error(dirs):
 def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(dirs):
   """It used to write the LOCK and a tokenizer.model into the user's HF directory, then refuse
   with a 3 KB config diff."""
-  from configs import tiny_bert  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from configs import tiny_bert  # noqa: PLC0415
+  from pretrain_jax.run import loop  # noqa: PLC0415
   before = sorted(os.listdir(dirs['bert']))
   with pytest.raises(ValueError, match=r"Hugging Face model directory .*model_type 'bert'"):
     loop.train_and_evaluate(tiny_bert.get_config(), dirs['bert'])
@@ -214,8 +213,8 @@ def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(di
 
 
 def test_fine_tuning_into_a_hugging_face_directory_is_refused_before_writing(dirs):
-  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.finetune import run as run_lib  # pylint: disable=g-import-not-at-top
+  from configs import finetune as finetune_config  # noqa: PLC0415
+  from pretrain_jax.finetune import run as run_lib  # noqa: PLC0415
   c = finetune_config.get_config()
   c.init, c.task.name = dirs['bert'], 'word_order'
   before = sorted(os.listdir(dirs['bert']))
@@ -234,9 +233,10 @@ def test_fine_tuning_into_a_hugging_face_directory_is_refused_before_writing(dir
 def test_one_rule_decides_what_a_hugging_face_directory_is(tmp_path, saved, is_hf):
   """The import (hf.is_hf_dir), the workdir check and evaluate.py used three different rules
   (an `architectures`-only config.json was HF to one and not to another)."""
-  import json  # pylint: disable=g-import-not-at-top
-  from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  import json  # noqa: PLC0415
+
+  from pretrain_jax import hf  # noqa: PLC0415
+  from pretrain_jax.run import workdir as workdir_lib  # noqa: PLC0415
   (tmp_path / 'config.json').write_text(json.dumps(saved))
   assert hf.is_hf_dir(str(tmp_path)) is is_hf
   if is_hf:

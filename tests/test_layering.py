@@ -1,13 +1,15 @@
 """The import direction DESIGN.md draws, checked on the source (every import, lazy ones too).
 
 A package may import only the packages below it in the data flow:
-objectives and models are independent bottoms; data builds on objectives; training on models,
-objectives and data; hf, inference, perf and experiments sit on top, and the commands (with
-cli.py, what they share) above everything. Only the commands and cli.py import configs/ (the
-library takes ConfigDicts from its caller), nothing imports scripts/ (comparison tools outside
-the package), and cloud/ (the TPU launcher) is the standard library only. paths.py,
-sections.py and tuning/ (how each backend computes, tuning/backends.py) are the bottom layer:
-every package but cloud/ may import them, and they import no other pretrain_jax package.
+objectives and models are independent bottoms; data builds on objectives; training (pure
+training math) on models, objectives and data; run (the loop, checkpoints, locks, hosts) on
+training; hf, inference, perf and experiments sit on top, and the commands (with cli/, what
+they share) above everything. Only the commands and cli/ import configs/ (the library takes
+ConfigDicts from its caller), nothing imports scripts/ (comparison tools outside the package),
+and cloud/ (the TPU launcher) is the standard library only. paths.py, sections.py and ops/
+(the operations whose form depends on the backend) are the bottom layer: every package but
+cloud/ may import them, and they import no other pretrain_jax package. No module imports
+itself back through others (no import cycles, lazy imports included).
 """
 import ast
 import os
@@ -17,26 +19,27 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'pretrain_jax')
 ALLOWED = {
-    'paths': set(),   # the bottom: every user path (local or gs://) goes through it
+    'paths': set(),      # the bottom: every user path (local or gs://) goes through it
     'sections': set(),   # the bottom: a config section as a frozen, checked dataclass
-    'tuning': set(),     # the bottom too: what each backend computes differently
+    'ops': set(),        # the bottom too: the operations whose form depends on the backend
     'models': set(),
     'objectives': set(),
     'data': {'objectives'},
-    'training': {'models', 'objectives', 'data'},
-    'hf': {'models', 'training', 'data'},
-    'inference': {'models', 'training', 'data', 'hf'},
-    'perf': {'models', 'objectives', 'data', 'training'},
-    'experiments': {'models', 'objectives', 'training'},
-    'finetune': {'models', 'training', 'data', 'inference'},
+    'training': {'models', 'objectives', 'data'},                 # pure training math
+    'run': {'models', 'objectives', 'data', 'training'},          # files, locks, hosts
+    'hf': {'models', 'training', 'run', 'data'},
+    'inference': {'models', 'training', 'run', 'data', 'hf'},
+    'perf': {'models', 'objectives', 'data', 'training', 'run'},
+    'experiments': {'models', 'objectives', 'training', 'run'},
+    'finetune': {'models', 'training', 'run', 'data', 'inference'},
     'cloud': set(),
     '__init__': {'inference'},
-    'commands': {'models', 'objectives', 'data', 'training', 'hf', 'inference', 'perf',
+    'cli': set(),        # what the commands share: process set-up, one-line errors, endings
+    'commands': {'models', 'objectives', 'data', 'training', 'run', 'hf', 'inference', 'perf',
                  'experiments', 'finetune', 'cloud', 'cli'},   # `pretrain-jax COMMAND`
     '__main__': {'commands'},
-    'cli': set(),                  # what commands share: quiet logs, one-line errors
 }
-BOTTOM = ('paths', 'sections', 'tuning')   # importable by every package but cloud/
+BOTTOM = ('paths', 'sections', 'ops')   # importable by every package but cloud/
 
 
 
@@ -97,10 +100,65 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path):
 
 
 def test_code_asks_the_family_record_instead_of_branching_on_the_name():
-  """DESIGN.md: "which family?" is a field of the record (models/family.py, hf/family.py);
+  """DESIGN.md: "which family?" is a field of the record (models/family.py, hf/record.py);
   only ModelConfig's validation of a family's allowed settings compares the name."""
-  import re  # pylint: disable=g-import-not-at-top
+  import re  # noqa: PLC0415
   branch = re.compile(r"family ==|family in|family !=|\.family not in|name [!=]= '(bert|gpt|t5)'")
   found = [(os.path.relpath(path, ROOT), n) for _, path in library_files()
            for n, line in enumerate(open(path, encoding='utf-8'), 1) if branch.search(line)]
   assert found and {path for path, _ in found} == {'pretrain_jax/models/config.py'}, found
+
+
+def module_imports(path: str, modules: set) -> set:
+  """The pretrain_jax modules (files, packages as their __init__) a file imports, lazily too."""
+  out = set()
+  for node in ast.walk(ast.parse(open(path, encoding='utf-8').read(), path)):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name in modules}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+      for alias in node.names:
+        sub = f'{node.module}.{alias.name}'
+        out.add(sub if sub in modules else node.module)
+  return out
+
+
+def import_graph() -> dict:
+  files = {}
+  for _, path in library_files():
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+    files[rel.removesuffix('.__init__')] = path
+  return {name: module_imports(path, set(files)) - {name} for name, path in files.items()}
+
+
+def cycles(graph: dict) -> list:
+  """Each strongly connected set of more than one module (Tarjan's algorithm)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component, top = set(), None
+      while top != v:
+        top = stack.pop()
+        on_stack.discard(top)
+        component.add(top)
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_no_module_imports_itself_back():
+  assert cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
+  assert cycles(import_graph()) == []

@@ -5,10 +5,10 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from modeling import tiny
 
 from pretrain_jax.models import layers
 from pretrain_jax.models.t5 import RelativePositionBias, relative_position_bucket
-from modeling import tiny
 
 
 def _table_and_ids():

@@ -1,4 +1,4 @@
-"""tuning/cpu.py's matmul: jnp.dot's values and gradients, with the weight gradient in the form
+"""ops/cpu.py's matmul: jnp.dot's values and gradients, with the weight gradient in the form
 XLA:CPU sends to its fast library (no dot contracting the LHS's first axis)."""
 import re
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax.tuning.cpu import matmul
+from pretrain_jax.ops.cpu import matmul
 
 
 @pytest.mark.parametrize('k,f', [(16, 48), (48, 16), (32, 32)])   # both transpose forms
@@ -48,6 +48,7 @@ def test_cpu_weight_gradient_contracts_no_first_axis(k, f):
 def test_remat_minimal_still_saves_the_matmul_output(capsys):
   """The custom_vjp's forward dot is visible to layers.REMAT['minimal'] (saved, not redone)."""
   from jax.ad_checkpoint import print_saved_residuals
+
   from pretrain_jax.models.layers import REMAT
 
   def saved(policy):

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from modeling import VOCAB, forward, init, tiny, tokens
+
 from pretrain_jax.models import ModelConfig, describe
 
 

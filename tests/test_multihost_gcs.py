@@ -13,12 +13,12 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import gcs_emulator
-from pretrain_jax import paths
+import pytest
 from test_gcs import upload_corpus
 from test_multihost import ROOT, SMALL, TRAIN, _env, _free_port
+
+from pretrain_jax import paths
 
 
 def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):

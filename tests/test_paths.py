@@ -20,18 +20,18 @@ ALLOWED = {
     ('cloud/launcher.py', ''): 'the TPU launcher: local repo, tarball and gcloud binary',
     ('cloud/gcloud.py', ''): 'the TPU launcher: local gcloud state',
     ('commands/tpu.py', ''): 'the TPU launcher: the local clone and its configs',
-    ('cli.py', 'os.path.exists(path.split'): 'config files are Python modules: local only',
-    ('cli.py', 'os.path.exists(name)'): 'config files are Python modules: local only',
+    ('cli/__init__.py', 'os.path.exists(path.split'): 'config files are Python modules: local only',
+    ('cli/__init__.py', 'os.path.exists(name)'): 'config files are Python modules: local only',
     ('commands/shakespeare.py', 'config.corpus'): 'the experiment\'s local corpus file',
-    ('training/metrics.py', "open('/proc/cpuinfo')"): 'CPU flags of this machine',
-    ('training/metrics.py', "open(self.path, 'a')"):
+    ('run/metrics.py', "open('/proc/cpuinfo')"): 'CPU flags of this machine',
+    ('run/metrics.py', "open(self.path, 'a')"):
         'the local branch of metrics.jsonl (is_remote checked); gs:// rewrites the object',
     # LocalLock is the POSIX implementation (O_EXCL, pid, mtime); GcsLock is the gs:// one.
-    ('training/lock.py', 'self.path'): 'LocalLock: the local lock file',
-    ('training/lock.py', 'os.path.dirname(self.path)'): 'LocalLock: the local lock file',
-    ('training/lock.py', 'self._tmp'): 'LocalLock: the record before it is linked or replaced',
+    ('run/lock.py', 'self.path'): 'LocalLock: the local lock file',
+    ('run/lock.py', 'os.path.dirname(self.path)'): 'LocalLock: the local lock file',
+    ('run/lock.py', 'self._tmp'): 'LocalLock: the record before it is linked or replaced',
     # The data cache is this host's tfds/tokenizer cache; only speed depends on it.
-    ('cli.py', "jax.config.update('jax_compilation_cache_dir'"): 'the host-local JAX '
+    ('cli/__init__.py', "jax.config.update('jax_compilation_cache_dir'"): 'the host-local JAX '
                                                                   'compilation cache',
     ('data/sources.py', "os.path.join(cache_dir(), 'tfds')"): 'tfds cache (host-local, one '
                                                               'process only, rebuilt from the '
@@ -39,9 +39,9 @@ ALLOWED = {
     ('data/sources.py', "os.path.join(directory, 'corpus')"): 'the embedded corpus in the cache',
     ('data/tokenizer.py', 'else os.path.expanduser(path)'):
         'the local branch (is_remote checked just before)',
-    ('commands/terminal.py', 'os.path.exists(folder)'): 'the local branch of the refused-start '
+    ('cli/terminal.py', 'os.path.exists(folder)'): 'the local branch of the refused-start '
                                                         'clean-up (is_remote checked first)',
-    ('commands/terminal.py', 'folder = os.path.dirname(folder)'): 'the same local branch',
+    ('cli/terminal.py', 'folder = os.path.dirname(folder)'): 'the same local branch',
     ('experiments/char_lm.py', 'open(config.corpus'): 'the experiment\'s bundled local corpus',
     # Hugging Face: readers run on paths.local_copy(...) output, writers on a local temp dir.
     ('hf/tokenizers.py', ''): 'every reader first turns hf_dir into paths.local_copy(hf_dir)',
@@ -122,6 +122,7 @@ def test_remote_string_helpers():
 
 def test_unreachable_bucket_is_one_clear_error_within_seconds(monkeypatch):
   import time
+
   import gcs_emulator
   closed = gcs_emulator.free_port()  # nothing listens there
   for key, value in gcs_emulator.env(closed).items():

@@ -3,10 +3,9 @@ CLI, and `evaluate` and `generate` work on its workdir as on a GPT's."""
 import json
 import os
 
+import commands
 import numpy as np
 import pytest
-
-import commands
 
 
 def _run(command, *flags):
@@ -41,6 +40,7 @@ def test_tiny_prefix_lm_trains_evaluates_and_generates_from_the_cli(module_cache
 
 def test_a_prefix_lm_is_not_exported_as_hugging_face_gpt2():
   from modeling import tiny
+
   from pretrain_jax.hf.config import export_problems
   from pretrain_jax.models import family_of
   cfg = tiny('gpt', prefix_lm=True)

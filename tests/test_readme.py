@@ -65,13 +65,13 @@ def newcomer(tmp_path_factory, worker_id):
   """A directory like a clone's after the main job: configs/ and runs/tiny/{bert,gpt,t5}; and
   the main job's result. Made once per session (pytest-xdist may give this module's tests to
   both workers)."""
-  from conftest import once_per_session  # pylint: disable=g-import-not-at-top
+  from conftest import once_per_session  # noqa: PLC0415
 
   def build(path):
     cwd = pathlib.Path(path)
     cwd.mkdir()
     os.symlink(os.path.join(ROOT, 'configs'), cwd / 'configs')
-    from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.data import corpus  # noqa: PLC0415
     corpus.write_embedded_corpus(str(cwd / 'my_corpus'))   # "your own text" for the train line
     result = run(main_job_command(), cwd)
     (cwd.parent / 'clone.json').write_text(json.dumps(result))

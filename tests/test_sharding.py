@@ -12,10 +12,9 @@ import os
 import subprocess
 import sys
 
+import commands
 import filelock
 import pytest
-
-import commands
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of test_train.tiny_config (lr 1e-2)
@@ -87,18 +86,22 @@ def test_bad_configs_fail_before_compiling(report, key, expected):
 
 def _worker():
   """Runs in the 8-device subprocess; prints one JSON line."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
-  import types  # pylint: disable=g-import-not-at-top
+  import dataclasses  # noqa: PLC0415
+  import tempfile  # noqa: PLC0415
+  import types  # noqa: PLC0415
+
   import jax
   import ml_collections
   import numpy as np
-  from pretrain_jax.models import ModelConfig, build, family_of
-  from pretrain_jax.training import checkpoint, mesh as mesh_lib, state as state_lib
-  from pretrain_jax.training import optimizer as opt_lib
-  from pretrain_jax.training.config import MeshConfig, TrainConfig
-  from pretrain_jax.tuning import backends
   from test_train import batches, setup, tiny_config
+
+  from pretrain_jax.models import ModelConfig, build, family_of
+  from pretrain_jax.ops import backends
+  from pretrain_jax.run import checkpoint
+  from pretrain_jax.training import mesh as mesh_lib
+  from pretrain_jax.training import optimizer as opt_lib
+  from pretrain_jax.training import state as state_lib
+  from pretrain_jax.training.config import MeshConfig, TrainConfig
   assert jax.device_count() == 8, jax.devices()
   # run_once's inits at XLA_FLAGS' -O0 too (its compiler options would say level 1)
   init_tuning = dataclasses.replace(backends.CPU, init_compiler_options=None)

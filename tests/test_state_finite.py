@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pretrain_jax.tuning import backends
+from pretrain_jax.ops import backends
 
 CHECKS = pytest.mark.parametrize(
     'all_finite', [backends.PLAIN.all_finite, backends.CPU.all_finite], ids=['plain', 'cpu'])
@@ -46,10 +46,10 @@ def test_complex_leaves_are_checked_in_both_parts(all_finite):
 def test_fast_math_cannot_make_the_check_blind(tmp_path):
   """XLA's fast math folds x - x to 0 (measured: the sum form then said a NaN state was
   finite); the check probes for that once and falls back to isfinite."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
   code = ('import jax, jax.numpy as jnp\n'
-          'from pretrain_jax.tuning import backends, cpu\n'
+          'from pretrain_jax.ops import backends, cpu\n'
           'x = jnp.array([1.0, jnp.nan, 2.0])\n'
           'print(bool(jax.jit(backends.CPU.all_finite)({"a": x})), cpu.subtraction_sees_nan())\n')
   env = dict(os.environ, XLA_FLAGS='--xla_cpu_enable_fast_math=true', JAX_PLATFORMS='cpu')

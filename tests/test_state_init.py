@@ -12,9 +12,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import commands
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = {'bert': {}, 'gpt': {}, 't5': {},
@@ -57,15 +56,17 @@ def test_random_init_params_keep_the_default_compilation_bits(report):
 
 def _worker():
   """Runs in the subprocess; prints one JSON line."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.models import ModelConfig, build, family_of  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import evaluate, mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training.config import MeshConfig, TrainConfig  # pylint: disable=g-import-not-at-top
-  from test_train import SEQ, tiny_config  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # noqa: PLC0415
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from test_train import SEQ, tiny_config  # noqa: PLC0415
+
+  from pretrain_jax.models import ModelConfig, build, family_of  # noqa: PLC0415
+  from pretrain_jax.training import evaluate  # noqa: PLC0415
+  from pretrain_jax.training import mesh as mesh_lib
+  from pretrain_jax.training import optimizer as opt_lib  # noqa: PLC0415
+  from pretrain_jax.training import state as state_lib  # noqa: PLC0415
+  from pretrain_jax.training.config import MeshConfig, TrainConfig  # noqa: PLC0415
   assert jax.devices()[0].platform == 'cpu'   # so run_once compiles with the options
 
   def compare(ours, ref):

@@ -6,10 +6,10 @@ import os
 import re
 import shutil
 
+import commands
 import pytest
 
-import commands
-from pretrain_jax.commands import terminal
+from pretrain_jax.cli import terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

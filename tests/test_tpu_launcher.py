@@ -12,9 +12,9 @@ import subprocess
 import sys
 import time
 
+import commands
 import pytest
 
-import commands
 from pretrain_jax.cloud import gcloud, launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -335,7 +335,7 @@ def test_create_setup_run_watch_survives_a_preemption(fake):
   assert calls[0] == gcloud.create_argv(VM)[1:] and calls[11] == calls[0]
   assert calls[9] == gcloud.delete_argv(VM)[1:]
   assert calls[10] == ['storage', 'rm', 'gs://bkt/runs/gpt2/LOCK', '--quiet']
-  from pretrain_jax.training import lock as lock_lib  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.run import lock as lock_lib  # noqa: PLC0415
   assert gcloud.LOCK_FILE == lock_lib.LOCK_FILE
   assert calls[3] == ['compute', 'tpus', 'tpu-vm', 'scp',
                       os.path.join(str(fake.log.parent), 'pretrain_jax-ptj.tar.gz'),

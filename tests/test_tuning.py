@@ -1,4 +1,4 @@
-"""The backend tuning seam (tuning/backends.py): chosen once, by make_steps, from the mesh's
+"""The backend tuning seam (ops/backends.py): chosen once, by make_steps, from the mesh's
 devices; the model and the step read it from the ModelConfig and never ask JAX's default
 backend while tracing. CPU and plain compute the same forward values and gradients."""
 import os
@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from modeling import init, tiny, tokens
+
 from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.ops import backends
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
-from pretrain_jax.tuning import backends
 from tests.test_train import batches, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +87,7 @@ def test_make_steps_chooses_once_from_the_mesh_and_tracing_never_asks_the_backen
 
 
 def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
-  """make_steps on CPU puts tuning/cpu.py's matmul in the dense layers: its weight gradient's
+  """make_steps on CPU puts ops/cpu.py's matmul in the dense layers: its weight gradient's
   optimization barriers are in the step, and not in the step of a plain model."""
   config = tiny_config('gpt')
   cfg = ModelConfig.from_config(config.model)
@@ -103,10 +103,10 @@ def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
 
 
 def test_model_and_step_code_never_ask_the_default_backend():
-  """Backends differ only through the seam: no `default_backend` in models/, tuning/ or the
+  """Backends differ only through the seam: no `default_backend` in models/, ops/ or the
   step's training modules, but in attention.py where a direct call names no backend (the
   layers pass cfg.tuning.platform)."""
-  folders = [os.path.join(ROOT, 'pretrain_jax', d) for d in ('models', 'tuning')]
+  folders = [os.path.join(ROOT, 'pretrain_jax', d) for d in ('models', 'ops')]
   files = [os.path.join(f, n) for f in folders for n in sorted(os.listdir(f)) if n.endswith('.py')]
   files += [os.path.join(ROOT, 'pretrain_jax', 'training', f'{n}.py')
             for n in ('losses', 'task', 'step', 'state')]

@@ -128,7 +128,7 @@ def node_describe_argv(s: Slice) -> list:
       '--format=json']
 
 
-LOCK_FILE = 'LOCK'   # the workdir lock's object (pretrain_jax.training.lock.LOCK_FILE)
+LOCK_FILE = 'LOCK'   # the workdir lock's object (pretrain_jax.run.lock.LOCK_FILE)
 
 
 def lock_path(workdir: str) -> str:

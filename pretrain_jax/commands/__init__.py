@@ -6,6 +6,10 @@ pretrain_jax.commands.COMMAND [flags]` is the same command. `COMMAND --help` lis
 import runpy
 import sys
 
+# Before any command module: cli sets up the process (malloc, TensorFlow's log settings) at
+# import, which must happen before a thread starts or TensorFlow loads.
+from pretrain_jax import cli  # noqa: F401
+
 COMMANDS = {   # name: what it does (one line of `pretrain-jax --help`)
     'train_tiny': 'the main job: a tiny BERT, GPT and T5 on the embedded corpus, then probes',
     'train': 'pre-train a config (resumes from the workdir; one host to a TPU pod slice)',

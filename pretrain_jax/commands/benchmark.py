@@ -7,7 +7,7 @@
 
 Compiles the train step (donated state, the configured mesh), times `--steps` steps on a
 device-resident synthetic batch of the configured shapes, and prints: family, params, step_s
-(median), tokens_per_s, model_flops_per_step (pretrain_jax.models.flops.train_flops: matmuls of
+(median), tokens_per_s, model_flops_per_step (pretrain_jax.models.cost.train_flops: matmuls of
 forward + backward), peak_flops (large jitted matmuls on the same device and dtype, timed after
 every step; datasheet_peak_flops beside it on TPU/GPU), mfu (the median over steps of
 model_flops_per_step / step time / the probe beside it; with --peak_flops, that fixed peak),
@@ -27,9 +27,10 @@ import os
 import subprocess
 import sys
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 from ml_collections import config_flags
+
+from pretrain_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=False)
 _SUITE = flags.DEFINE_string('suite', None, 'time a suite of configs in one process: gpu, '
@@ -51,7 +52,7 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
 def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
   """Set XLA_FLAGS (and the GPU memory fraction) for the benchmarks before JAX starts its
   backend; returns the XLA_FLAGS this process runs with."""
-  from pretrain_jax.perf import suite  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.perf import suite  # noqa: PLC0415
   wanted = {b.xla_flags for b in bench_sections}
   if len(wanted) > 1:
     raise ValueError(f'the configs name different benchmark.xla_flags {sorted(wanted)}; '
@@ -59,7 +60,7 @@ def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
   env = os.environ.get('XLA_FLAGS', '')
   merged = suite.merge_xla_flags(wanted.pop() if wanted else '', env, variant_flags)
   fractions = {b.mem_fraction for b in bench_sections if b.mem_fraction}
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # noqa: PLC0415
   if merged != env or fractions:
     if getattr(xla_bridge, 'backends_are_initialized', lambda: False)():
       raise ValueError(f'XLA_FLAGS={merged!r} came too late: JAX already started its backend; '
@@ -71,7 +72,7 @@ def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
 
 
 def _run_config():
-  from pretrain_jax.perf import benchmark  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.perf import benchmark  # noqa: PLC0415
   config = cli.config_of(_CONFIG, 'pre-training')
   bench = benchmark.benchmark_section(config)
   _start_backend_with([bench])
@@ -128,8 +129,8 @@ def _error_line(error: Exception) -> str:
 
 
 def _run_suite():
-  import configs.bench_common  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.perf import benchmark, suite  # pylint: disable=g-import-not-at-top
+  import configs.bench_common  # noqa: PLC0415
+  from pretrain_jax.perf import benchmark, suite  # noqa: PLC0415
   if _CONFIG.value is not None:
     raise ValueError('--config and --suite were both given; expected one of them')
   entries = configs.bench_common.suite(_SUITE.value)

@@ -10,10 +10,10 @@ opening the source, the first sentencepiece calls). Warm-up batches are not time
 """
 import json
 import os
-import time
 import sys
+import time
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
+from pretrain_jax import cli
 
 
 def _run(argv=None):

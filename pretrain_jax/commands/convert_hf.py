@@ -16,10 +16,10 @@ tokenizer files also prints a `warning:` line on stderr (the workdir then refuse
 """
 import sys
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import app, flags
 
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 
 _HF_DIR = flags.DEFINE_string('hf_dir', None, 'Hugging Face model directory (read or written)')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (written or read)')
@@ -36,10 +36,10 @@ def _run(argv):
     raise app.UsageError(f'expected one command, {" or ".join(COMMANDS)}; got {argv[1:]}')
   if not _HF_DIR.value or not _WORKDIR.value:
     raise app.UsageError('both --hf_dir and --workdir are required')
-  from pretrain_jax.hf import workdir
+  from pretrain_jax.hf import convert
   if argv[1] == 'import':
     import configs
-    result = workdir.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
+    result = convert.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
                                base=_BASE.value, scan_layers=_SCAN.value)
     if result.get('warning'):
       print(f"warning: {result['warning']}", file=sys.stderr, flush=True)
@@ -47,7 +47,7 @@ def _run(argv):
                f"parameters, now checkpoint 0 of {result['workdir']} (data, train and mesh "
                f"from {result['base_config']})")
   else:
-    result = workdir.export_hf(_WORKDIR.value, _HF_DIR.value, step=_STEP.value)
+    result = convert.export_hf(_WORKDIR.value, _HF_DIR.value, step=_STEP.value)
     summary = (f"exported step {result['step']} of {_WORKDIR.value} ({result['family']}) to "
                f"{result['hf_dir']}, with tokenizer files "
                f"{', '.join(result['tokenizer_files']) or 'none'}")

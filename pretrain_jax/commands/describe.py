@@ -7,11 +7,11 @@ header row, with the total. Ends with one JSON line: {"params": N, "family": ...
 "emb_dim": ..., "vocab_size": ...}.
 """
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 from ml_collections import config_flags
 
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 from pretrain_jax.models import ModelConfig, describe
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)

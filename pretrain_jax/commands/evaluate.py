@@ -14,13 +14,11 @@ The masking / span noise uses the config's fixed data seed, so two runs print th
 Prints what it measured on what (stderr), then one JSON line of metrics.
 """
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
-from pretrain_jax import data
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli, data, hf
+from pretrain_jax.cli import terminal
 from pretrain_jax.data import local_builder
-from pretrain_jax import hf
 from pretrain_jax.inference import load_pretrained
 from pretrain_jax.training import evaluate as eval_lib
 

@@ -17,8 +17,9 @@ import json
 import sys
 import time
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
+
+from pretrain_jax import cli
 
 _INIT = flags.DEFINE_string('init', None, 'checkpoint: a GPT-family training workdir, '
                             'checkpoints/<step> or a Hugging Face GPT-2 directory')
@@ -57,8 +58,8 @@ def table(results: list) -> str:
 
 def _run(argv):
   del argv
-  from pretrain_jax.data import prompts, tasks  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.inference import load, scoring  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import prompts, tasks  # noqa: PLC0415
+  from pretrain_jax.inference import load, scoring  # noqa: PLC0415
   shots = shot_counts(_SHOTS.value)
   model = load.load_pretrained(_INIT.value)
   scoring.check_scores(model.model_config, '--shots', _INIT.value)

@@ -7,10 +7,9 @@ Ends with one JSON line.
 import json
 import sys
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import app, flags
 
-from pretrain_jax import inference
+from pretrain_jax import cli, inference
 from pretrain_jax.inference import load_pretrained
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'BERT workdir, checkpoint or HF directory',

@@ -15,11 +15,11 @@ Progress and a summary go to stderr, metrics.jsonl and TensorBoard; stdout gets 
 (a run refused before it trained leaves no new workdir behind). Predict
 with `pretrain_jax.load_pretrained(WORKDIR).predict(['a sentence', ...])`.
 """
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
-from pretrain_jax.commands import finetune_flags as ft_flags
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli
+from pretrain_jax.cli import finetune_flags as ft_flags
+from pretrain_jax.cli import terminal
 
 _CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
@@ -29,7 +29,7 @@ _MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], '
 
 def _run(argv):
   del argv
-  from pretrain_jax import finetune  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import finetune  # noqa: PLC0415
   config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name, config.mode = _INIT.value, _TASK.value, _MODE.value

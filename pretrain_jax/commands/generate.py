@@ -10,10 +10,9 @@ max_new_tokens. Ends with one JSON line.
 import json
 import sys
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
-from pretrain_jax import inference
+from pretrain_jax import cli, inference
 from pretrain_jax.inference import load_pretrained, text
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir, checkpoint or HF directory',

@@ -10,14 +10,14 @@ import os
 import sys
 import time
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
-from absl import app, flags
 import numpy as np
+from absl import app, flags
 from ml_collections import config_flags
 
 import configs
+from pretrain_jax import cli
 from pretrain_jax.experiments import char_lm
-from pretrain_jax.training import metrics as metrics_lib
+from pretrain_jax.run import metrics as metrics_lib
 
 _CONFIG = config_flags.DEFINE_config_file('config', configs.config_path('shakespeare_char'),
                                           'experiment config: a name or a file')

@@ -23,11 +23,11 @@ import contextlib
 import re
 import sys
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 from ml_collections import config_flags
 
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
@@ -75,10 +75,11 @@ def _run(argv):
                        '--coordinator_address=HOST:PORT --num_processes=N '
                        '--process_id=I') from None
   from pretrain_jax.hf import config as hf_config
+  from pretrain_jax.hf import convert as hf_convert
   from pretrain_jax.hf import tokenizers as hf_tokenizers
-  from pretrain_jax.hf import workdir as hf_workdir
   from pretrain_jax.models import ModelConfig
-  from pretrain_jax.training import agreement, loop, synthetic
+  from pretrain_jax.run import agreement, loop
+  from pretrain_jax.training import synthetic
   if _MULTIHOST.value:   # a process's error reaches the others waiting in a collective at once
     cli.share_stops(agreement.announce_stop, agreement.watch_peers)
   config = cli.config_of(_CONFIG, 'pre-training')
@@ -89,7 +90,7 @@ def _run(argv):
   datasets = synthetic.synthetic_datasets(config) if _SYNTHETIC.value else None
   tokenizer = None
   if datasets is None:  # Hugging Face tokenizer files (an imported workdir's hf_tokenizer/)?
-    tokenizer = hf_workdir.data_tokenizer(config, _WORKDIR.value)
+    tokenizer = hf_convert.data_tokenizer(config, _WORKDIR.value)
     if tokenizer is not None:
       hf_tokenizers.check_fits(tokenizer, config.model.vocab_size, 'this config')
   # (In a multi-process run the other processes may be writing the workdir: it stays.)

@@ -16,11 +16,11 @@ import importlib
 import sys
 import time
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
 import configs
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 
 DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
 EXPECTED = 'about 2.5-4.5 minutes on 2 idle cores (docs/performance.md)'
@@ -59,11 +59,11 @@ def say(text: str = '') -> None:
 
 def probe(workdir: str, texts: list, eval_batches: int) -> dict:
   """Held-out metrics of the checkpoint and of a random init, plus the family's text probe."""
-  import pretrain_jax  # pylint: disable=g-import-not-at-top
-  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.inference import demo  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.models import family_of  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import evaluate as eval_lib  # pylint: disable=g-import-not-at-top
+  import pretrain_jax  # noqa: PLC0415
+  from pretrain_jax import data  # noqa: PLC0415
+  from pretrain_jax.inference import demo  # noqa: PLC0415
+  from pretrain_jax.models import family_of  # noqa: PLC0415
+  from pretrain_jax.training import evaluate as eval_lib  # noqa: PLC0415
   model = pretrain_jax.load_pretrained(workdir)
   d = model.data_config
 
@@ -125,11 +125,11 @@ def headline(result: dict) -> dict:
 
 def _run(argv):
   del argv
-  from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.data.config import DataConfig  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.inference import demo  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import paths  # noqa: PLC0415
+  from pretrain_jax.data import sources  # noqa: PLC0415
+  from pretrain_jax.data.config import DataConfig  # noqa: PLC0415
+  from pretrain_jax.inference import demo  # noqa: PLC0415
+  from pretrain_jax.run import loop  # noqa: PLC0415
   results, start_all = [], time.perf_counter()
   if _MODELS.value == DEFAULT_MODELS and not _STEPS.value:
     say(f'the main job: tiny BERT, GPT and T5, then held-out probes; {EXPECTED}')

@@ -13,8 +13,8 @@ read, seconds.
 import sys
 import time
 
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
-from pretrain_jax.commands import terminal
+from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 
 
 def _run(argv=None):

@@ -21,10 +21,10 @@ validation metric against step) and <workdir>/comparison.png for several checkpo
 scratch dashed). A plot that fails is reported after the JSON line (its path null), never
 instead.
 """
-from pretrain_jax import cli  # pylint: disable=g-bad-import-order  (first: quiets TF)
 from absl import flags
 
-from pretrain_jax.commands import finetune_flags as ft_flags
+from pretrain_jax import cli
+from pretrain_jax.cli import finetune_flags as ft_flags
 
 _CONFIG, _INIT, _TASK = cli.define(ft_flags.define_common)
 flags.adopt_module_key_flags(ft_flags)   # --help lists --config, --init and --task
@@ -40,7 +40,7 @@ _FORMATS = flags.DEFINE_list('formats', [], "task formats: head, generation (GPT
 
 def _run(argv):
   del argv
-  from pretrain_jax.finetune import transfer  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name = _INIT.value, _TASK.value

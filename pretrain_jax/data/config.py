@@ -7,7 +7,7 @@ comment is its documentation. Checks that need the tokenizer or the model stay w
 known (pipeline.check_lengths, classification.encode).
 """
 import dataclasses
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pretrain_jax.sections import Section
 
@@ -89,7 +89,7 @@ class DataConfig(Section):
       return per_seq
     if self.objective != 'mlm':
       return 0
-    from pretrain_jax.objectives import mlm  # pylint: disable=g-import-not-at-top  (numpy)
+    from pretrain_jax.objectives import mlm  # noqa: PLC0415 (numpy)
     return mlm.max_predictions_per_seq(self.seq_len, self.mlm_probability)
 
 
@@ -116,7 +116,7 @@ class TaskConfig(Section):
   labels: tuple = ()                # filled in: the label set collected from train
   metric: str = ''                  # filled in: the headline metric (accuracy, mcc, f1)
   prefix: str = ''                  # filled in: T5's input prefix
-  pairs: Optional[bool] = None      # filled in: trained on sentence pairs (predict() must be
+  pairs: bool | None = None      # filled in: trained on sentence pairs (predict() must be
                                     # given them); None: a workdir written before it was kept
 
   def validate(self) -> None:

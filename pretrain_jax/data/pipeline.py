@@ -50,7 +50,7 @@ def stop_prefetching(timeout: float = 5.0) -> None:
   """Stops every iterator's prefetch thread (each restarts at its position on its next batch):
   all are told at once, then waited for `timeout` seconds in all; a daemon thread still inside
   a TensorFlow read then is left to finish on its own."""
-  threads = [it._release() for it in list(_LIVE)]  # pylint: disable=protected-access
+  threads = [it._release() for it in list(_LIVE)]
   deadline = time.monotonic() + timeout
   for thread in filter(None, threads):
     thread.join(max(0.0, deadline - time.monotonic()))

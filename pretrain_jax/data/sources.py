@@ -140,7 +140,7 @@ def _prepare(data_config: DataConfig, data_dir: str, description: str) -> Source
 _OPENED = {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _embedded_corpus_file(directory: str) -> str:
   return corpus.write_embedded_corpus(os.path.join(directory, 'corpus'))
 

@@ -200,8 +200,9 @@ def _split_files(name: str) -> dict:
 
 
 def _tfds_task(name: str, data_dir: str) -> Task:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  import tensorflow_datasets as tfds  # noqa: PLC0415
+
+  from pretrain_jax.data import sources  # noqa: PLC0415 (TensorFlow)
   if name in TFDS_SUMMARIES:
     document, summary = TFDS_SUMMARIES[name]
     builder = sources.open_builder(name, data_dir)
@@ -231,7 +232,7 @@ def _tfds_task(name: str, data_dir: str) -> Task:
 
 
 def _tfds_split(builder, name: str, split: str, data_dir: str):
-  from pretrain_jax.data import sources  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from pretrain_jax.data import sources  # noqa: PLC0415 (TensorFlow)
   try:
     return builder.as_dataset(split=split, shuffle_files=False)
   except AssertionError:    # tfds: "Dataset glue: could not find data in <data_dir>"
@@ -249,7 +250,7 @@ def title_examples() -> dict:
   words to copy, from 0 for a random one. A section the corpus repeats (several topics share it)
   is kept once; 1 in 5 sections is validation (split by a hash of its text).
   """
-  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import corpus  # noqa: PLC0415
   splits, seen = {'train': [], 'validation': []}, set()
   for doc in corpus.embedded_documents():
     lines = doc.split('\n')
@@ -280,7 +281,7 @@ def word_order_examples(seed: int = 0, window: int = 0) -> dict:
   no validation sentence is seen in fine-tuning. The pre-training corpus did contain the
   original text, never with labels; report the from-scratch baseline beside it.
   """
-  from pretrain_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.data import corpus  # noqa: PLC0415
   word = re.compile(r"^[A-Za-z][A-Za-z'-]*[,.;:]?$")
   splits, seen = {'train': [], 'validation': []}, set()
   for d, doc in enumerate(corpus.embedded_documents()):

@@ -16,7 +16,7 @@ import functools
 import os
 import re
 import sys
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import sentencepiece as spm
@@ -79,7 +79,7 @@ class Tokenizer:
       raise ValueError(f'tokenizer {path!r} is a directory; expected a sentencepiece .model '
                        'file here (a Hugging Face tokenizer directory, such as the '
                        'hf_tokenizer/ of a workdir pretrain-jax convert_hf imported, is loaded by '
-                       'pretrain_jax.hf.workdir.data_tokenizer: pretrain-jax train does so and '
+                       'pretrain_jax.hf.convert.data_tokenizer: pretrain-jax train does so and '
                        'passes it to train_and_evaluate(tokenizer=...))')
     if not paths.isfile(path):
       raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
@@ -193,7 +193,7 @@ class IdTables(NamedTuple):
   """What the objectives need to know about a tokenizer's ids."""
   special: np.ndarray           # (V,) bool: pad, eos, cls, sep, mask, sentinels
   ordinary_ids: np.ndarray      # ids MLM may draw as random replacements
-  word_start: Optional[np.ndarray]  # (V,) bool: piece starts a word (whole-word masking)
+  word_start: np.ndarray | None  # (V,) bool: piece starts a word (whole-word masking)
   num_sentinels: int            # T5 sentinels at the end of the vocabulary
 
 
@@ -315,6 +315,7 @@ def load_tokenizer(data_config: DataConfig, source=None) -> Tokenizer:
   if data_config.tokenizer:
     return open_tokenizer(data_config.tokenizer)
   import hashlib
+
   from pretrain_jax.data import sources  # TensorFlow only when a source is read
   source = source or sources.open_source(data_config)
   settings = (TRAIN_VERSION, source.fingerprint, data_config.train_split,

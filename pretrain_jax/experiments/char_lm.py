@@ -13,7 +13,10 @@ import numpy as np
 
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.objectives import mlm
-from pretrain_jax.training import mesh as mesh_lib, state as state_lib, step as step_lib, task
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training import task
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 MASK = '[MASK]'

@@ -5,7 +5,7 @@ mode are checked here. The model section is the checkpoint's (run.build_config);
 config may set only the `ModelOverrides`, as t5x and Hugging Face fine-tunes set dropout.
 """
 import dataclasses
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pretrain_jax.data.config import TaskConfig, TaskDataConfig
 from pretrain_jax.sections import Section
@@ -19,8 +19,8 @@ class ModelOverrides(Section):
   """config.model of a fine-tune: None keeps the checkpoint's value."""
   SECTION: ClassVar[str] = 'model'
 
-  dropout_rate: Optional[float] = None            # hidden dropout while fine-tuning
-  attention_dropout_rate: Optional[float] = None  # dropout on attention probabilities
+  dropout_rate: float | None = None            # hidden dropout while fine-tuning
+  attention_dropout_rate: float | None = None  # dropout on attention probabilities
 
   @classmethod
   def from_config(cls, section) -> 'ModelOverrides':

@@ -1,5 +1,5 @@
 """What a fine-tune is scored by at each evaluation, beside its loss: callables params -> metrics
-(training/loop.py's `evaluators`).
+(run/loop.py's `evaluators`).
 
   T5            its targets decoded (greedy, or a beam: inference/beam.py): exact match, and
                 for labels the class metrics of the label decoded, for free text (a
@@ -23,7 +23,7 @@ def rouge_scores(decoded: list, targets: list) -> dict:
   """Mean ROUGE-1, ROUGE-2 and ROUGE-L F-measures of `decoded` against `targets`, by the
   rouge-score package (Google's reimplementation of ROUGE-1.5.5, as t5x / seqio score
   summaries) with its Porter stemmer; each in [0, 1]."""
-  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top  (nltk: slow)
+  from rouge_score import rouge_scorer  # noqa: PLC0415 (nltk: slow)
   scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
   scores = [scorer.score(target, prediction) for prediction, target in zip(decoded, targets)]
   return {k: float(np.mean([s[k].fmeasure for s in scores])) if scores else 0.0

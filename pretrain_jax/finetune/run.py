@@ -1,6 +1,6 @@
 """finetune(config, workdir): a checkpoint + a labelled task -> a trained classifier workdir.
 
-It runs pre-training's loop (training/loop.train_and_evaluate: sharded jitted steps from
+It runs pre-training's loop (run/loop.train_and_evaluate: sharded jitted steps from
 step.make_steps, checkpoints with the data position, SIGTERM, workdir lock, metrics.jsonl and
 TensorBoard); this file only decides the config, the batches and the starting weights:
 
@@ -38,8 +38,8 @@ from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
 from pretrain_jax.finetune.evaluators import exact_match_evaluator, exact_match_scores  # noqa: F401
 from pretrain_jax.inference import load, sampling, scoring  # noqa: F401  (sampling: tests stub it)
 from pretrain_jax.models import ModelConfig, family_of
-from pretrain_jax.training import loop
-from pretrain_jax.training import workdir as workdir_lib
+from pretrain_jax.run import loop
+from pretrain_jax.run import workdir as workdir_lib
 from pretrain_jax.training.config import TrainConfig
 
 MODEL_OVERRIDES = tuple(f.name for f in dataclasses.fields(ModelOverrides))   # its model.*

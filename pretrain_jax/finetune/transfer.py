@@ -178,7 +178,7 @@ def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(
   (checkpoint_names); returns every row. A format that a checkpoint's family cannot fine-tune
   with (the generation format on BERT or T5) is left out for it, with a note on stderr; a
   format no checkpoint can use is refused."""
-  from pretrain_jax.inference import scoring  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.inference import scoring  # noqa: PLC0415
   names = checkpoint_names(inits)
   loaded = [run_lib.load_init(path) for path in inits]
   formats = tuple(formats) or (config.task.format,)
@@ -206,10 +206,11 @@ def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(
 def plot(rows: list, path: str, title: str = '') -> str:
   """Training loss (left) and the validation metric (right) against step, one line per run,
   as a PNG at `path` (local or gs://: written through the path layer); returns `path`."""
-  import io  # pylint: disable=g-import-not-at-top
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import io  # noqa: PLC0415
+
+  import matplotlib  # noqa: PLC0415
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # noqa: PLC0415
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
   colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red',
             'scratch (gen)': 'tab:brown', 'full (gen)': 'tab:orange'}
@@ -252,7 +253,7 @@ def report(rows: list, root: str, title: str = '', **fields) -> dict:
   <root>/transfer.png (plot) shows one checkpoint's runs; <root>/comparison.png
   (figures.comparison_figure) several checkpoints' or labelled-set sizes'. A failed plot is
   raised after the JSON line: it never costs the summary of runs already done."""
-  from pretrain_jax.finetune import figures  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.finetune import figures  # noqa: PLC0415
   print(table(rows), file=sys.stderr, flush=True)
   several = len({r.get('checkpoint', '') for r in rows}) > 1
   figures_asked = {}
@@ -265,7 +266,7 @@ def report(rows: list, root: str, title: str = '', **fields) -> dict:
     written[key] = paths.join(root, name)
     try:
       draw(rows, written[key], title)
-    except Exception as e:  # pylint: disable=broad-except  (raised once the summary is out)
+    except Exception as e:  # raised once the summary is out
       written[key], failed = None, failed or e
   result = dict(fields, png=written.get('png', written.get('comparison_png')),
                 comparison_png=written.get('comparison_png'), runs=rows, summary=summarize(rows))

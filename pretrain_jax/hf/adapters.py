@@ -19,7 +19,7 @@ class SentencePieceTokenizer:
   T5's public vocabulary: the model's embedding rows)."""
 
   def __init__(self, path: str, extra_ids: int = T5_EXTRA_IDS):
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    import sentencepiece as spm  # noqa: PLC0415
     self.sp = spm.SentencePieceProcessor()
     try:
       self.sp.Load(path)
@@ -48,7 +48,7 @@ class SentencePieceTokenizer:
   def encode(self, text: str) -> list:
     """Ids of `text`; `<extra_id_N>` is sentinel N wherever it stands (T5's spiece.model has
     no sentinel pieces: as plain text it would be spelled out)."""
-    from pretrain_jax.data import tokenizer as data_tok  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.data import tokenizer as data_tok  # noqa: PLC0415
     return data_tok.encode_with_sentinels(self.sp.encode, text, self.sentinel_id,
                                           self.extra_ids)
 

@@ -1,8 +1,16 @@
 """Hugging Face BERT (BertForPreTraining / BertForMaskedLM) <-> our BERT: the family record."""
 from pretrain_jax.hf import spm
 from pretrain_jax.hf.adapters import HFTokenizer
-from pretrain_jax.hf.family import (ACTIVATIONS, HF_ACTIVATIONS, HfFamily, activation,
-                                    clamp_seq_len, get, head_dim, learned_position_problems)
+from pretrain_jax.hf.record import (
+  ACTIVATIONS,
+  HF_ACTIVATIONS,
+  HfFamily,
+  activation,
+  clamp_seq_len,
+  get,
+  head_dim,
+  learned_position_problems,
+)
 from pretrain_jax.hf.rules import copy, heads_in, heads_out, linear, norm
 
 SPECIALS = {'pad': '[PAD]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]', 'unk': '[UNK]'}
@@ -64,7 +72,7 @@ def rules(cfg):
 
 def tokenizer(files: dict, settings: dict):
   """tokenizer.json, or vocab.txt (WordPiece, lowercasing as tokenizer_config.json says)."""
-  import tokenizers  # pylint: disable=g-import-not-at-top
+  import tokenizers  # noqa: PLC0415
   specials = {role: settings.get(f'{role}_token') or text for role, text in SPECIALS.items()}
   if 'tokenizer.json' in files:
     tok = tokenizers.Tokenizer.from_file(files['tokenizer.json'])

@@ -5,7 +5,7 @@ A fourth family is one new module here (ending with `HF = HfFamily(...)`) and on
 """
 from pretrain_jax import models
 from pretrain_jax.hf import bert, gpt2, t5
-from pretrain_jax.hf.family import HfFamily
+from pretrain_jax.hf.record import HfFamily
 
 RECORDS = (bert.HF, gpt2.HF, t5.HF)
 BY_NAME = {r.name: r for r in RECORDS}

@@ -8,8 +8,16 @@ import numpy as np
 from pretrain_jax import paths
 from pretrain_jax.hf import spm
 from pretrain_jax.hf.adapters import HFTokenizer
-from pretrain_jax.hf.family import (ACTIVATIONS, HF_ACTIVATIONS, HfFamily, activation,
-                                    clamp_seq_len, get, head_dim, learned_position_problems)
+from pretrain_jax.hf.record import (
+  ACTIVATIONS,
+  HF_ACTIVATIONS,
+  HfFamily,
+  activation,
+  clamp_seq_len,
+  get,
+  head_dim,
+  learned_position_problems,
+)
 from pretrain_jax.hf.rules import Rule, copy, norm
 
 
@@ -73,7 +81,7 @@ def rename(name: str) -> str:
 
 def tokenizer(files: dict, settings: dict):
   """tokenizer.json, or vocab.json + merges.txt (byte-level BPE)."""
-  import tokenizers  # pylint: disable=g-import-not-at-top
+  import tokenizers  # noqa: PLC0415
   specials = {'eos': settings.get('eos_token') or '<|endoftext|>',
               'pad': settings.get('pad_token'), 'unk': settings.get('unk_token')}
   if 'tokenizer.json' in files:

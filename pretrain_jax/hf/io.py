@@ -47,14 +47,14 @@ def _damaged(path: str, e: Exception) -> ValueError:
 def _read_safetensors(path: str) -> dict:
   try:
     return _read_safetensors_file(path)
-  except Exception as e:  # pylint: disable=broad-exception-caught  (SafetensorError, bad header)
+  except Exception as e:  # SafetensorError, bad header
     if isinstance(e, (ImportError, MemoryError)):
       raise
     raise _damaged(path, e) from None
 
 
 def _read_safetensors_file(path: str) -> dict:
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors import safe_open  # noqa: PLC0415
   with open(path, 'rb') as f:  # the header says each tensor's dtype; numpy has no bfloat16
     header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
   out = {}
@@ -68,7 +68,7 @@ def _read_safetensors_file(path: str) -> dict:
 
 
 def _read_bf16(path: str, header: dict, name: str) -> np.ndarray:
-  import ml_dtypes  # pylint: disable=g-import-not-at-top  (comes with jax)
+  import ml_dtypes  # noqa: PLC0415 (comes with jax)
   start, end = header[name]['data_offsets']
   with open(path, 'rb') as f:
     f.seek(8 + struct.unpack('<Q', f.read(8))[0] + start)
@@ -78,13 +78,13 @@ def _read_bf16(path: str, header: dict, name: str) -> np.ndarray:
 
 def _read_torch(path: str) -> dict:
   try:
-    import torch  # pylint: disable=g-import-not-at-top
+    import torch  # noqa: PLC0415
   except ImportError:
     raise ImportError(f'{path} is a PyTorch pickle; reading it needs torch '
                       '(pip install torch==2.13.0), or convert it to model.safetensors') from None
   try:
     state = torch.load(path, map_location='cpu', weights_only=True)
-  except Exception as e:  # pylint: disable=broad-exception-caught  (pickle / zip errors)
+  except Exception as e:  # pickle / zip errors
     raise _damaged(path, e) from None
   return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
 
@@ -194,7 +194,7 @@ def _default_permissions(root: str) -> None:
 
 def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> None:
   """Writes config.json + model.safetensors (+ tokenizer files) into an existing `out_dir`."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # noqa: PLC0415
   pad_id = eos_id = None
   if tokenizer is not None:
     pad_id, eos_id = _maybe(lambda: tokenizer.pad_id), _maybe(lambda: tokenizer.eos_id)

@@ -6,7 +6,7 @@ Layouts: torch Linear weight is (out, in), our kernels (in, out); attention kern
 (E, N, H) for q/k/v and (N, H, E) for the output.
 """
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 @dataclasses.dataclass(frozen=True)

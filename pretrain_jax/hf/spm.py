@@ -26,11 +26,9 @@ def tokenizer_files(model_path: str, roles: dict, bert_template: bool = False) -
   the piece that plays them; a role whose piece the model lacks is left out. `bert_template`:
   encoding with special tokens gives BERT's [CLS] A [SEP] (B [SEP]) and token types 0 / 1, as
   the project's BERT inputs are laid out."""
-  # pylint: disable=g-import-not-at-top
-  from sentencepiece import sentencepiece_model_pb2 as sp_model
   import tokenizers
+  from sentencepiece import sentencepiece_model_pb2 as sp_model
   from tokenizers import decoders, normalizers, pre_tokenizers, processors
-  # pylint: enable=g-import-not-at-top
   m = sp_model.ModelProto()
   m.ParseFromString(paths.read_bytes(model_path))
   if m.trainer_spec.model_type not in (UNIGRAM, CHAR) or m.trainer_spec.byte_fallback:

@@ -63,7 +63,7 @@ def load_tokenizer(hf_dir: str, family: str = None):
     return families.of(family).tokenizer(files, settings)
   except (ValueError, ImportError, OSError):  # already say what is wrong
     raise
-  except Exception as e:  # pylint: disable=broad-exception-caught  (tokenizers' own errors)
+  except Exception as e:  # tokenizers' own errors
     raise ValueError(f'the {family} tokenizer files {sorted(files)} in {hf_dir} could not be '
                      f'read ({type(e).__name__}: {e})') from None
 

@@ -9,15 +9,16 @@ equal the tensor they are tied to.
 import re
 
 import flax.linen as nn
-from flax import traverse_util
 import jax
 import numpy as np
+from flax import traverse_util
 
 from pretrain_jax.hf import families
 from pretrain_jax.hf.rules import Rule
 from pretrain_jax.models import family_of
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.describe import abstract_variables
+
 
 class MissingTensorError(KeyError, ValueError):
   """A tensor the model config.json describes is not in the checkpoint: a user error

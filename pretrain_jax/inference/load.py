@@ -13,7 +13,7 @@ count real tokens only, so left- and right-padded rows both work.
 """
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -24,10 +24,10 @@ import numpy as np
 from pretrain_jax import paths
 from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig, build, family_of, masks
+from pretrain_jax.ops import backends
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import TrainConfig
-from pretrain_jax.tuning import backends
 
 
 def check_inputs(cfg, names: dict, batch: dict) -> None:
@@ -53,7 +53,7 @@ def check_inputs(cfg, names: dict, batch: dict) -> None:
 
 class BertOutput(NamedTuple):
   logits: jax.Array                 # (B, T, V) masked-LM logits
-  nsp_logits: Optional[jax.Array]   # (B, 2) next-sentence logits (0 = IsNext), if trained
+  nsp_logits: jax.Array | None   # (B, 2) next-sentence logits (0 = IsNext), if trained
 
 
 def hf_batch(family, **given) -> dict:
@@ -96,8 +96,8 @@ class Pretrained:
   model_config: ModelConfig
   params: Any
   tokenizer: Any
-  step: Optional[int] = None
-  path: Optional[str] = None
+  step: int | None = None
+  path: str | None = None
 
   @property
   def family(self) -> str:
@@ -105,12 +105,12 @@ class Pretrained:
 
   # Read from .config at each use (a ConfigDict its holder may edit); each is a few dict reads.
   @property
-  def train_config(self) -> Optional[TrainConfig]:
+  def train_config(self) -> TrainConfig | None:
     """config.train as trained (None: a Hugging Face directory)."""
     return TrainConfig.from_config(self.config.train) if 'train' in self.config else None
 
   @property
-  def task(self) -> Optional[TaskConfig]:
+  def task(self) -> TaskConfig | None:
     """A fine-tune's config.task (None: not fine-tuned on a task)."""
     return TaskConfig.from_config(self.config.task) if 'task' in self.config else None
 
@@ -147,12 +147,12 @@ class Pretrained:
 
   def generate(self, prompts, **sampling) -> list:
     """GPT: continue each prompt; T5: fill its <extra_id_N> spans (inference.text)."""
-    from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.inference import text  # noqa: PLC0415
     return text.generate_text(self, prompts, **sampling)
 
   def fill_mask(self, text_with_masks: str, top_k: int = 5) -> list:
     """BERT: top-k (token, probability) for each [MASK] (inference.text)."""
-    from pretrain_jax.inference import text  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.inference import text  # noqa: PLC0415
     return text.fill_mask(self, text_with_masks, top_k)
 
   def predict(self, texts, text_pairs=None, *, batch_size: int = 32) -> list:
@@ -162,7 +162,7 @@ class Pretrained:
     decoding (greedy, or task.beam_size beams: the label whose decoded form the text is,
     classification.label_forms; else the decoded text, which is then no label at all). A T5
     fine-tuned on inputs -> targets gives the decoded targets."""
-    from pretrain_jax.data import classification, tasks  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.data import classification, tasks  # noqa: PLC0415
     family, trained_on = family_of(self.model_config), self.task
     labels = trained_on.labels if trained_on else ()
     text_to_text = family.task_layout.text_to_text and not labels and trained_on is not None
@@ -204,7 +204,7 @@ class Pretrained:
       batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()
                if k in family.batch_keys}
       if text_out:
-        from pretrain_jax.inference import beam, sampling  # pylint: disable=g-import-not-at-top
+        from pretrain_jax.inference import beam, sampling  # noqa: PLC0415
         kw = dict(max_new_tokens=d.target_len, eos_id=self.tokenizer.eos_id,
                   pad_id=self.tokenizer.pad_id)
         inputs, segments = batch['encoder_input_tokens'], batch['encoder_segment_ids']
@@ -225,8 +225,8 @@ class Pretrained:
 
   def _rank_labels(self, examples, labels, question: str, seq_len: int, batch_size: int):
     """The likeliest of `labels` after each example's prompt (a generation-format fine-tune)."""
-    from pretrain_jax.data import prompts  # pylint: disable=g-import-not-at-top
-    from pretrain_jax.inference import scoring  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.data import prompts  # noqa: PLC0415
+    from pretrain_jax.inference import scoring  # noqa: PLC0415
     contexts = [prompts.context(ex, question) for ex in examples]
     rows, _ = scoring.choice_rows(self.tokenizer, contexts, labels, seq_len + 1)
     logliks = scoring.loglikelihoods(self.params, self.model_config, rows,
@@ -260,13 +260,13 @@ def _split_checkpoint_path(path: str):
   return path, None
 
 
-def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) -> Pretrained:
+def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pretrained:
   """Load a training workdir (latest or `step`), one of its checkpoints, or a HF directory.
 
   `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
   """
-  from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import hf  # noqa: PLC0415
+  from pretrain_jax.hf import tokenizers as hf_tokenizers  # noqa: PLC0415
   if not paths.isdir(path):
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
                             'checkpoint directory or a Hugging Face model directory')
@@ -275,7 +275,7 @@ def load_pretrained(path: str, step: Optional[int] = None, **model_overrides) ->
     config = ml_collections.ConfigDict({'model': cfg.to_dict()})
     return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer,
                       path=paths.absolute(path))
-  from pretrain_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  from pretrain_jax.run import checkpoint  # noqa: PLC0415
   workdir, path_step = _split_checkpoint_path(path)
   if step is not None and path_step is not None and step != path_step:
     raise ValueError(f'{path} is checkpoint {path_step} but step={step} was asked for; expected '
@@ -292,9 +292,9 @@ def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
   """<workdir>/hf_tokenizer holding the tokenizer files of the Hugging Face directory `folder`
   (copied once, by the process that `write`s; an imported workdir keeps them there too);
   returns that directory."""
-  from pretrain_jax.hf import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
-  target = paths.join(paths.absolute(workdir), hf_workdir.HF_TOKENIZER_DIR)
+  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415
+  from pretrain_jax.hf import tokenizers as hf_tokenizers  # noqa: PLC0415
+  target = paths.join(paths.absolute(workdir), hf_convert.HF_TOKENIZER_DIR)
   if write and paths.absolute(folder) != target:
     for path in hf_tokenizers.tokenizer_files(folder):
       copy = paths.join(target, paths.basename(path))
@@ -306,9 +306,9 @@ def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
 def _workdir_tokenizer(workdir: str, config):
   """The tokenizer config.data names: Hugging Face tokenizer files (hf.workdir.data_tokenizer)
   or the project's sentencepiece model."""
-  from pretrain_jax import data  # pylint: disable=g-import-not-at-top
-  from pretrain_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
-  tokenizer = hf_workdir.data_tokenizer(config, workdir)
+  from pretrain_jax import data  # noqa: PLC0415
+  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415
+  tokenizer = hf_convert.data_tokenizer(config, workdir)
   if tokenizer is not None:
     return tokenizer
   d = data_section(config.data)

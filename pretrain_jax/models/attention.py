@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from pretrain_jax.models import masks
-from pretrain_jax.tuning import backends
+from pretrain_jax.ops import backends
 
 IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash')
 HALF = (jnp.bfloat16, jnp.float16)
@@ -48,7 +48,7 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
       dropout_fn(probs, dropout_rng, dropout_rate) (default flax.linen.Dropout's).
     implementation: one of IMPLEMENTATIONS; what runs is runnable_implementation's answer for
       `backend` ('' = JAX's default backend).
-    Layers pass their ModelConfig's tuning.dropout and tuning.platform (tuning/backends.py).
+    Layers pass their ModelConfig's tuning.dropout and tuning.platform (ops/backends.py).
 
   Returns:
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.

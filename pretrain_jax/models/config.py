@@ -1,12 +1,12 @@
 """The frozen model dataclass: the one boundary between ml_collections configs and modules."""
 import dataclasses
 import numbers
-from typing import Any, Optional
+from typing import Any
 
 import jax.numpy as jnp
 
 from pretrain_jax.models.attention import IMPLEMENTATIONS
-from pretrain_jax.tuning.backends import PLAIN, Tuning
+from pretrain_jax.ops.backends import PLAIN, Tuning
 
 FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
@@ -46,16 +46,16 @@ class ModelConfig:
   attention_impl: str = 'auto'           # see pretrain_jax.models.attention.IMPLEMENTATIONS
   activation: str = 'gelu'
   position_embedding: str = 'learned'
-  kernel_init: Optional[str] = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in':
+  kernel_init: str | None = None      # 'normal': N(0, 0.02) (BERT/GPT-2); 'fan_in':
                                          # N(0, 1/fan_in) (T5); 'torch_default' (gpt only):
                                          # PyTorch's nn.Linear U(+-1/sqrt(fan_in)) weights and
                                          # biases, nn.Embedding N(0, 1)
-  norm: Optional[str] = None             # 'layernorm' (BERT/GPT) or 'rmsnorm' (T5: no bias)
-  dense_bias: Optional[bool] = None      # biases on dense layers (T5: none)
-  fold_query_scale: Optional[bool] = None  # no 1/sqrt(head_dim) on logits; the query init
+  norm: str | None = None             # 'layernorm' (BERT/GPT) or 'rmsnorm' (T5: no bias)
+  dense_bias: bool | None = None      # biases on dense layers (T5: none)
+  fold_query_scale: bool | None = None  # no 1/sqrt(head_dim) on logits; the query init
                                          # carries it (T5)
-  mlp_dropout: Optional[bool] = None     # dropout on the feed-forward activations (T5)
-  embedding_dropout: Optional[bool] = None  # dropout on the summed embeddings (all three
+  mlp_dropout: bool | None = None     # dropout on the feed-forward activations (T5)
+  embedding_dropout: bool | None = None  # dropout on the summed embeddings (all three
                                          # published models; the chapter-41 skeleton: none)
   causal: bool = True                    # gpt: causal self-attention; False = the same stack
                                          # bidirectional (a BERT-like encoder, trained with MLM)
@@ -81,7 +81,7 @@ class ModelConfig:
   remat: str = 'none'                    # rematerialisation of each layer
   deterministic: bool = True             # no dropout (eval); training uses .replace(False)
   decode: bool = False                   # key/value cache, one new token per call
-  tuning: Tuning = PLAIN                 # how the backend computes (tuning/backends.py): chosen
+  tuning: Tuning = PLAIN                 # how the backend computes (ops/backends.py): chosen
                                          # by the step builder, not a config key
 
   def __post_init__(self):

@@ -5,7 +5,7 @@ needs "which family?" asks the record (`pretrain_jax.models.family_of(cfg)`) ins
 branching on the name. A fourth family is one new module and one line in models/__init__.py.
 """
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Family:
   forward_flops: Callable          # (cfg, batch_size, seq_len, target_len, head_positions)
   hf_inputs: tuple = ()            # (Hugging Face keyword, batch key) pairs of its __call__
   heads: tuple = ()                # Head records
-  generation: Optional[str] = None  # 'continue' (GPT), 'fill_spans' (T5), None
+  generation: str | None = None  # 'continue' (GPT), 'fill_spans' (T5), None
   fills_masks: bool = False        # predicts [MASK] tokens in place (BERT)
   task_layout: TaskLayout = TaskLayout()  # a labelled example as a row (fine-tuning, predict)
   encoder_decoder: bool = False    # a separate decoder stack of cfg.decoder_layers (T5)
@@ -79,7 +79,7 @@ class Family:
     return 'prefix_lm' if cfg.prefix_lm else self.objective
 
   @property
-  def classifier(self) -> Optional[Head]:
+  def classifier(self) -> Head | None:
     """The sequence-classification head (switched on by model.num_classes), or None: the
     family classifies text to text (T5), with no head a linear probe could train."""
     return next((h for h in self.heads if h.enabled == 'num_classes'), None)

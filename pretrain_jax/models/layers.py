@@ -1,6 +1,6 @@
 """Layers shared by the three families. Every parameter carries logical axis names."""
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -14,7 +14,7 @@ from pretrain_jax.models.config import ModelConfig
 Init = nn.initializers
 
 
-def param_init(cfg: ModelConfig, fan_in: Optional[int] = None, scale: float = 1.0):
+def param_init(cfg: ModelConfig, fan_in: int | None = None, scale: float = 1.0):
   """Kernel init: normal(0.02) (BERT/GPT-2); with kernel_init='fan_in', normal(1/sqrt(fan_in))
   (T5, as in Mesh TensorFlow); with 'torch_default', uniform(+-1/sqrt(fan_in)) as PyTorch's
   nn.Linear (`scale` ignored: PyTorch does not shrink residual outputs). `scale` shrinks

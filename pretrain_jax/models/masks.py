@@ -17,14 +17,13 @@ segment_ids = [1, 1, 2, 2, 0], combined with causal_mask(5) gives
     3    0 0 1 1 0
     4    0 0 0 0 0     <- padding sees nothing (the core returns zeros for this row)
 """
-from typing import Optional
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 
-def causal_mask(q_len: int, kv_len: Optional[int] = None, offset=0) -> jnp.ndarray:
+def causal_mask(q_len: int, kv_len: int | None = None, offset=0) -> jnp.ndarray:
   """Query i sees keys j <= i + offset.
 
   `offset` (scalar or (B,) array) is the index of the first query among the keys, used when
@@ -39,7 +38,7 @@ def causal_mask(q_len: int, kv_len: Optional[int] = None, offset=0) -> jnp.ndarr
 
 
 def segment_mask(q_segment_ids: jnp.ndarray,
-                 kv_segment_ids: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+                 kv_segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
   """Padding and packing in one: (B, T) x (B, S) 1-based segment ids (0 = padding).
 
   Query i sees key j iff both are real tokens of the same document. Returns (B, 1, T, S).
@@ -59,7 +58,7 @@ def cross_mask(decoder_segment_ids: jnp.ndarray,
   return segment_mask(decoder_segment_ids, encoder_segment_ids)
 
 
-def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
+def combine_masks(*masks: jnp.ndarray | None) -> jnp.ndarray | None:
   """Logical AND of the given masks (None entries are ignored; all None -> None)."""
   masks = [m for m in masks if m is not None]
   if not masks:
@@ -130,11 +129,11 @@ class AttentionMask:
       cache); only paths that materialize the mask can read it.
     causal: query i sees keys j <= i (static).
   """
-  q_segment_ids: Optional[jax.Array] = None
-  kv_segment_ids: Optional[jax.Array] = None
-  prefix: Optional[jax.Array] = None
-  bias: Optional[jax.Array] = None
-  dense_mask: Optional[jax.Array] = None
+  q_segment_ids: jax.Array | None = None
+  kv_segment_ids: jax.Array | None = None
+  prefix: jax.Array | None = None
+  bias: jax.Array | None = None
+  dense_mask: jax.Array | None = None
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
@@ -157,7 +156,7 @@ class AttentionMask:
       return None
     return self.q_segment_ids, (self.kv_segment_ids if self.cross else self.q_segment_ids)
 
-  def dense(self, q_len: int, kv_len: int, *, causal: Optional[bool] = None):
+  def dense(self, q_len: int, kv_len: int, *, causal: bool | None = None):
     """The bool mask (B|1, 1, T, S) of every part but the bias; None if nothing is hidden.
 
     `causal=False` leaves the causal part out, for a kernel told it as a flag (the prefix, an

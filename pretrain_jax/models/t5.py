@@ -106,7 +106,7 @@ class Encoder(nn.Module):
 
 def _per_row(cfg: ModelConfig, bias, batch: int):
   """With cfg.tuning.bias_per_row on the reference attention path: (1, N, T, S) -> (B, N, T, S),
-  once for the whole stack (tuning/backends.py says why); otherwise the bias as it is."""
+  once for the whole stack (ops/backends.py says why); otherwise the bias as it is."""
   if not cfg.tuning.bias_per_row or layers.attention_path(cfg, bias=True) != 'reference':
     return bias
   return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from pretrain_jax.data.config import DataConfig
-from pretrain_jax.models import ModelConfig, family_of, flops
+from pretrain_jax.models import ModelConfig, cost, family_of
 from pretrain_jax.models.layers import attention_path
 from pretrain_jax.objectives import span_corruption
 from pretrain_jax.perf.config import BenchmarkConfig
+from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.training import mesh as mesh_lib
-from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
@@ -66,7 +66,7 @@ def measure_peak_flops(dtype=jnp.float32, size: int = None, repeats: int = 7,
 
 
 def datasheet_peak_flops() -> float:
-  """The table peak (TPU/GPU bf16) from training.metrics; None where none is known (CPU)."""
+  """The table peak (TPU/GPU bf16) from run.metrics; None where none is known (CPU)."""
   if jax.devices()[0].platform == 'cpu':
     return None
   peak = metrics_lib.peak_flops_per_device() * jax.device_count()
@@ -167,7 +167,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   # against the probe beside it, so a shared machine whose speed drifts between runs (step and
   # matmul slowing down together) still reads the same MFU.
   probe = None if peak_flops else peak_probe(model_cfg.dtype, probe_size or None)
-  tokens, model_flops = flops.batch_cost(model_cfg, batch_np, max_predictions)
+  tokens, model_flops = cost.batch_cost(model_cfg, batch_np, max_predictions)
   times, peaks = [], []
   for _ in range(steps):
     start = time.perf_counter()

@@ -11,7 +11,8 @@ import copy
 import dataclasses
 import math
 import types
-from typing import Any, Callable, Iterable, Mapping, Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -80,9 +81,9 @@ def with_variant(config: ml_collections.ConfigDict, name: str) -> ml_collections
   return out
 
 
-def run(entries: Iterable[tuple], variants: Iterable[str], *, steps: Optional[int] = None,
-        warmup: Optional[int] = None, peak_flops: Optional[float] = None,
-        xla_flags: str = '', on_error: Callable = None, profile_dir: Optional[str] = None):
+def run(entries: Iterable[tuple], variants: Iterable[str], *, steps: int | None = None,
+        warmup: int | None = None, peak_flops: float | None = None,
+        xla_flags: str = '', on_error: Callable = None, profile_dir: str | None = None):
   """Yield one record per (model, variant): each entry (name, config) is timed under each
   in-process variant in turn (benchmark.benchmark_train_step). A failure (out of memory, a
   path the backend lacks) is a record with `error` (its one line, from `on_error(exc)` or

@@ -38,7 +38,7 @@ class TrainConfig(Section):
   max_predictions_per_seq: int = -1  # LM head only on this many loss-weighted positions per
                                     # row (exact: a fuller row runs them all); -1 = the MLM
                                     # objective's bound (128 of 512), 0 = every position
-  fp8: bool = False                 # dense layers in fp8 (tuning/fp8.py); NVIDIA GPUs of
+  fp8: bool = False                 # dense layers in fp8 (ops/fp8.py); NVIDIA GPUs of
                                     # compute capability >= 8.9 only (H100, L4, ...)
   seed: int = 0                     # parameter init and dropout randomness
   prng_impl: str = 'threefry2x32'   # dropout key's PRNG (jax.random.key impl); 'philox4x32'
@@ -127,7 +127,7 @@ class RunConfig(NamedTuple):
   def from_config(cls, config, data=None) -> 'RunConfig':
     """`data`: the data section already read (a fine-tune's); default config.data."""
     # (imported here: configs/ import this module, the model section imports jax)
-    from pretrain_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    from pretrain_jax.models.config import ModelConfig  # noqa: PLC0415
     run = cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
               MeshConfig.from_config(config.mesh),
               DataConfig.from_config(config.data) if data is None else data)

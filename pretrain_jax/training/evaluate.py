@@ -5,6 +5,7 @@ Training-time validation and pretrain-jax evaluate run the same jitted eval step
 training/task.metrics_from_sums, each a ratio of sums over all batches (no average of averages).
 """
 import itertools
+import math
 import sys
 import time
 
@@ -13,8 +14,8 @@ import jax
 import numpy as np
 
 from pretrain_jax.models import ModelConfig, build, family_of
-from pretrain_jax.training import state as state_lib, task
-from pretrain_jax.training.metrics import format_eta
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training import task
 
 
 def evaluate(eval_step, params, batches, max_batches: int = 0, progress=None) -> dict:
@@ -63,3 +64,10 @@ def random_init_params(cfg: ModelConfig, seed: int = 0):
   args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(8, cfg.nsp))
   init = lambda key: model.init(key, *args, **kwargs)['params']
   return nn.unbox(state_lib.run_once(init, jax.random.key(seed)))
+
+
+def format_eta(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return '?'
+  seconds = int(seconds)
+  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'

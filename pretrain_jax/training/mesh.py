@@ -5,7 +5,7 @@ sharded too) and `tensor` (Megatron: heads, mlp and vocab split); the batch spli
 `data` and `fsdp`.
 """
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -9,11 +9,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pretrain_jax.models import family_of
+from pretrain_jax.ops import backends
 from pretrain_jax.training import mesh as mesh_lib
-from pretrain_jax.tuning import backends
 
 
 class TrainState(flax.struct.PyTreeNode):

@@ -5,20 +5,22 @@ one bit for bit. Microbatches differentiate `total_loss(their sums, the FULL bat
 denominators)`, whose gradients add up to exactly the full batch's.
 """
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.ops import backends
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import task
 from pretrain_jax.training.config import TrainConfig
-from pretrain_jax.tuning import backends
 
 
 def split_microbatches(batch: dict, microbatches: int) -> dict:
@@ -135,7 +137,7 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
   """The one path from a model and a `config.train` section to jitted, sharded steps.
 
   `init_length`: the length of the batch that sizes the parameters (they do not depend on it).
-  The model's tuning is chosen here, once, from the mesh's devices (tuning/backends.py).
+  The model's tuning is chosen here, once, from the mesh's devices (ops/backends.py).
   """
   model_cfg = model_cfg.replace(tuning=backends.for_device(mesh.devices.flat[0], t.fp8))
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)

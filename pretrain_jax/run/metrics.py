@@ -13,6 +13,7 @@ import numpy as np
 
 from pretrain_jax import paths
 from pretrain_jax.training import task
+from pretrain_jax.training.evaluate import format_eta
 
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
 PEAK_TFLOPS = {'tpu v2': 45.0, 'tpu v3': 123.0, 'tpu v4': 275.0, 'tpu v5 lite': 197.0,
@@ -87,7 +88,7 @@ class MetricWriter:
       return
     workdir = paths.absolute(workdir)
     paths.makedirs(workdir)
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    from tensorboardX import SummaryWriter  # noqa: PLC0415
     self.path = paths.join(workdir, 'metrics.jsonl')
     self.tb_dir = paths.join(workdir, 'tensorboard')
     # gs://: not tensorboardX's own writer, whose background uploads retry 120 s on a failure
@@ -177,13 +178,6 @@ def interval_mean(rows: list) -> dict:
     loss = out['lm_loss']
     out['lm_perplexity'] = math.exp(loss) if loss < 709.0 else math.inf   # (as jnp.exp)
   return out
-
-
-def format_eta(seconds: float) -> str:
-  if not math.isfinite(seconds):
-    return '?'
-  seconds = int(seconds)
-  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
 def progress_line(step: int, total: int, scalars: dict) -> str:

@@ -6,7 +6,7 @@ PLAIN is the default of every ModelConfig: jnp.dot, flax.linen.Dropout, one (1, 
 for all rows, a whole-row maximum in the loss, all(isfinite) for the state check, and attention
 paths for JAX's default backend (`platform` ''). for_platform gives GPUs and TPUs the same with
 their platform named, so the attention core picks its path for the step's devices. CPU swaps in
-XLA:CPU's faster forms (tuning/cpu.py). Every CPU form computes the plain form's values except
+XLA:CPU's faster forms (ops/cpu.py). Every CPU form computes the plain form's values except
 dropout, whose 16-bit masks are another random stream (the CPU runs in docs/ were made with
 it, so on CPU it stays).
 
@@ -19,7 +19,7 @@ anyway. jax.nn.dot_product_attention ('xla', 'cudnn') keeps the (1, N, T, S) bia
 never handed a per-row bias and gradient it would otherwise reduce over the batch itself.
 
 `matmul` with train.fp8 (`for_device`): every dense layer in fp8 on GPUs that have fp8 tensor
-cores (tuning/fp8.py); refused on other devices, where it would only emulate the rounding.
+cores (ops/fp8.py); refused on other devices, where it would only emulate the rounding.
 
 `blockwise_max` (training/losses.py): the loss finds each row's maximum block by block, so the
 row is read once by a plain max. Not on accelerators: a vocabulary-sharded (tensor-parallel)
@@ -28,14 +28,14 @@ fused reduction there.
 """
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from pretrain_jax.tuning import cpu
-from pretrain_jax.tuning import fp8
+from pretrain_jax.ops import cpu, fp8
 
 
 def dropout(x, rng, rate: float):
@@ -78,7 +78,7 @@ class Tuning:
   bias_per_row: bool           # T5, reference attention: the bias broadcast once per stack
   blockwise_max: bool          # losses: the row maximum found block by block
   all_finite: Callable         # tree -> () bool: the train step's state_finite
-  init_compiler_options: Optional[Mapping[str, Any]]   # programs that run once (run_once)
+  init_compiler_options: Mapping[str, Any] | None   # programs that run once (run_once)
 
   def __repr__(self):
     return f'Tuning({self.name!r})'
@@ -102,7 +102,7 @@ def for_platform(platform: str) -> Tuning:
 
 @functools.cache
 def with_fp8(platform: str) -> Tuning:
-  """for_platform(platform) with fp8 dense layers (tuning/fp8.py); one record per process."""
+  """for_platform(platform) with fp8 dense layers (ops/fp8.py); one record per process."""
   return dataclasses.replace(for_platform(platform), name=f'{platform}+fp8', matmul=fp8.matmul)
 
 

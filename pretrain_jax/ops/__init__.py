@@ -1,4 +1,4 @@
-"""Backend tuning behind one seam; model code reads as plain Flax.
+"""The operations whose form depends on the backend a step runs on; model code reads as plain Flax.
 
   backends.py  the Tuning record: PLAIN (every ModelConfig's default) and CPU, chosen once per
                train step from its devices by training.step.make_steps (for_device)
@@ -6,8 +6,6 @@
                gradients, one scale per tensor from its current maximum
   cpu.py       the XLA:CPU forms CPU swaps in (dense-layer weight gradients, 16-bit dropout
                masks, the state's finiteness check, init programs' compiler options)
-  process.py   glibc malloc and library env settings, applied by the commands at start
 
 A bottom layer like paths.py: every package but cloud/ may import it; it imports none of them.
-Nothing is imported here, so `process` loads without JAX.
 """

@@ -16,9 +16,10 @@ import threading
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax._src import distributed
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 _NOTICES = 'pretrain_jax/stopped/'   # jax.distributed's key-value directory of stop notices
 _ON_PEER_STOP = []   # fn(notice) the command registered (it exits: a collective cannot be left)
@@ -35,7 +36,7 @@ def announce_stop(line: str) -> None:
   try:
     client.key_value_set(f'{_NOTICES}{jax.process_index()}',
                          f'process {jax.process_index()}: {line}')
-  except Exception:  # pylint: disable=broad-except  (the coordinator gone: gloo's error says so)
+  except Exception:  # the coordinator gone: gloo's error says so
     pass
 
 
@@ -61,7 +62,7 @@ def _watched():
     while not done.wait(0.2):
       try:
         notices = [v for k, v in sorted(client.key_value_dir_get(_NOTICES)) if k != me]
-      except Exception:  # pylint: disable=broad-except  (the collective reports the peer gone)
+      except Exception:  # the collective reports the peer gone
         return
       if notices and not done.is_set():
         _ON_PEER_STOP[0](notices[0])

@@ -39,7 +39,7 @@ class StepProfiler:
     try:
       jax.profiler.start_trace(local, create_perfetto_trace=True)
       self.local = local
-    except Exception as e:  # pylint: disable=broad-exception-caught  (not worth a run)
+    except Exception as e:  # not worth a run
       self.line(f'warning: the profile could not start ({type(e).__name__}: {e}); training on')
 
   def after_step(self, step: int, outputs) -> bool:
@@ -63,7 +63,7 @@ class StepProfiler:
       if local != self.target:
         paths.copy_tree(local, self.target)
         paths.rmtree(local)
-    except Exception as e:  # pylint: disable=broad-exception-caught  (a trace is not worth a run)
+    except Exception as e:  # a trace is not worth a run
       self.line(f'warning: the profile of {steps} was not written to {self.target} '
                 f'({type(e).__name__}: {e}); anything written is in {local}')
       return

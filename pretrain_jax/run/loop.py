@@ -11,19 +11,19 @@ import jax
 import numpy as np
 
 from pretrain_jax import paths
-from pretrain_jax.models import family_of, flops
+from pretrain_jax.models import cost, family_of
 from pretrain_jax.models.attention import implementation_notes
-from pretrain_jax.training import agreement
-from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.run import agreement
+from pretrain_jax.run import checkpoint as ckpt_lib
+from pretrain_jax.run import lock as lock_lib
+from pretrain_jax.run import metrics as metrics_lib
+from pretrain_jax.run import profiler as profiler_lib
+from pretrain_jax.run import workdir as workdir_lib
 from pretrain_jax.training import evaluate as eval_lib
-from pretrain_jax.training import lock as lock_lib
 from pretrain_jax.training import mesh as mesh_lib
-from pretrain_jax.training import metrics as metrics_lib
 from pretrain_jax.training import optimizer as opt_lib
-from pretrain_jax.training import profiler as profiler_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
-from pretrain_jax.training import workdir as workdir_lib
 from pretrain_jax.training.config import RunConfig
 
 
@@ -33,7 +33,7 @@ def open_datasets(run: RunConfig, datasets, workdir: str, tokenizer=None):
   was loaded and checked by the caller (a Hugging Face one); else the workdir's is used."""
   d, tokenizer_path = run.data, ''
   if datasets is None:
-    from pretrain_jax import data  # pylint: disable=g-import-not-at-top  (pulls in tensorflow)
+    from pretrain_jax import data  # noqa: PLC0415 (pulls in tensorflow)
     source = workdir_lib.shared_source(d, workdir)
     if tokenizer is None:
       tokenizer = workdir_lib.shared_tokenizer(d, workdir, source)
@@ -239,7 +239,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     while step < t.steps:
       batch = global_batch(next(train_iter), steps.batch_sharding)
       if step == start:
-        tokens_per_step, flops_per_step = flops.batch_cost(
+        tokens_per_step, flops_per_step = cost.batch_cost(
             model_cfg, batch, steps.max_predictions, t.freeze_backbone)
       profiler.before(step)
       state, metrics = steps.train_step(state, batch)
@@ -286,7 +286,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
         check_held(step)
         try:                    # gs:// buffers rows: those up to a checkpoint outlive a kill -9
           writer.flush()
-        except Exception as e:  # pylint: disable=broad-exception-caught  (the save matters more)
+        except Exception as e:  # the save matters more
           writer.line(f'warning: metrics not written before saving step {step} ({e}); saving')
         checkpointer.save(step, state, train_iter.get_state())
       if eval_now or save_now:

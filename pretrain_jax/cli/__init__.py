@@ -1,7 +1,11 @@
-"""What every command shares (it imports this module first, ends with `cli.run(main)`): quiet
-library logs, and a user error (a bad flag, config value or path, a damaged checkpoint, a held
-workdir) as one `error: <what, the value, what is expected>` line and exit 2. `--verbose`
-restores the libraries' INFO logs and every traceback.
+"""What every command shares (commands/__init__.py imports it first; each command ends with
+`cli.run(main)`): quiet library logs, and a user error (a bad flag, config value or path, a
+damaged checkpoint, a held workdir) as one `error: <what, the value, what is expected>` line
+and exit 2. `--verbose` restores the libraries' INFO logs and every traceback.
+
+  process.py         glibc malloc and library env settings, applied at import (`process.start`)
+  terminal.py        how a command ends: a summary on stderr, one JSON line on stdout
+  finetune_flags.py  the flags finetune and transfer share
 """
 import os
 import re
@@ -9,7 +13,7 @@ import sys
 import threading
 import traceback
 
-from pretrain_jax.tuning import process
+from pretrain_jax.cli import process
 
 # At import: process.start() must run before any thread starts (glibc's arena limit binds only
 # later threads) and before TensorFlow loads (it reads its log settings then).
@@ -51,7 +55,7 @@ def _fail(line: str) -> None:
 
 def argument_parser(description: str, **kw):
   """argparse.ArgumentParser whose errors are one `error: ...; see --help` line, exit 2."""
-  import argparse  # pylint: disable=g-import-not-at-top
+  import argparse  # noqa: PLC0415
 
   class Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -61,9 +65,10 @@ def argument_parser(description: str, **kw):
 
 def quiet(verbose: bool) -> None:
   """absl (orbax, tfds) and Python warnings at ERROR unless verbose."""
-  import logging as py_logging  # pylint: disable=g-import-not-at-top
-  import warnings  # pylint: disable=g-import-not-at-top
-  from absl import logging  # pylint: disable=g-import-not-at-top
+  import logging as py_logging  # noqa: PLC0415
+  import warnings  # noqa: PLC0415
+
+  from absl import logging  # noqa: PLC0415
   if verbose:
     logging.set_verbosity(logging.INFO)
     py_logging.getLogger('pretrain_jax').setLevel(py_logging.INFO)   # e.g. each skipped record
@@ -81,8 +86,8 @@ def quiet(verbose: bool) -> None:
 
 def _quiet_unraisable(unraisable) -> None:
   """sys.unraisablehook without the asyncio leftovers of abandoned library coroutines."""
-  import asyncio  # pylint: disable=g-import-not-at-top
-  import inspect  # pylint: disable=g-import-not-at-top
+  import asyncio  # noqa: PLC0415
+  import inspect  # noqa: PLC0415
   error, leftover = unraisable.exc_value, unraisable.object
   if not (isinstance(error, RuntimeError) and 'Event loop is closed' in str(error)
           or inspect.iscoroutine(leftover) or isinstance(leftover, asyncio.Future)):
@@ -98,7 +103,7 @@ def use_cpu_devices(count: int) -> None:
   if count and 'xla_force_host_platform_device_count' not in flags:
     process.keep_freed_memory(count)   # arenas for `count` devices, while no thread took one
     os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={count}'.strip()
-    import jax  # pylint: disable=g-import-not-at-top
+    import jax  # noqa: PLC0415
     if jax.default_backend() == 'cpu' and jax.local_device_count() != count:
       raise ValueError(f'cpu_devices={count} came too late: JAX already runs on '
                        f'{jax.local_device_count()} CPU device(s); set XLA_FLAGS='
@@ -143,7 +148,7 @@ def config_variant_error(text: str) -> str:
 
 def parse_flags(argv):
   """absl's flag parsing (an absl.app flags_parser), with a parse error as one line, exit 2."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags  # noqa: PLC0415
   try:
     rest = flags.FLAGS(argv)
   except SystemExit as e:   # absl's --help / --helpfull print the usage, then exit 1
@@ -165,7 +170,7 @@ def parse_flags(argv):
       if not hasattr(flag.value, 'unlock'):   # a file that failed to load raises OSError here
         raise TypeError(f'get_config() returned a {type(flag.value).__name__}, not an '
                         'ml_collections.ConfigDict')
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       path = flag.config_filename
       reason = ('no such file' if not os.path.exists(path.split(':')[0])
                 else one_line(e.__cause__ or e)[7:])
@@ -182,7 +187,7 @@ def config_of(holder, kind: str):
                 None)
   if actual == kind:
     return config
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags  # noqa: PLC0415
   what = (f'a {actual} config (read by {CONFIG_KINDS[actual][1]})' if actual else
           'not a config of any command (no ' + ', '.join(
               k for k in CONFIG_KINDS[kind][0] if k not in config) + ' section)')
@@ -194,7 +199,7 @@ def config_of(holder, kind: str):
 def join_processes(address, num_processes, process_id, timeout_s: float) -> None:
   """jax.distributed.initialize with a deadline of our own: at its own, JAX aborts in C++ (a
   native stack, nothing a user can act on). The watchdog says what was waited for, exits 2."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # noqa: PLC0415
   joined = threading.Event()
 
   def watchdog():
@@ -206,7 +211,7 @@ def join_processes(address, num_processes, process_id, timeout_s: float) -> None
           '(--init_timeout); expected the same command running on every host, with the same '
           '--coordinator_address and --num_processes, each --process_id once, and the '
           "coordinator's port reachable from every host", file=sys.stderr, flush=True)
-    os._exit(2)  # pylint: disable=protected-access  (JAX's wait cannot be interrupted)
+    os._exit(2)  # JAX's wait cannot be interrupted
 
   threading.Thread(target=watchdog, name='join_processes_watchdog', daemon=True).start()
   # JAX's preemption service installs a C-level SIGTERM handler that only records the notice
@@ -248,9 +253,9 @@ def _exit(code: int) -> None:
     sys.exit(code)
   sys.stdout.flush()
   sys.stderr.flush()
-  from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import paths  # noqa: PLC0415
   paths.remove_staged()           # what the atexit handler would have done
-  os._exit(code)  # pylint: disable=protected-access
+  os._exit(code)
 
 
 def call(fn, *args, verbose: bool = False):
@@ -267,7 +272,7 @@ def call(fn, *args, verbose: bool = False):
       raise
     print('interrupted (Ctrl-C)', file=sys.stderr, flush=True)
     _exit(130)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     gone = bool(_JOINED) and any(s in str(e) for s in _PEER_GONE)   # a collective's peer
     if verbose or not (gone or is_user_error(e)):
       if not _JOINED:
@@ -287,12 +292,13 @@ def run(main, argv=None, positional: bool = False) -> None:
   """absl.app.run(main) on argv (default sys.argv) with quiet logs, `--verbose`, named configs
   and one-line user errors. Arguments that are not flags are refused unless `positional` (main
   reads them): absl hands them to main, where `del argv` dropped them without a word."""
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from absl import app, flags  # noqa: PLC0415
   if 'verbose' not in flags.FLAGS:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
   if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):   # a rerun loads its compiled steps
-    import jax  # pylint: disable=g-import-not-at-top
-    from pretrain_jax import paths  # pylint: disable=g-import-not-at-top
+    import jax  # noqa: PLC0415
+
+    from pretrain_jax import paths  # noqa: PLC0415
     jax.config.update('jax_compilation_cache_dir', os.path.join(paths.cache_dir(), 'jax'))
 
   def parse(argv):
@@ -308,7 +314,7 @@ def run(main, argv=None, positional: bool = False) -> None:
 def named_configs(argv: list) -> list:
   """argv with `--config NAME[:variant]` (a bare name, no such file) as the packaged config's
   path, so `--config gpt2_small` and `--config configs/gpt2_small.py` both work anywhere."""
-  import configs  # pylint: disable=g-import-not-at-top
+  import configs  # noqa: PLC0415
   out = list(argv)
   for i, arg in enumerate(out):
     if arg.startswith('--config='):

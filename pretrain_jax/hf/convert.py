@@ -1,4 +1,4 @@
-"""Hugging Face directory <-> training workdir (the layout of pretrain_jax.training.checkpoint).
+"""Hugging Face directory <-> training workdir (the layout of pretrain_jax.run.checkpoint).
 
 Import writes, into a temporary directory renamed into place at the end:
 
@@ -26,15 +26,15 @@ import ml_collections
 import numpy as np
 
 from pretrain_jax import paths
+from pretrain_jax.data.config import TaskConfig
 from pretrain_jax.hf import families
 from pretrain_jax.hf import io as io_lib
 from pretrain_jax.hf import tokenizers as tok_lib
-from pretrain_jax.data.config import TaskConfig
 from pretrain_jax.models import ModelConfig, family_of
-from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.run import checkpoint as ckpt_lib
+from pretrain_jax.run import workdir as train_workdir
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
-from pretrain_jax.training import workdir as train_workdir
 from pretrain_jax.training.config import TrainConfig
 
 HF_TOKENIZER_DIR = 'hf_tokenizer'
@@ -160,7 +160,7 @@ def _check_recorded_tokenizer(name: str, workdir: str) -> None:
   """Refuses a Hugging Face tokenizer directory other than the one the workdir was trained or
   imported with, or a switch between such a directory and a sentencepiece model: its ids mean
   other pieces to the trained embedding. Sentencepiece to sentencepiece is
-  training.workdir.write_config's check (it compares the workdir's copy)."""
+  run.workdir.write_config's check (it compares the workdir's copy)."""
   saved = train_workdir.read_config(workdir) if paths.isdir(workdir) else None
   recorded = saved['data']['tokenizer'] if saved and 'data' in saved else ''
   if paths.basename(recorded) == HF_TOKENIZER_DIR and not paths.isdir(recorded):
@@ -212,7 +212,7 @@ def workdir_tokenizer(workdir: str, config, local_dir: str):
 def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   """Writes checkpoint `step` (default latest) of `workdir` as the HF directory `hf_dir`."""
 
-  from pretrain_jax import hf  # pylint: disable=g-import-not-at-top
+  from pretrain_jax import hf  # noqa: PLC0415
   if hf.is_hf_dir(workdir):
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
                      'a Hugging Face config); export reads a training workdir: load the directory as it '

@@ -6,7 +6,7 @@ generic code (config.py, weights.py, tokenizers.py, workdir.py, io.py) asks the 
 of branching on the name. The model side is pretrain_jax.models.family.Family.
 """
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 # HF activation name -> ours (BERT hidden_act, GPT-2 activation_function) and back.
 ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
@@ -44,9 +44,9 @@ class HfFamily:
   export_problems: Callable = lambda cfg: []
   rename: Callable = lambda name: name
   complete: Callable = lambda cfg, state_dict: state_dict
-  sentencepiece_file: Optional[str] = None
-  tokenizer_json_type: Optional[str] = None
-  vocab_file: Optional[str] = None
+  sentencepiece_file: str | None = None
+  tokenizer_json_type: str | None = None
+  vocab_file: str | None = None
   expected_files: str = 'tokenizer files'  # the tokenizer files it reads, as errors name them
   from_sentencepiece: Callable = lambda model_path: {}
   data_settings: Callable = lambda cfg, data: {}

@@ -92,6 +92,6 @@ def removed_if_refused(workdir: str):
     if new:
       try:
         _clear(new[-1])
-      except Exception:  # pylint: disable=broad-except  (e.g. a file written meanwhile)
+      except Exception:  # e.g. a file written meanwhile
         pass             # never hides the error being raised
     raise

@@ -18,12 +18,13 @@ import time
 import jax
 
 from pretrain_jax import paths
-from pretrain_jax.training import agreement
-from pretrain_jax.training import checkpoint as ckpt_lib
+from pretrain_jax.run import agreement
+from pretrain_jax.run import checkpoint as ckpt_lib
 
 LOCK_FILE = 'LOCK'
 HEARTBEAT_SEC = 30.0      # the holder refreshes its heartbeat this often
 STALE_SEC = 600.0         # a lock whose heartbeat is older than this is taken over
+GCS_TIMEOUT_SEC = 30.0    # each request of a gs:// lock
 
 
 class LockHeld(RuntimeError):
@@ -97,7 +98,7 @@ class WorkdirLock:
     """refresh(); storage failing (a network blip) is said and does not stop the run."""
     try:
       self.refresh()
-    except Exception as e:  # pylint: disable=broad-exception-caught
+    except Exception as e:
       print(f'workdir lock {self.path}: could not check it {when} ({type(e).__name__}: {e}); '
             f'{then}', file=sys.stderr, flush=True)
 
@@ -181,6 +182,49 @@ class LocalLock(WorkdirLock):
     self._remove_tmp()  # (a SIGTERM inside _write)
 
 
+class GcsLock(WorkdirLock):
+  """`gs://bucket/run/LOCK`, its version the object's generation. GCS has no O_EXCL and no
+  rename, but each upload or delete can be conditional on the generation
+  (if_generation_match; 0: the object must not exist) and fails with 412 otherwise."""
+
+  def __init__(self, workdir: str, **kwargs):
+    super().__init__(workdir, **kwargs)
+    # google-cloud-storage loads for gs:// workdirs only
+    from google.api_core import exceptions  # noqa: PLC0415
+    from google.cloud import storage  # noqa: PLC0415
+    self.errors = exceptions
+    paths.check_bucket(self.path)
+    self.bucket = storage.Client().bucket(paths.bucket_of(self.path)[1])
+
+  def _blob(self):
+    """A Blob per call: the heartbeat thread and a save's check may write at once."""
+    return self.bucket.blob(self.path.split('/', 3)[3])
+
+  def _read(self):
+    blob = self._blob()
+    try:
+      text = blob.download_as_bytes(timeout=GCS_TIMEOUT_SEC)
+    except self.errors.NotFound:
+      return None, 0.0, None
+    age = time.time() - blob.updated.timestamp() if blob.updated else 0.0
+    return parse(text), age, blob.generation
+
+  def _write(self, record, version):
+    blob = self._blob()
+    try:
+      blob.upload_from_string(json.dumps(record), content_type='application/json',
+                              if_generation_match=version or 0, timeout=GCS_TIMEOUT_SEC)
+    except self.errors.PreconditionFailed:
+      return None
+    return blob.generation
+
+  def _remove(self, version):
+    try:
+      self._blob().delete(if_generation_match=version, timeout=GCS_TIMEOUT_SEC)
+    except (self.errors.NotFound, self.errors.PreconditionFailed):
+      pass  # taken over or removed by hand: not ours to delete
+
+
 def stale_reason(holder: dict, age: float, stale_sec: float) -> str:
   """Why the lock `holder` (its file `age` seconds old) is stale, or '' when it is alive."""
   if holder.get('host') == socket.gethostname():
@@ -205,8 +249,7 @@ def open_lock(workdir: str) -> WorkdirLock:
   if scheme is None:
     return LocalLock(workdir)
   if scheme == 'gs':
-    from pretrain_jax.training import gcs_lock  # pylint: disable=g-import-not-at-top  (cycle)
-    return gcs_lock.GcsLock(workdir)
+    return GcsLock(workdir)
   raise ValueError(f'workdir {workdir!r}: the workdir lock is implemented for local paths and '
                    f'gs:// only, not {scheme}://')
 
@@ -267,5 +310,5 @@ def _stop_at_startup(lock):
     if lock is not None:
       with contextlib.suppress(Exception):  # (it goes stale instead)
         lock.release()
-    os._exit(128 + signum)  # pylint: disable=protected-access
+    os._exit(128 + signum)
   return signal.signal(signal.SIGTERM, stop)

@@ -10,10 +10,10 @@ import orbax.checkpoint as ocp
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
-from pretrain_jax.training import agreement
-from pretrain_jax.training.checksums import CheckpointError, shard_checksums, verify
+from pretrain_jax.run import agreement
+from pretrain_jax.run import workdir as workdir_lib
+from pretrain_jax.run.checksums import CheckpointError, shard_checksums, verify
 from pretrain_jax.training import state as state_lib
-from pretrain_jax.training import workdir as workdir_lib
 
 WEIGHTS_ONLY_STEP = 0   # an import's checkpoint (pretrain-jax convert_hf): weights, nothing trained
 
@@ -68,7 +68,7 @@ class Checkpointer:
       self.manager.save(int(step), force=True, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
           checksums=ocp.args.JsonSave(sums)))
-    except Exception as e:  # pylint: disable=broad-exception-caught
+    except Exception as e:
       raise self._save_error(e) from e
 
   def _run(self, *calls) -> None:
@@ -76,7 +76,7 @@ class Checkpointer:
     try:
       for call in calls if self._error is None else ():
         call()
-    except Exception as e:  # pylint: disable=broad-exception-caught
+    except Exception as e:
       self._error = e
 
   def _stop_unless(self, ok) -> None:
@@ -226,7 +226,7 @@ def _restore_verified(path: str, **items) -> dict:
   try:
     with contextlib.closing(ocp.Checkpointer(ocp.CompositeCheckpointHandler())) as reader:
       restored = reader.restore(path, args=ocp.args.Composite(**items))
-  except Exception as e:  # pylint: disable=broad-exception-caught
+  except Exception as e:
     raise CheckpointError(f'checkpoint {path} failed to restore ({_why(e)})') from e
   verify(restored['state'], restored.get('checksums'), path)
   return restored
