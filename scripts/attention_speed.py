@@ -65,8 +65,9 @@ def main(argv=None):
   print(json.dumps({
       'config': args.config, 'device': jax.devices()[0].device_kind, 'rounds': args.rounds,
       'step_s': {k: statistics.median(v) for k, v in times.items()},
-      'ratio_to_' + first: {k: statistics.median(a / b for a, b in zip(v, times[first]))
-                            for k, v in times.items()}}))
+      'ratio_to_' + first: {
+          k: statistics.median(a / b for a, b in zip(v, times[first], strict=True))
+          for k, v in times.items()}}))
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
-r"""One fp32 train step: Hugging Face's Flax model (transformers 4.57) vs pretrain_jax's, per family.
+r"""One fp32 train step: Hugging Face's Flax model (transformers 4.57) vs pretrain_jax's, per
+family.
 
   HF_FLAX_SITE=/tmp/hf_flax python scripts/benchmark_hf_flax.py --family t5|gpt|bert
       [--rounds 20] [--steps 1] [--warmup 4] [--dropout] [--our_attention_dropout RATE]
@@ -357,14 +358,18 @@ def t5_to_hf(p, m):
   """Our T5 params -> FlaxT5ForConditionalGeneration's (v1.0 ReLU, tied)."""
   if m.activation != 'relu' or not m.tie_embeddings:
     raise NotImplementedError('parity mapping covers T5 v1.0 (relu, tied) only')
-  attn = lambda a: {n: {'kernel': f(a[o])['kernel']} for n, o, f in
-                    (('q', 'query', _heads_in), ('k', 'key', _heads_in),
-                     ('v', 'value', _heads_in), ('o', 'out', _heads_out))}
-  ff = lambda b: {'DenseReluDense': {'wi': dict(b['mlp']['wi']), 'wo': dict(b['mlp']['wo'])},
-                  'layer_norm': {'weight': b['pre_mlp_norm']['scale']}}
+  def attn(a):
+    return {n: {'kernel': f(a[o])['kernel']} for n, o, f in
+            (('q', 'query', _heads_in), ('k', 'key', _heads_in),
+             ('v', 'value', _heads_in), ('o', 'out', _heads_out))}
+  def ff(b):
+    return {'DenseReluDense': {'wi': dict(b['mlp']['wi']), 'wo': dict(b['mlp']['wo'])},
+            'layer_norm': {'weight': b['pre_mlp_norm']['scale']}}
   hp = {'shared': {'embedding': p['shared']['embedding']},
-        'encoder': {'block': {}, 'final_layer_norm': {'weight': p['encoder']['final_norm']['scale']}},
-        'decoder': {'block': {}, 'final_layer_norm': {'weight': p['decoder']['final_norm']['scale']}}}
+        'encoder': {'block': {},
+                    'final_layer_norm': {'weight': p['encoder']['final_norm']['scale']}},
+        'decoder': {'block': {},
+                    'final_layer_norm': {'weight': p['decoder']['final_norm']['scale']}}}
   def self_attention(stack, i, block, attention, norm):
     sa = attn(block[attention])
     if i == 0:  # HF keeps the stack's relative-position table in its first block
@@ -387,7 +392,8 @@ def t5_to_hf(p, m):
 def gpt_to_hf(p, m):
   """Our GPT params -> FlaxGPT2LMHeadModel's: q/k/v concatenated into c_attn; HF's Conv1D keeps
   its kernel as (out, in), so every dense kernel is transposed."""
-  t = lambda d: {'kernel': d['kernel'].T, 'bias': d['bias']}
+  def t(d):
+    return {'kernel': d['kernel'].T, 'bias': d['bias']}
   blocks = {}
   for i in range(m.num_layers):
     b = p[f'h_{i}']
@@ -439,12 +445,14 @@ def parity(model_cfg, our_params, hf, hf_params, batch):
   from pretrain_jax.training import task
   p = jax.tree.map(jnp.asarray, nn.meta.unbox(our_params))
   mapped = {'t5': t5_to_hf, 'gpt': gpt_to_hf, 'bert': bert_to_hf}[model_cfg.family](p, model_cfg)
-  shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), dict(tree))
+  def shapes(tree):
+    return jax.tree.map(lambda x: tuple(x.shape), dict(tree))
   ref, got = shapes(hf_params), shapes(mapped)
   if ref != got:
     from flax.traverse_util import flatten_dict
     fr, fg = flatten_dict(ref), flatten_dict(got)
-    diff = {'/'.join(k): (fr.get(k), fg.get(k)) for k in set(fr) | set(fg) if fr.get(k) != fg.get(k)}
+    diff = {'/'.join(k): (fr.get(k), fg.get(k))
+            for k in set(fr) | set(fg) if fr.get(k) != fg.get(k)}
     raise AssertionError(f'HF tree (shape) vs mapped ours: {diff}')
   family = family_of(model_cfg)
   ours = build(model_cfg.replace(deterministic=True, decode=False))

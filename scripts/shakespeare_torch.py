@@ -41,7 +41,8 @@ class Block(nn.Module):
   def forward(self, x, causal):                                  # (B, T, D)
     b, t, d = x.shape
     h = self.ln_1(x)
-    split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # (B, N, T, H)
+    def split(y):
+      return y.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # (B, N, T, H)
     a = nn.functional.scaled_dot_product_attention(
         split(self.q(h)), split(self.k(h)), split(self.v(h)), is_causal=causal,
         dropout_p=self.p if self.training else 0.0)
@@ -108,7 +109,8 @@ def evaluate_gpt(model, ids, length):
 
 @torch.no_grad()
 def evaluate_bert(model, ids, length, vocab, seed, probability, draws):
-  logits_of = lambda inputs: model(torch.from_numpy(inputs).long()).numpy()
+  def logits_of(inputs):
+    return model(torch.from_numpy(inputs).long()).numpy()
   return char_lm.mlm_draws(logits_of, ids, length, vocab, seed, probability, draws)
 
 

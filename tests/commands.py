@@ -100,7 +100,8 @@ def run(command: str, *args, cwd=ROOT, env=None, timeout=600) -> subprocess.Comp
       _line(proc, 60)
       raise subprocess.TimeoutExpired(argv, timeout)
     code = int(code)
-    read = lambda path: open(path, encoding='utf-8', errors='replace').read()
+    def read(path):
+      return open(path, encoding='utf-8', errors='replace').read()
     return subprocess.CompletedProcess(argv, code, read(out), read(err))
 
 

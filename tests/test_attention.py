@@ -162,8 +162,9 @@ def test_segments_as_sequence_lengths_give_the_reference(rows, causal):
 def test_notes_name_each_fallback():
   from pretrain_jax.models import ModelConfig
   from pretrain_jax.models.attention import implementation_notes
-  cfg = lambda family, **kw: ModelConfig(family=family, vocab_size=8, num_layers=1, emb_dim=8,
-                                         num_heads=2, head_dim=4, mlp_dim=8, **kw)
+  def cfg(family, **kw):
+    return ModelConfig(family=family, vocab_size=8, num_layers=1, emb_dim=8,
+                       num_heads=2, head_dim=4, mlp_dim=8, **kw)
   assert implementation_notes(cfg('gpt', attention_dropout_rate=0.0), 'tpu') == []
   assert re.match(r"note: model.attention_impl='cudnn' .* on cpu .*'xla'",
                   implementation_notes(cfg('gpt', attention_impl='cudnn'), 'cpu')[0])

@@ -110,18 +110,21 @@ def _params_from_torch(model, cfg) -> dict:
   transposed, with the heads axis split out)."""
   t = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   n, h, e = cfg.num_heads, cfg.head_dim, cfg.emb_dim
-  norm = lambda p: {'scale': t[f'{p}.weight'], 'bias': t[f'{p}.bias']}
+
+  def norm(p):
+    return {'scale': t[f'{p}.weight'], 'bias': t[f'{p}.bias']}
+
+  def proj(p):
+    return {'kernel': t[f'{p}.weight'].T.reshape(e, n, h), 'bias': t[f'{p}.bias'].reshape(n, h)}
   out = {'wte': {'embedding': t['tok.weight']}, 'ln_f': norm('ln_f'),
          'lm_head': {'kernel': t['head.weight'].T}}
   if 'head.bias' in t:
     out['lm_head']['bias'] = t['head.bias']
   for i in range(cfg.num_layers):
     p = f'blocks.{i}'
-    proj = lambda name: {'kernel': t[f'{p}.{name}.weight'].T.reshape(e, n, h),
-                         'bias': t[f'{p}.{name}.bias'].reshape(n, h)}
     out[f'h_{i}'] = {
         'ln_1': norm(f'{p}.ln_1'), 'ln_2': norm(f'{p}.ln_2'),
-        'attn': {'query': proj('q'), 'key': proj('k'), 'value': proj('v'),
+        'attn': {'query': proj(f'{p}.q'), 'key': proj(f'{p}.k'), 'value': proj(f'{p}.v'),
                  'out': {'kernel': t[f'{p}.o.weight'].T.reshape(n, h, e),
                          'bias': t[f'{p}.o.bias']}},
         'mlp': {'wi': {'kernel': t[f'{p}.ff.0.weight'].T, 'bias': t[f'{p}.ff.0.bias']},

@@ -113,7 +113,8 @@ def test_mlm_draws_summarise_separate_maskings():
   vocab_size, length, seed = 9, 6, 5
   ids = np.random.default_rng(0).integers(0, vocab_size - 1, 300).astype(np.int32)
   weights = np.random.default_rng(1).standard_normal((vocab_size, vocab_size))
-  logits_of = lambda inputs: weights[inputs]                       # a fixed toy "model"
+  def logits_of(inputs):
+    return weights[inputs]                       # a fixed toy "model"
   got = char_lm.mlm_draws(logits_of, ids, length, vocab_size, seed, 0.15, draws=4)
   one_by_one = []
   for i in range(4):

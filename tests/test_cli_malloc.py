@@ -23,7 +23,8 @@ c.benchmark = bench_section()
 steps = step.make_steps(ModelConfig.from_config(c.model), TrainConfig.from_config(c.train),
                         mesh.make_mesh(MeshConfig.from_config(c.mesh)))
 state = steps.create_state(0)
-batch = {k: jax.device_put(v, steps.batch_sharding) for k, v in benchmark.synthetic_batch(c).items()}
+batch = {k: jax.device_put(v, steps.batch_sharding)
+         for k, v in benchmark.synthetic_batch(c).items()}
 for _ in range(3):
   state, _ = steps.train_step(state, batch)
 jax.block_until_ready(state)

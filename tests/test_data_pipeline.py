@@ -42,7 +42,7 @@ def take(it, n):
 
 def assert_same(a, b):
   assert len(a) == len(b)
-  for x, y in zip(a, b):
+  for x, y in zip(a, b, strict=True):
     assert x.keys() == y.keys()
     for k in x:
       np.testing.assert_array_equal(x[k], y[k], err_msg=k)
@@ -57,7 +57,8 @@ def test_keys_shapes_and_dtypes(tokenizer, objective, nsp):
   target_len = span_corruption.target_length(64)[1]
   for k, v in b.items():
     assert v.dtype == (np.float32 if 'loss_weights' in k else np.int32), k
-    expected = (4,) if k == 'nsp_labels' else (4, target_len) if k.startswith('decoder') else (4, 64)
+    expected = ((4,) if k == 'nsp_labels' else (4, target_len) if k.startswith('decoder')
+                else (4, 64))
     assert v.shape == expected, k
   seg = b.get('segment_ids', b.get('encoder_segment_ids'))
   assert (np.diff((seg > 0).astype(int), axis=1) <= 0).all()  # padding only at the tail
@@ -72,7 +73,8 @@ def test_keys_shapes_and_dtypes(tokenizer, objective, nsp):
 def test_resume_is_exact(tokenizer, objective, nsp):
   # The validation split is a few documents, so 7 batches cross several epochs.
   dc = config(objective, nsp, num_streams=2)  # 3 documents a stream
-  make = lambda: data.make_dataset(dc, tokenizer, split='validation', batch_size=4, seed=3)
+  def make():
+    return data.make_dataset(dc, tokenizer, split='validation', batch_size=4, seed=3)
   straight = take(make(), 7)
   it = make()
   take(it, 3)
@@ -82,7 +84,7 @@ def test_resume_is_exact(tokenizer, objective, nsp):
   assert_same(take(resumed, 4), straight[3:])
   assert_same(take(make(), 7), straight)  # same seed, same batches
   other = take(data.make_dataset(dc, tokenizer, split='validation', batch_size=4, seed=4), 7)
-  assert any((x[k] != y[k]).any() for x, y in zip(straight, other) for k in x)
+  assert any((x[k] != y[k]).any() for x, y in zip(straight, other, strict=True) for k in x)
 
 
 def test_clm_targets_stay_in_documents(tokenizer):
@@ -122,7 +124,7 @@ def test_mlm_batches(tokenizer):
   assert not tokenizer.special[tgt[sel]].any()            # never [CLS]/[SEP]/padding
   assert 0.10 < sel.sum() / (seg > 0).sum() < 0.20
   assert (inp[~sel] == tgt[~sel]).all()
-  for row, s in zip(tgt, seg):
+  for row, s in zip(tgt, seg, strict=True):
     for k in range(1, s.max() + 1):
       piece = row[s == k]
       assert piece[0] == tokenizer.cls_id and piece[-1] == tokenizer.sep_id
@@ -191,11 +193,12 @@ def test_a_stream_reads_every_epoch_whole_and_in_order_across_its_chained_pipeli
   assert len(expected) >= 16 and expected[1][2].size > 0
   got = list(itertools.islice(stream.documents(), len(expected)))
   assert [(e, d) for e, d, _ in got] == [(e, d) for e, d, _ in expected]
-  assert all(np.array_equal(g, x) for (_, _, g), (_, _, x) in zip(got, expected))
+  assert all(np.array_equal(g, x) for (_, _, g), (_, _, x) in zip(got, expected, strict=True))
   at = [(e, d) for e, d, _ in expected].index((2, 1))
   resumed = list(itertools.islice(stream.documents(2, 1), len(expected) - at))
   assert [(e, d) for e, d, _ in resumed] == [(e, d) for e, d, _ in expected[at:]]
-  assert all(np.array_equal(g, x) for (_, _, g), (_, _, x) in zip(resumed, expected[at:]))
+  assert all(np.array_equal(g, x)
+             for (_, _, g), (_, _, x) in zip(resumed, expected[at:], strict=True))
 
 
 def test_one_epoch_ends(tokenizer):

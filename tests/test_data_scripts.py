@@ -24,8 +24,8 @@ def corpus_file(tmp_path, monkeypatch):
 
 def test_train_tokenizer_script(tmp_path, corpus_file, capsys):
   out = str(tmp_path / 'char.model')
-  load('train_tokenizer').main(['pretrain-jax train_tokenizer', '--output', out, '--files', corpus_file, '--type', 'char',
-                                '--vocab_size', '300'])
+  load('train_tokenizer').main(['pretrain-jax train_tokenizer', '--output', out, '--files',
+                                corpus_file, '--type', 'char', '--vocab_size', '300'])
   out_text, err = capsys.readouterr()
   line = json.loads(out_text.strip().splitlines()[-1])
   assert line['path'] == out and line['vocab_size'] == 384 and line['type'] == 'char'
@@ -34,9 +34,10 @@ def test_train_tokenizer_script(tmp_path, corpus_file, capsys):
 
 
 def test_benchmark_script(tmp_path, corpus_file, capsys):
-  load('benchmark_data').main(['pretrain-jax benchmark_data', '--files', corpus_file, '--seq_len', '32', '--batch_size', '2',
+  load('benchmark_data').main(['pretrain-jax benchmark_data', '--files', corpus_file,
+                               '--seq_len', '32', '--batch_size', '2',
                                '--batches', '3', '--warmup', '1',
                                '--objectives', 'clm,nsp,span_corruption'])
-  lines = [json.loads(l) for l in capsys.readouterr().out.strip().splitlines()]
-  assert [l['objective'] for l in lines] == ['clm', 'nsp', 'span_corruption']
-  assert all(l['tokens_per_s'] > 0 and 0 < l['real_fraction'] <= 1 for l in lines)
+  lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+  assert [r['objective'] for r in lines] == ['clm', 'nsp', 'span_corruption']
+  assert all(r['tokens_per_s'] > 0 and 0 < r['real_fraction'] <= 1 for r in lines)

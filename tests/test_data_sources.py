@@ -25,8 +25,9 @@ def cache(tmp_path, monkeypatch):
 def write_files(d):
   good = [f'document number {i} about things' for i in range(40)]
   lines = [json.dumps({'text': t, 'url': 'x'}).encode() for t in good[:30]]
-  lines += [b'{"text": "bad \xff\xfe utf8"}', b'not json at all', json.dumps({'txt': 'no field'}).encode(),
-            json.dumps({'text': '   '}).encode(), json.dumps({'text': 'lone \udc80 surrogate'}).encode()]
+  lines += [b'{"text": "bad \xff\xfe utf8"}', b'not json at all',
+            json.dumps({'txt': 'no field'}).encode(), json.dumps({'text': '   '}).encode(),
+            json.dumps({'text': 'lone \udc80 surrogate'}).encode()]
   (d / 'a.jsonl').write_bytes(b'\n'.join(lines) + b'\n')
   with gzip.open(d / 'b.json.gz', 'wt') as f:
     f.write(''.join(json.dumps({'text': t}) + '\n' for t in good[30:35]))
@@ -94,7 +95,7 @@ def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys, ca
     source = sources.open_source(dc)
   # The skipped records are said without --verbose; each one is logged at INFO (--verbose)
   # once, by the counting pass, not again by each split's.
-  warning = [l for l in capsys.readouterr().err.splitlines() if 'records skipped' in l]
+  warning = [line for line in capsys.readouterr().err.splitlines() if 'records skipped' in line]
   assert len(warning) == 1 and warning[0].startswith('warning: local files: 40 documents kept')
   assert "'bad_json': 1" in warning[0], warning
   logged = [r for r in caplog.records if r.name == local_builder.log.name]
@@ -221,7 +222,8 @@ def test_named_tfds_dataset(tmp_path, cache):
   dc = dc.replace(tfds_name='no_such_dataset_xyz')
   with pytest.raises(ValueError, match="cannot open tfds dataset 'no_such_dataset_xyz'"):
     sources.open_source(dc)
-  dc = dc.replace(tfds_name='c4/en:3.0.1')   # no copy there, and a version the pinned tfds cannot build
+  # No copy there, and a version the pinned tfds cannot build.
+  dc = dc.replace(tfds_name='c4/en:3.0.1')
   with pytest.raises(ValueError, match=r"'c4/en:3.0.1'.*expected a copy prepared in data_dir"):
     sources.open_source(dc)
 

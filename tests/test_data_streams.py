@@ -47,7 +47,7 @@ def global_batches(its, n):
 
 def assert_same(a, b):
   assert len(a) == len(b)
-  for x, y in zip(a, b):
+  for x, y in zip(a, b, strict=True):
     assert x.keys() == y.keys()
     for k in x:
       assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), k
@@ -139,7 +139,8 @@ def test_an_nsp_evaluation_reads_every_pair_of_every_stream(tokenizer):
 
   def pairs(batch_size):
     it = data.make_dataset(dc, tokenizer, split='train', batch_size=batch_size, repeat=False)
-    return sorted(tuple(row) for b in it for row, label in zip(b['targets'].tolist(),
-                                                               b['nsp_labels']) if label >= 0)
+    return sorted(tuple(row) for b in it
+                  for row, label in zip(b['targets'].tolist(), b['nsp_labels'], strict=True)
+                  if label >= 0)
   small = pairs(2)
   assert len(small) > 4 and small == pairs(4) == pairs(6)

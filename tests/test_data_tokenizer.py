@@ -39,7 +39,7 @@ def _plain_model(tmp_path, vocab=300, control=()):
 
   import sentencepiece as spm
   out = io.BytesIO()
-  lines = [l for t in TEXTS for l in t.split('\n') if l.strip()]
+  lines = [line for t in TEXTS for line in t.split('\n') if line.strip()]
   spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
                                  vocab_size=vocab, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
                                  control_symbols=list(control), minloglevel=2)
@@ -143,7 +143,8 @@ def test_sentinel_text_is_the_sentinel_wherever_it_stands(tmp_path):
   t = tok_lib.Tokenizer(tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 't.model'),
                                                     vocab_size=1000))
   s0, s1 = t.sentinel_id(0), t.sentinel_id(1)
-  glued = lambda text: t.encode(text, word_start=False)
+  def glued(text):
+    return t.encode(text, word_start=False)
   assert t.encode('The <extra_id_0> list') == t.encode('The') + [s0] + t.encode('list')
   assert t.encode('The<extra_id_0>list') == t.encode('The') + [s0] + glued('list')
   assert t.encode('(<extra_id_0><extra_id_1>)') == t.encode('(') + [s0, s1] + glued(')')

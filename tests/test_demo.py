@@ -30,7 +30,8 @@ class Model:
     guesses = [0]
     for sentence in self.sentences:
       words, masked = sentence.split(), text.split()
-      if len(words) == len(masked) and all(a == b for a, b in zip(words, masked) if b != '[MASK]'):
+      if len(words) == len(masked) and all(
+          a == b for a, b in zip(words, masked, strict=True) if b != '[MASK]'):
         guesses = [self.tokenizer.encode(words[masked.index('[MASK]')])[0]]
     return [{'candidates': [{'id': i, 'token': str(i)} for i in guesses[:top_k]]}]
 

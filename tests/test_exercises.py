@@ -84,7 +84,7 @@ def test_loglikelihoods_against_a_hand_computed_forward(prefix_lm):
   params = modeling.init(cfg)
   rows = [([5, 6, 7, 8, 9], 3), ([11, 12, 13], 1), ([20, 21, 22, 23, 24, 25, 26], 6)]
   got = scoring.loglikelihoods(params, cfg, rows, batch_size=2)
-  for (ids, n), value in zip(rows, got):
+  for (ids, n), value in zip(rows, got, strict=True):
     inputs = jnp.asarray([ids[:-1]])
     kw = {'prefix': jnp.asarray([[1] * n + [0] * (len(ids) - 1 - n)])} if prefix_lm else {}
     logp = jax.nn.log_softmax(build(cfg).apply({'params': params}, inputs, **kw)[0], -1)
@@ -210,9 +210,9 @@ def test_the_comparison_figure_has_one_line_per_checkpoint_mode_and_format(tmp_p
       assert line.get_marker() == ('^' if '(gen)' in name else 'o'), name
   left, right = fig.axes
   # The step curve is the largest set's mean over the seeds; the size curve the finals' mean.
-  gpt_full = {l.get_label(): l for l in left.get_lines()}['gpt full']
+  gpt_full = {curve.get_label(): curve for curve in left.get_lines()}['gpt full']
   np.testing.assert_allclose(gpt_full.get_ydata(), [(0.76 + 0.77) / 4, (0.76 + 0.77) / 2])
-  sizes = {l.get_label(): l for l in right.get_lines()}['bert scratch']
+  sizes = {curve.get_label(): curve for curve in right.get_lines()}['bert scratch']
   assert list(sizes.get_xdata()) == [8, 16]
   np.testing.assert_allclose(sizes.get_ydata(), [0.585, 0.665])
   # transfer's report writes it as comparison.png when the rows hold several checkpoints.

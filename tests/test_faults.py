@@ -457,7 +457,7 @@ def test_a_damaged_checkpoint_is_a_few_lines_naming_the_array_not_thousands(tmp_
                         timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   lines = done.stderr.strip().splitlines()
-  moved = [l for l in lines if l.startswith('checkpoint 4 is damaged and was moved aside')]
+  moved = [x for x in lines if x.startswith('checkpoint 4 is damaged and was moved aside')]
   assert len(moved) == 1 and re.search(r'failed to restore \(\w+: .*Error reading "\S+/', moved[0])
   assert len(lines) < 20, done.stderr[-3000:]
   assert 'Exception ignored' not in done.stderr and 'Event loop is closed' not in done.stderr

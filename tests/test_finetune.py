@@ -142,9 +142,10 @@ def test_confusion_metrics_against_literals():
 
 def test_transfer_summary_over_seeds_against_literals():
   from pretrain_jax.finetune import transfer  # noqa: PLC0415
-  row = lambda mode, seed, final, best: {
-      'mode': mode, 'size': 100, 'seed': seed, 'metric': 'class_accuracy', 'final': final,
-      'best': best, 'steps': 200, 'wall_sec': 1.0, 'step_time_sec': 0.01, 'family': 'gpt'}
+  def row(mode, seed, final, best):
+    return {
+        'mode': mode, 'size': 100, 'seed': seed, 'metric': 'class_accuracy', 'final': final,
+        'best': best, 'steps': 200, 'wall_sec': 1.0, 'step_time_sec': 0.01, 'family': 'gpt'}
   rows = [row('scratch', 0, 0.5, 0.6), row('scratch', 1, 0.7, 0.7), row('scratch', 2, 0.6, 0.8),
           row('full', 0, 0.9, None), row('full', 1, 0.8, None)]
   scratch, full = transfer.summarize(rows)
@@ -186,7 +187,8 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
       rows = transfer.run_transfer(c, '/tmp/x', seeds=(0, 1))
       assert [r['preempted'] for r in rows] == [False, True] and len(runs) == 2
       assert [s['seeds'] for s in transfer.summarize(rows)] == [1]
-      assert '7*' in transfer.table(rows) and '* stopped (SIGTERM or Ctrl-C)' in transfer.table(rows)
+      table = transfer.table(rows)
+      assert '7*' in table and '* stopped (SIGTERM or Ctrl-C)' in table
     else:
       with pytest.raises(ValueError, match='mode=linear_probe on t5'):
         transfer.run_transfer(c, '/tmp/x', modes=('scratch', 'linear_probe'))
@@ -415,8 +417,8 @@ def test_pretrained_beats_scratch_on_the_embedded_task(family, request, tmp_path
   assert [(r['mode'], r['seed']) for r in rows] == [
       (mode, seed) for mode in ('scratch', 'full') for seed in SEEDS]
   scratch, full = transfer.summarize(rows)
-  train_loss = lambda r: statistics.fmean(
-      x['loss'] for x in run_lib.read_curves(r['workdir'])['train'])
+  def train_loss(r):
+    return statistics.fmean(x['loss'] for x in run_lib.read_curves(r['workdir'])['train'])
   print(f'{family}: final accuracy full - scratch {_paired(rows, lambda r: r["final"])}, '
         f'mean training loss full - scratch {_paired(rows, train_loss)}')
   if family == 't5':

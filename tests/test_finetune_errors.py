@@ -228,7 +228,8 @@ def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, 
   import ml_collections
   import modeling  # noqa: PLC0415
   monkeypatch.chdir(tmp_path)
-  init = types.SimpleNamespace(model_config=modeling.tiny('gpt'), config=ml_collections.ConfigDict())
+  init = types.SimpleNamespace(model_config=modeling.tiny('gpt'),
+                               config=ml_collections.ConfigDict())
   task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y'))
   c = finetune_config.get_config()
   c.init, c.data.seq_len = 'runs/x', 16

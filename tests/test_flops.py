@@ -39,8 +39,10 @@ def test_t5_counts_cross_attention_on_encoder_length():
   # Doubling the encoder length doubles encoder cost, cross k/v projections and cross scores.
   assert longer > short
   per_enc_token = 2 * flops._block_dense(cfg) + 2 * 2 * 32 * 32 * 2
-  enc_attention = lambda s: 2 * 4 * 2 * s * s * 32
-  cross = lambda s: 2 * 4 * 2 * 8 * s * 32
+  def enc_attention(s):
+    return 2 * 4 * 2 * s * s * 32
+  def cross(s):
+    return 2 * 4 * 2 * 8 * s * 32
   assert longer - short == 2 * 16 * per_enc_token + enc_attention(32) - enc_attention(16) \
       + cross(32) - cross(16)
 

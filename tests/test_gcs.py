@@ -167,7 +167,7 @@ def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
   with pytest.raises(SystemExit, match='killed'):
     loop.train_and_evaluate(config, workdir, datasets=datasets)
   assert checkpoint.complete_steps(workdir) == [2]
-  rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
   assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2]
 
 
@@ -229,8 +229,9 @@ def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path)
   second = loop.train_and_evaluate(config, f'{gcs}/parts')
   assert second['start_step'] == 3 and second['step'] == 6
   # Bit-exact resume: the same losses at every step, the same parameters.
-  losses = lambda w: {r['step']: r['loss'] for r in map(json.loads, paths.read_text(
-      f'{w}/metrics.jsonl').splitlines()) if r['split'] == 'train'}
+  def losses(w):
+    return {r['step']: r['loss'] for r in map(json.loads, paths.read_text(
+        f'{w}/metrics.jsonl').splitlines()) if r['split'] == 'train'}
   assert losses(f'{gcs}/parts') == losses(f'{gcs}/whole') and len(losses(f'{gcs}/whole')) == 6
   _, whole_params, _ = checkpoint.restore_params(f'{gcs}/whole')
   _, part_params, step = checkpoint.restore_params(f'{gcs}/parts')

@@ -11,8 +11,9 @@ from pretrain_jax.inference.sampling import gpt_generate, sample_logits, t5_gene
 def test_sample_logits_filters():
   logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
   keys = jax.random.split(jax.random.key(0), 400)
-  draw = lambda **kw: np.array([int(sample_logits(logits, k, temperature=1.0, **kw)[0])
-                                for k in keys[:200]])
+  def draw(**kw):
+    return np.array([int(sample_logits(logits, k, temperature=1.0, **kw)[0])
+                     for k in keys[:200]])
   assert int(sample_logits(logits, keys[0])[0]) == 0                   # greedy
   assert set(draw(top_k=2)) <= {0, 1} and len(set(draw(top_k=2))) == 2
   assert set(draw(top_p=0.7)) <= {0, 1}                                # 0.5 < 0.7 <= 0.8
@@ -81,8 +82,9 @@ def test_gpt_one_new_token_is_the_first_of_more(use_cache):
   cfg = tiny('gpt')
   params = init(cfg)
   prompts, seg = tokens((2, 4), 3), jnp.ones((2, 4), jnp.int32)
-  gen = lambda n: np.asarray(gpt_generate(params, cfg, prompts, seg, jax.random.key(0),
-                                          max_new_tokens=n, use_cache=use_cache))
+  def gen(n):
+    return np.asarray(gpt_generate(params, cfg, prompts, seg, jax.random.key(0),
+                                   max_new_tokens=n, use_cache=use_cache))
   one = gen(1)
   assert one.shape == (2, 1)
   np.testing.assert_array_equal(one, gen(4)[:, :1])

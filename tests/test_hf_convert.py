@@ -115,7 +115,8 @@ def test_cli_import_scan_layers_and_export(tmp_path):
   cfg = modeling.tiny('bert', nsp=True)
   params = modeling.init(cfg)
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, params)
-  run = lambda *args: commands.run('convert_hf', *args)
+  def run(*args):
+    return commands.run('convert_hf', *args)
   done = run('import', f'--hf_dir={src}', f'--workdir={tmp_path / "work"}', '--scan_layers')
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads(done.stdout.strip().splitlines()[-1])['family'] == 'bert'

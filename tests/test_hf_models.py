@@ -73,7 +73,8 @@ def batch():
 
 
 def hf_logits(model, b) -> list:
-  t = lambda x: torch.tensor(x)
+  def t(x):
+    return torch.tensor(x)
   with torch.no_grad():
     if isinstance(model, tr.BertForPreTraining):
       o = model(input_ids=t(b['ids']), attention_mask=t(b['mask']),

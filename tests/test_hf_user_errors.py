@@ -72,7 +72,7 @@ def test_fill_mask_on_hf_bert_dir_and_its_import(dirs, tmp_path):
   work = str(tmp_path / 'work')
   convert.import_hf(dirs['bert'], work, configs.base_config)
   imported = pretrain_jax.load_pretrained(work).fill_mask('the [MASK] fox', top_k=3)
-  for a, b in zip(direct[0]['candidates'], imported[0]['candidates']):
+  for a, b in zip(direct[0]['candidates'], imported[0]['candidates'], strict=True):
     assert a['token'] == b['token'] and a['token'] in WORDS + [f'w{i}' for i in range(30)]
     assert a['probability'] == pytest.approx(b['probability'], abs=1e-5)
 

@@ -41,7 +41,7 @@ def test_sums_match_logsumexp_and_argmax_with_ties(vocab, blockwise):
   logits, targets, weights = _case(shape=(4, 9), vocab=vocab)
   later_ties = sum(int(np.flatnonzero(row == row.max())[0] != t)
                    for row, t in zip(np.asarray(logits).reshape(-1, vocab),
-                                     np.asarray(targets).ravel())
+                                     np.asarray(targets).ravel(), strict=True)
                    if row[t] == row.max())
   assert later_ties > 0                                # the case really has tied maxima
   got = losses.cross_entropy_sums(logits, targets, weights, z_loss=1e-3, blockwise_max=blockwise)

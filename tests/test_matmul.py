@@ -18,7 +18,7 @@ def test_values_and_gradients_are_jnp_dot(k, f):
   y, vjp = jax.vjp(matmul, x, w)
   y_ref, vjp_ref = jax.vjp(jnp.dot, x, w)
   np.testing.assert_allclose(y, y_ref, rtol=1e-6)
-  for got, want in zip(vjp(dy), vjp_ref(dy)):
+  for got, want in zip(vjp(dy), vjp_ref(dy), strict=True):
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(vjp(dy)[1], np.asarray(x).T @ np.asarray(dy), rtol=1e-5, atol=1e-5)

@@ -32,8 +32,10 @@ def test_prefix_lm_sees_its_prefix_both_ways_and_the_rest_causally():
   params = init(cfg)
   x = tokens((1, 10))
   prefix = jnp.array([[1] * 4 + [0] * 6])
-  run = lambda x, **kw: forward(cfg, params, x, **kw)
-  changed = lambda t: x.at[0, t].set((x[0, t] + 1) % VOCAB)
+  def run(x, **kw):
+    return forward(cfg, params, x, **kw)
+  def changed(t):
+    return x.at[0, t].set((x[0, t] + 1) % VOCAB)
   a = run(x, prefix=prefix)
   assert np.abs(run(changed(3), prefix=prefix)[0, :3] - a[0, :3]).max() > 1e-4
   np.testing.assert_array_equal(run(changed(6), prefix=prefix)[0, :6], a[0, :6])
@@ -130,14 +132,15 @@ def test_t5_gradients_agree_across_attention_implementations():
   weights = jax.random.normal(jax.random.key(3), (2, 7, VOCAB))
 
   def grads(cfg):
-    loss = lambda p: (forward(cfg, p, x, y, encoder_segment_ids=seg) * weights).sum()
+    def loss(p):
+      return (forward(cfg, p, x, y, encoder_segment_ids=seg) * weights).sum()
     return jax.jit(jax.grad(loss))(params)
 
   a, b = grads(ref), grads(ref.replace(attention_impl='xla'))
   for name in ('encoder', 'decoder'):
     table_grad = a[name]['relpos_bias']['rel_embedding']
     assert np.abs(table_grad).max() > 1e-3          # the bias really gets a gradient
-  for ga, gb in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+  for ga, gb in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_allclose(ga, gb, atol=1e-4, rtol=1e-4)
 
 

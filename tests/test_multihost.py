@@ -42,9 +42,9 @@ def _two_processes(workdir: str, steps: int, extra=()):
       cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   outs = [p.communicate(timeout=600) for p in procs]
-  for p, (_, err) in zip(procs, outs):
+  for p, (_, err) in zip(procs, outs, strict=True):
     assert p.returncode == 0, err[-3000:]
-  assert not [l for l in outs[1][0].splitlines() if l.startswith('{')]  # process 0 alone
+  assert not [line for line in outs[1][0].splitlines() if line.startswith('{')]  # process 0 alone
   assert "'data': 2" in outs[0][1]                    # one mesh over both processes
   return json.loads(outs[0][0].strip().splitlines()[-1])
 
@@ -60,13 +60,13 @@ def _one_process(workdir: str, steps: int, extra=()):
 
 def _train_steps(workdir: str) -> list:
   """The steps of metrics.jsonl's train rows, in order (a row written twice shows twice)."""
-  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-  return [l['step'] for l in lines if l['split'] == 'train']
+  lines = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
+  return [r['step'] for r in lines if r['split'] == 'train']
 
 
 def _train_losses(workdir: str) -> dict:
-  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-  return {l['step']: l['loss'] for l in lines if l['split'] == 'train'}
+  lines = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
+  return {r['step']: r['loss'] for r in lines if r['split'] == 'train'}
 
 
 def _data_state(workdir: str, step: int) -> dict:
@@ -136,7 +136,7 @@ def test_two_processes_train_and_resume_on_one_or_two_and_any_process_evaluates(
     for it in its:
       it.set_state(state)
     batches[count] = [data.assemble_global_batch([next(it) for it in its]) for _ in range(6)]
-  for a, b in zip(batches[1], batches[2]):
+  for a, b in zip(batches[1], batches[2], strict=True):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
@@ -171,7 +171,7 @@ def _two_scripted(script: str, workdir: str, *flags, timeout: int = 300) -> list
   finally:
     for p in procs:
       p.kill()
-  return [(p.returncode, err) for p, (_, err) in zip(procs, outs)]
+  return [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True)]
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_a_save_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
                                  '--config.train.checkpoint_timeout_sec=20'):
     assert code == 2, err[-3000:]          # the one-line user error, not a hang
     # The one `error:` line; orbax's threads may log their own shutdown after it.
-    last = [l for l in err.splitlines() if l.startswith('error: ')][-1:] or [err[-3000:]]
+    last = [x for x in err.splitlines() if x.startswith('error: ')][-1:] or [err[-3000:]]
     last = last[0]
     assert re.match(r'error: saving checkpoint 2 .*stopped training at step \d+', last), last
     stopped.append(int(re.search(r'stopped training at step (\d+)', last).group(1)))
@@ -239,7 +239,7 @@ def _two_processes_failing(workdir: str, extra1=()):
   finally:
     for p in procs:
       p.kill()
-  return [(p.returncode, err) for p, (_, err) in zip(procs, outs)]
+  return [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True)]
 
 
 def test_processes_given_different_configs_are_refused_on_a_fresh_workdir(tmp_path):

@@ -35,14 +35,15 @@ def _two_processes(env, workdir, files, caches, steps, prepared):
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, f'--config.train.steps={steps}',
-       f'--config.data.files={files}', f'--config.data.prepared_dir={prepared}', '--multihost', f'--coordinator_address=127.0.0.1:{port}',
-       '--num_processes=2', f'--process_id={i}'], cwd=ROOT,
+       f'--config.data.files={files}', f'--config.data.prepared_dir={prepared}', '--multihost',
+       f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT,
       env=dict(env, PRETRAIN_JAX_CACHE=caches[i]), stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for i in range(2)]
   outs = [p.communicate(timeout=900) for p in procs]
-  for p, (_, err) in zip(procs, outs):
+  for p, (_, err) in zip(procs, outs, strict=True):
     assert p.returncode == 0, err[-3000:]
-  assert not [l for l in outs[1][0].splitlines() if l.startswith('{')]  # process 0 alone
+  assert not [line for line in outs[1][0].splitlines() if line.startswith('{')]  # process 0 alone
   return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
@@ -68,13 +69,13 @@ def test_two_processes_share_one_gs_workdir_and_one_tokenizer(tmp_path):
       assert not os.path.exists(os.path.join(caches[1], 'tokenizers'))
       config = json.loads(paths.read_text(f'{workdir}/config.json'))
       assert config['data']['tokenizer'] == f'{workdir}/tokenizer.model'
-      rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+      rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
       assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3]  # written once
       assert len(paths.listdir(f'{workdir}/config_history')) == 1
 
       resumed = _two_processes(env, workdir, files, caches, steps=5, prepared=prepared)
       assert resumed['start_step'] == 3 and resumed['step'] == 5
-      rows = [json.loads(l) for l in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+      rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
       assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3, 4, 5]
       assert not paths.exists(f'{workdir}/LOCK')
       assert os.listdir(os.path.join(prepared, 'local_text_files')) == copies  # reused

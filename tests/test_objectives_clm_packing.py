@@ -60,7 +60,7 @@ def test_padding_only_at_the_tail():
   seg = out['segment_ids']
   assert (np.diff((seg > 0).astype(int), axis=1) <= 0).all()  # real then pad, never back
   assert (np.diff(seg, axis=1)[seg[:, 1:] > 0] >= 0).all()     # segment ids increase
-  flat = [t for row, s in zip(out['x'], seg) for t in row[s > 0]]
+  flat = [t for row, s in zip(out['x'], seg, strict=True) for t in row[s > 0]]
   assert flat == [t for e in examples for t in e['x']]         # order and content kept
 
 

@@ -29,7 +29,7 @@ def test_pairs_cover_the_document_in_order():
   pairs = nsp.nsp_pairs(doc, np.arange(1000, 1100), rng, max_tokens=125)
   starts = [p[0] for p in pairs]
   assert starts == sorted(starts) and starts[0] == 0
-  for (s, a, b, label), nxt in zip(pairs, starts[1:] + [None]):
+  for (s, a, b, label), nxt in zip(pairs, starts[1:] + [None], strict=True):
     if nxt is not None:  # IsNext consumes A and B; NotNext puts B's tokens back
       assert nxt == s + len(a) + (len(b) if label == nsp.IS_NEXT else 0)
 

@@ -10,7 +10,8 @@ EOS = 1
 
 def splice(inputs, targets, first_sentinel=FIRST_SENTINEL, num_sentinels=100):
   """Put the target spans back in place of the input sentinels (the invariant's inverse)."""
-  is_sentinel = lambda t: first_sentinel - num_sentinels < t <= first_sentinel
+  def is_sentinel(t):
+    return first_sentinel - num_sentinels < t <= first_sentinel
   assert inputs[-1] == EOS and targets[-1] == EOS
   spans, current = {}, None
   for t in targets[:-1]:

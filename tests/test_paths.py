@@ -55,7 +55,8 @@ ALLOWED = {
 }
 LOCAL_BRANCHES = {
     # atomic_directory: local targets only (the remote branch returns before these lines).
-    'hf/io.py': ('parent = os.path.dirname(target)', 'os.makedirs(parent', 'os.path.basename(target)',
+    'hf/io.py': ('parent = os.path.dirname(target)', 'os.makedirs(parent',
+                 'os.path.basename(target)',
                  'os.path.isdir(target)', 'os.rename(tmp, target)', 'shutil.rmtree(tmp',
                  'os.walk(root)', 'os.path.join(folder, name)'),
 }
@@ -112,7 +113,8 @@ def test_local_round_trip(tmp_path):
 def test_remote_string_helpers():
   assert paths.join('gs://b/run/', 'checkpoints', '3') == 'gs://b/run/checkpoints/3'
   assert paths.dirname('gs://b/run/x') == 'gs://b/run' and paths.basename('gs://b/run/') == 'run'
-  assert paths.absolute('gs://b/run/') == 'gs://b/run' and paths.bucket_of('gs://b/x') == ('gs', 'b')
+  assert paths.absolute('gs://b/run/') == 'gs://b/run'
+  assert paths.bucket_of('gs://b/x') == ('gs', 'b')
   assert paths.absolute('~/x') == os.path.join(os.path.expanduser('~'), 'x')
   for bucketless in ('gs://', 'gs:///runs/x'):   # was an IndexError inside the workdir lock
     with pytest.raises(paths.PathError, match=f"'{bucketless}' names no bucket; expected "

@@ -50,9 +50,10 @@ def _logged_eval_loss(workdir):
 def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_workdir):
   model = pretrain_jax.load_pretrained(gpt_workdir)
   assert model.family == 'gpt' and model.step == 6
-  batches = lambda: data.make_dataset(model.data_config, model.tokenizer,
-                                      split=model.data_config.eval_split,
-                                      batch_size=model.config.train.batch_size, repeat=False)
+  def batches():
+    return data.make_dataset(model.data_config, model.tokenizer,
+                             split=model.data_config.eval_split,
+                             batch_size=model.config.train.batch_size, repeat=False)
   metrics = model.evaluate(batches(), max_batches=1)
   assert metrics['loss'] == pytest.approx(_logged_eval_loss(gpt_workdir), abs=1e-5)
   # The call API gives the same loss from logits.

@@ -95,7 +95,7 @@ def test_main_job_trains_three_models_and_probes_them(newcomer):
   assert result['details'] == os.path.join('runs', 'tiny', 'train_tiny_results.json')
   details = json.loads((cwd / result['details']).read_text())
   assert [m['name'] for m in details['models']] == ['tiny_bert', 'tiny_gpt', 'tiny_t5']
-  for m, headline in zip(details['models'], result['models']):
+  for m, headline in zip(details['models'], result['models'], strict=True):
     held_out = m['held_out']
     assert held_out['trained']['target_tokens'] > 0
     assert set(held_out['trained']) == set(held_out['random_init'])

@@ -46,7 +46,7 @@ def report(tmp_path_factory, worker_id):
 def test_mesh_matches_one_device(report, case):
   got, single = report['runs'][case], report['runs'][case.split('/')[0] + '/single']
   assert got['devices'] == 8
-  for a, b in zip(got['losses'], single['losses']):
+  for a, b in zip(got['losses'], single['losses'], strict=True):
     assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got['losses'], single['losses'])
   # Parameters: Adam's update m / (sqrt(v) + eps) normalizes a gradient element to O(1) times
   # the learning rate whatever its size, so an element whose gradient is at rounding level
@@ -139,7 +139,7 @@ def _worker():
     params = jax.device_get(state.params)
     if name == 'single':
       singles[family] = params
-    pairs = list(zip(jax.tree.leaves(params), jax.tree.leaves(singles[family])))
+    pairs = list(zip(jax.tree.leaves(params), jax.tree.leaves(singles[family]), strict=True))
     diff = max(float(np.max(np.abs(a - b))) for a, b in pairs)
     off = sum(int(np.sum(np.abs(a - b) > 1e-5)) for a, b in pairs)
     devices = len(jax.tree.leaves(state.params)[0].sharding.device_set)
@@ -171,8 +171,9 @@ def _worker():
   tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
   abstract, _ = state_lib.abstract_state(build(cfg), tx, mesh, family_of('gpt').init_batch(16))
   restored, data_state = ckpt.restore(abstract)
-  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(
-      jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))))
+  def same(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(
+        jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b)), strict=True))
   batch = batches(config, 4)[3]
   moved = {'params_equal': same(restored.params, saved.params),
            'opt_state_equal': same(restored.opt_state, saved.opt_state),

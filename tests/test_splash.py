@@ -94,7 +94,7 @@ def test_splash_matches_reference_outputs_and_gradients(case):
                                                        implementation='splash'))(q, k, v)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   grads = jax.jit(jax.grad(loss('splash'), argnums=(0, 1, 2)))(q, k, v)
-  for g, w in zip(grads, jax.grad(loss('reference'), argnums=(0, 1, 2))(q, k, v)):
+  for g, w in zip(grads, jax.grad(loss('reference'), argnums=(0, 1, 2))(q, k, v), strict=True):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
   if case == 't5_cross':      # decoder document 3 has no encoder tokens: zeros, as reference
     np.testing.assert_array_equal(got[0, 17:], 0.0)
@@ -171,7 +171,9 @@ def test_a_tiny_gpt_trains_the_same_3_steps_with_splash(tmp_path, capsys, object
     config.model.update(attention_impl=impl, prefix_lm=objective == 'prefix_lm')
     config.data.objective = objective
     inner = synthetic.synthetic_datasets(config)
-    datasets = lambda **kw: Packed(inner(**kw), objective == 'prefix_lm')
+
+    def datasets(inner=inner, **kw):   # this iteration's inner, not the last one's
+      return Packed(inner(**kw), objective == 'prefix_lm')
     loop.train_and_evaluate(config, str(tmp_path / impl), datasets=datasets)
     losses[impl] = train_losses(str(tmp_path / impl))
     err = capsys.readouterr().err

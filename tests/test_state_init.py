@@ -72,9 +72,9 @@ def _worker():
   def compare(ours, ref):
     leaves, ref = jax.tree.leaves(ours), jax.tree.leaves(ref)
     return {'leaves': len(leaves),
-            'same_dtype': sum(a.dtype == b.dtype for a, b in zip(leaves, ref)),
+            'same_dtype': sum(a.dtype == b.dtype for a, b in zip(leaves, ref, strict=True)),
             'same_bits': sum(bool(np.array_equal(np.asarray(a), np.asarray(b)))
-                             for a, b in zip(leaves, ref)),
+                             for a, b in zip(leaves, ref, strict=True)),
             'random': any(float(np.asarray(x).std()) > 0 for x in leaves)}
 
   out = {'xla_flags': os.environ.get('XLA_FLAGS', '')}

@@ -118,7 +118,8 @@ def fake(tmp_path, monkeypatch):
 
 
 def short(argv):
-  """['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', ..., '--command=pkill ...'] -> 'tpu-vm ssh stop'."""
+  """['compute', 'tpus', 'tpu-vm', 'ssh', 'ptj', ..., '--command=pkill ...'] ->
+  'tpu-vm ssh stop'."""
   words = [a for a in argv if not a.startswith('--') and a != 'alpha']
   if words[0] == 'storage':
     return f'storage {words[1]} {words[2].rsplit("/", 1)[-1]}'
@@ -224,7 +225,8 @@ def test_worker_commands():
   assert gcloud.train_command(TRAIN_ARGS + ['--multihost']) == command
   assert 'nohup bash -c ' in command and command.endswith('< /dev/null &')
   assert ('.venv/bin/python -m pretrain_jax.commands.train --config configs/gpt2_small.py '
-          '--workdir gs://bkt/runs/gpt2 --multihost >> "$HOME/pretrain_jax_logs/worker.log" 2>&1') in command
+          '--workdir gs://bkt/runs/gpt2 --multihost >> "$HOME/pretrain_jax_logs/worker.log" '
+          '2>&1') in command
   assert 'gcloud storage cp "$HOME/pretrain_jax_logs/worker.log" ' \
          'gs://bkt/runs/gpt2/logs/worker_$W.log' in command
   assert 'gcloud storage' not in gcloud.train_command(['--config', 'c.py', '--workdir', '/tmp/w'])
@@ -267,8 +269,9 @@ def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):
     if 'training' in (logs / 'worker.log').read_text() if (logs / 'worker.log').exists() else '':
       break
     time.sleep(0.1)
-  probe = lambda: subprocess.run(['bash', '-c', gcloud.probe_command()], env=env, check=True,
-                                 capture_output=True, text=True).stdout
+  def probe():
+    return subprocess.run(['bash', '-c', gcloud.probe_command()], env=env, check=True,
+                          capture_output=True, text=True).stdout
   assert gcloud.parse_probe(probe()) == ['RUNNING']
   subprocess.run(['bash', '-c', gcloud.stop_command(grace_s=10)], env=env, timeout=60,
                  check=False, capture_output=True)
@@ -399,7 +402,7 @@ def test_dry_run_prints_commands_and_runs_none(fake):
       launcher.shlex.join(gcloud.ssh_argv(VM, gcloud.train_command(TRAIN_ARGS)))]
   assert json.loads(lines[-1])['dry_run'] is True
   done = tpu_py(['setup', '--name', 'ptj', '--zone', ZONE, '--dry_run'], fake.env)
-  assert [l.split()[0] for l in done.stdout.strip().splitlines()[:-1]] == ['git', 'gcloud',
+  assert [line.split()[0] for line in done.stdout.strip().splitlines()[:-1]] == ['git', 'gcloud',
                                                                            'gcloud']
   assert fake.calls() == []
 
@@ -426,7 +429,7 @@ def test_gcloud_failure_names_the_command_and_its_stderr(fake):
   fake.play(fail_verb='scp')
   done = tpu_py(['setup', '--name', 'ptj', '--zone', ZONE], fake.env)
   assert done.returncode == 1 and 'Traceback' not in done.stderr
-  line, = [l for l in done.stderr.strip().splitlines() if l.startswith('error:')]
+  line, = [x for x in done.stderr.strip().splitlines() if x.startswith('error:')]
   assert line.startswith('error: `gcloud compute tpus tpu-vm scp ')
   assert line.endswith('failed (exit 1): ERROR: (gcloud.compute.tpus.tpu-vm.scp) '
                        'PERMISSION_DENIED: scripted failure second line of the tail')

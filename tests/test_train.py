@@ -127,7 +127,8 @@ def test_a_run_that_is_all_warmup_and_a_stretched_decay_are_said():
   assert opt_lib.schedule_change(t, 60, 60).endswith(
       'the learning rate at step 60 stays 0.75 (still in warmup)')
   t = t.replace(warmup_steps=0)
-  assert opt_lib.schedule_change(t, 100, 60) is None and opt_lib.schedule_change(t, None, 60) is None
+  assert opt_lib.schedule_change(t, 100, 60) is None
+  assert opt_lib.schedule_change(t, None, 60) is None
   t = t.replace(schedule='rsqrt')
   assert opt_lib.schedule_change(t, 60, 60) is None   # no horizon: nothing moves
 

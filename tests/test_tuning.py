@@ -57,12 +57,12 @@ def test_cpu_and_plain_compute_the_same_model(family):
     out = out[0] if isinstance(out, tuple) else out
     return jnp.sum(jnp.tanh(out)), out
 
-  run = lambda tuning: jax.jit(jax.value_and_grad(lambda p: loss(tuning, p), has_aux=True))(
-      params)
+  def run(tuning):
+    return jax.jit(jax.value_and_grad(lambda p: loss(tuning, p), has_aux=True))(params)
   (_, out_cpu), g_cpu = run(backends.CPU)
   (_, out_plain), g_plain = run(backends.PLAIN)
   np.testing.assert_array_equal(np.asarray(out_cpu), np.asarray(out_plain))
-  for a, b in zip(jax.tree.leaves(g_cpu), jax.tree.leaves(g_plain)):
+  for a, b in zip(jax.tree.leaves(g_cpu), jax.tree.leaves(g_plain), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -94,8 +94,9 @@ def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   steps = step_lib.make_steps(cfg, TrainConfig.from_config(config.train), mesh)
   batch = batches(config, 1)[0]
-  barriers = lambda step: str(jax.make_jaxpr(step)(steps.abstract_state, batch)).count(
-      'optimization_barrier')
+  def barriers(step):
+    return str(jax.make_jaxpr(step)(steps.abstract_state, batch)).count(
+        'optimization_barrier')
   plain = step_lib.make_train_step(build(cfg.replace(deterministic=False)), optax.sgd(0.1),
                                    lambda s: 0.1, seed=0)
   # 2 layers x (q, k, v, out, mlp in, mlp out): at least one barrier each

@@ -227,7 +227,8 @@ def workdir_of(train_args) -> str:
 
 
 def flag_of(train_args, name: str) -> str:
-  """The value of --name (`--name V` or `--name=V`) in the train command's arguments ('' when absent)."""
+  """The value of --name (`--name V` or `--name=V`) in the train command's arguments ('' when
+  absent)."""
   for i, arg in enumerate(train_args):
     if arg.startswith(f'--{name}='):
       return arg.split('=', 1)[1]
@@ -255,7 +256,8 @@ def train_command(train_args) -> str:
       f'echo "== $(date -u) worker $W: training starts" >> "{log}"; '
       f'PYTHONUNBUFFERED=1 .venv/bin/python -m pretrain_jax.commands.train {shlex.join(args)} '
       f'>> "{log}" 2>&1; '
-      'CODE=$?; ' + (f'pkill -P $SHIP; kill $SHIP 2> /dev/null; {copy}; ' if ship else '') + f'echo $CODE > "{exit_file}"')
+      'CODE=$?; ' + (f'pkill -P $SHIP; kill $SHIP 2> /dev/null; {copy}; ' if ship else '')
+      + f'echo $CODE > "{exit_file}"')
   return (f'mkdir -p ~/{LOG_DIR} && cd ~/{CODE_DIR} && rm -f ~/{LOG_DIR}/EXIT && '
           f'nohup bash -c {shlex.quote(script)} > /dev/null 2>&1 < /dev/null &')
 

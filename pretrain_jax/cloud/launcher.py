@@ -265,7 +265,8 @@ class Launcher:
       if all(code == 0 for code in found):
         return dict(result, status='finished')
       raise LaunchError(f'training stopped on a healthy slice (per worker: {found}; IDLE = '
-                        'killed without an exit code); not rerunning it, see `pretrain-jax tpu logs`')
+                        'killed without an exit code); not rerunning it, see '
+                        '`pretrain-jax tpu logs`')
 
   def status(self) -> dict:
     state, description = self.describe()

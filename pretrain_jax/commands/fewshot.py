@@ -75,7 +75,8 @@ def _run(argv):
   example = prompts.context({'text': '<text>'}, question)
   print(f'{model.family} from {_INIT.value} on {task.name} ({_SPLIT.value}, '
         f'{results[0]["examples"]} examples): {example!r} -> '
-        f'{" | ".join(repr(prompts.continuation(l)) for l in task.labels)}\n{table(results)}',
+        f'{" | ".join(repr(prompts.continuation(label)) for label in task.labels)}\n'
+        f'{table(results)}',
         file=sys.stderr, flush=True)
   print(json.dumps({'init': _INIT.value, 'task': task.name, 'family': model.family,
                     'split': _SPLIT.value, 'question': question, 'results': results}),

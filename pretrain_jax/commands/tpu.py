@@ -53,8 +53,8 @@ _MAX_RETRIES = flags.DEFINE_integer('max_retries', 3, 'run --watch: re-creations
                                     lower_bound=0)
 _BACKOFF_S = flags.DEFINE_float('backoff_s', 60, 'run --watch: wait before re-creation i is '
                                 'backoff_s * 2**(i-1)', lower_bound=0)
-_WATCH_INTERVAL_S = flags.DEFINE_float('watch_interval_s', 60, 'run --watch: seconds between checks',
-                                       lower_bound=0)
+_WATCH_INTERVAL_S = flags.DEFINE_float('watch_interval_s', 60,
+                                       'run --watch: seconds between checks', lower_bound=0)
 _POLL_INTERVAL_S = flags.DEFINE_float('poll_interval_s', 10, 'create: seconds between describes',
                                       lower_bound=0)
 _MAX_POLLS = flags.DEFINE_integer('max_polls', 360, 'create: describes before giving up waiting',
@@ -81,7 +81,8 @@ def run_command(command: str, argv) -> dict:
   if command not in COMMANDS:
     raise ValueError(f'unknown command {command!r}; expected one of {", ".join(COMMANDS)}')
   if argv:
-    raise ValueError(f'unexpected arguments {argv}; the arguments of pretrain-jax train go after --')
+    raise ValueError(f'unexpected arguments {argv}; the arguments of pretrain-jax train go '
+                     'after --')
   if TRAIN_ARGS and command != 'run':
     raise ValueError(f'only run takes arguments after --; got {TRAIN_ARGS} for {command}')
   tpu = gcloud.Slice(_NAME.value, _ZONE.value, _TPU_TYPE.value, _RUNTIME.value, provisioning(),

@@ -41,7 +41,7 @@ def label_forms(tokenizer, labels) -> tuple:
   vocabulary lacks 'é'). Labels whose forms coincide could not be told apart: refused."""
   forms = tuple(tokenizer.decode(tokenizer.encode(label)).strip() for label in labels)
   seen = {}
-  for label, form in zip(labels, forms):
+  for label, form in zip(labels, forms, strict=True):
     if form in seen:
       raise ValueError(f'labels {seen[form]!r} and {label!r} both read back as {form!r} '
                        'through the tokenizer, so T5 could not tell them apart; expected labels '
@@ -71,7 +71,8 @@ def encode(task, split: str, tokenizer, layout, seq_len: int, target_len: int = 
   task.labels."""
   examples = first_examples(task, split, max_examples)
   n, truncated = len(examples), 0
-  zeros = lambda *shape: np.zeros((n,) + shape, np.int32)
+  def zeros(*shape):
+    return np.zeros((n,) + shape, np.int32)
   if layout.text_to_text:
     if not target_len:
       raise ValueError('data.target_len=0; expected the decoder length for T5 targets')

@@ -123,7 +123,7 @@ class DocumentStream:
       if epoch != current:
         doc, current = 0, epoch
       ends = np.cumsum(lengths)
-      for tokens, length, bad in zip(np.split(flat, ends[:-1]), lengths, status):
+      for tokens, length, bad in zip(np.split(flat, ends[:-1]), lengths, status, strict=True):
         if bad:
           produced[epoch, 'invalid'] += 1
           stats['skipped_invalid_utf8'] += 1

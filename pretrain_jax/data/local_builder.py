@@ -1,8 +1,9 @@
 """Local C4-format files as a tfds dataset, so they flow through the same tf.data pipeline.
 
-Files may be local or on gs:// (pretrain_jax.paths; globs work on both). Accepted files: `.json` / `.jsonl` / `.json.gz` / `.jsonl.gz` with one JSON object per line
-and the text under `text_key` (C4's own format; a `.json` file holding one JSON list of objects
-also works), and `.txt` / `.txt.gz` with one document per blank-line-separated block.
+Files may be local or on gs:// (pretrain_jax.paths; globs work on both). Accepted files:
+`.json` / `.jsonl` / `.json.gz` / `.jsonl.gz` with one JSON object per line and the text under
+`text_key` (C4's own format; a `.json` file holding one JSON list of objects also works), and
+`.txt` / `.txt.gz` with one document per blank-line-separated block.
 
 Bad records (a line that is not JSON, lacks the text field or is not a string, invalid UTF-8,
 an empty or whitespace-only document, an empty file) are skipped, counted and logged once when

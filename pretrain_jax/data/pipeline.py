@@ -148,7 +148,8 @@ class DataIterator:
     now = {k: self._identity[k] for k in DATA_SIZE if k in self._identity}
     then = {k: state.get(k, value) for k, value in now.items()}
     if then != now:
-      size = lambda d: ' of '.join(f'{value:,} {k}' for k, value in d.items())
+      def size(d):
+        return ' of '.join(f'{value:,} {k}' for k, value in d.items())
       raise ValueError(f'split {self._identity["split"]!r} had {size(then)} when the data '
                        f'position was saved and has {size(now)} now: the data behind '
                        'config.data.files (or the tfds dataset) changed, and the position would '

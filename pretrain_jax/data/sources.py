@@ -242,7 +242,8 @@ def iter_texts(data_config: DataConfig, split: str | None = None,
   `source` (default open_source(data_config))."""
   source = source or open_source(data_config)
   total = 0
-  for raw in text_dataset(source, split or data_config.train_split, shuffle_buffer=0).as_numpy_iterator():
+  texts = text_dataset(source, split or data_config.train_split, shuffle_buffer=0)
+  for raw in texts.as_numpy_iterator():
     text = raw.decode('utf-8', errors='replace')
     yield text
     total += len(text)

@@ -219,7 +219,8 @@ def load_splits(config):
                      f'needs at least {end}')
   vocab = char_vocab(text[:end])
   ids = encode(text[:end], vocab)
-  cut = lambda span: ids[span[0]:span[1]]
+  def cut(span):
+    return ids[span[0]:span[1]]
   return vocab, {'train': cut(config.train_chars), 'valid': cut(config.valid_chars),
                  'heldout': cut(config.heldout_chars)}
 
@@ -239,8 +240,9 @@ def run(config, progress=None) -> dict:
   check_draws(draws)                   # before minutes of training, not after
   vocab, ids = load_splits(config)
   seed = config.seed
-  report = lambda name, family: progress and progress(
-      name, family.train.steps, family.train.batch_size * family.model.max_len)
+  def report(name, family):
+    return progress and progress(
+        name, family.train.steps, family.train.batch_size * family.model.max_len)
   gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,
                                                      ids['train'], len(vocab), seed,
                                                      progress=report('GPT', config.gpt))

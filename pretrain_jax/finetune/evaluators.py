@@ -25,7 +25,8 @@ def rouge_scores(decoded: list, targets: list) -> dict:
   summaries) with its Porter stemmer; each in [0, 1]."""
   from rouge_score import rouge_scorer  # noqa: PLC0415 (nltk: slow)
   scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
-  scores = [scorer.score(target, prediction) for prediction, target in zip(decoded, targets)]
+  scores = [scorer.score(target, prediction)
+            for prediction, target in zip(decoded, targets, strict=True)]
   return {k: float(np.mean([s[k].fmeasure for s in scores])) if scores else 0.0
           for k in ROUGE_KEYS}
 
@@ -35,7 +36,7 @@ def exact_match_scores(decoded: list, targets: list, truth, label_forms: tuple) 
   labelled task class_accuracy / class_mcc / class_f1 with `truth` the (N,) class ids and
   `label_forms` the labels as decoding gives them back (classification.label_forms); a decoded
   string that is no label counts as a wrong class ((truth + 1) mod C)."""
-  hits = [d.strip() == t.strip() for d, t in zip(decoded, targets)]
+  hits = [d.strip() == t.strip() for d, t in zip(decoded, targets, strict=True)]
   out = {'exact_match': float(np.mean(hits))}
   if label_forms:
     index = {form: c for c, form in enumerate(label_forms)}

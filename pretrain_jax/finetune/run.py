@@ -75,8 +75,8 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
                          f'checkpoint {ft.init!r}')
   if ft.task.beam_size > 1 and not family.task_layout.text_to_text:
     raise ValueError(f'task.beam_size={ft.task.beam_size} decodes text-to-text targets (T5); '
-                     f'a {family.name} checkpoint\'s labels are {"ranked" if generation else "a head"}'
-                     ': expected task.beam_size=1')
+                     f'a {family.name} checkpoint\'s labels are '
+                     f'{"ranked" if generation else "a head"}: expected task.beam_size=1')
   if (family.classifier is not None or generation) and not task.labels:
     raise ValueError(f'task {task.name!r} is text-to-text (inputs/targets); a '
                      f'{family.name} model needs text + label columns')

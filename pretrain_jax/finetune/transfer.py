@@ -129,12 +129,14 @@ def table(rows: list) -> str:
   of several checkpoints (run_comparison) get a first column naming theirs."""
   names = any(r.get('checkpoint') for r in rows)
   width = max([len(r.get('checkpoint', '')) for r in rows] + [10]) if names else 0
-  first = lambda r: f'{r.get("checkpoint", ""):<{width}} ' if names else ''
+  def first(r):
+    return f'{r.get("checkpoint", ""):<{width}} ' if names else ''
   header = (f'{"checkpoint":<{width}} ' if names else '') + (
       f'{"mode":<13} {"examples":>8} {"seed":>4} {"metric":<15} {"final":>6} {"best":>6} '
       f'{"steps":>6} {"wall s":>7} {"step ms":>8}')
   lines = [header, '-' * len(header)]
-  fmt = lambda v, spec: '-' if v is None else format(v, spec)
+  def fmt(v, spec):
+    return '-' if v is None else format(v, spec)
   for r in rows:
     lines.append(f'{first(r)}{label(r):<13} {_examples(r):>8} {r["seed"]:>4} '
                  f'{r["metric"]:<15} {fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} '
@@ -146,8 +148,9 @@ def table(rows: list) -> str:
                  'command)')
   summary = summarize(rows)
   if any(s['seeds'] > 1 for s in summary):
-    span = lambda s, k: ('-' if s[k] is None else
-                         f'{s[k]:.3f} [{s[k + "_range"][0]:.3f}, {s[k + "_range"][1]:.3f}]')
+    def span(s, k):
+      return ('-' if s[k] is None else
+              f'{s[k]:.3f} [{s[k + "_range"][0]:.3f}, {s[k + "_range"][1]:.3f}]')
     lines += ['', (f'{"checkpoint":<{width}} ' if names else '') +
               f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean [min, max]":<24} '
               'best: mean [min, max]']
@@ -189,7 +192,7 @@ def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(
       scoring.check_scores(loaded[0].model_config, f"task.format={fmt!r}", f'--init {inits[0]}')
   task = run_lib.load_task(FinetuneConfig.from_config(config))
   rows = []
-  for name, path, fmts in zip(names, inits, usable):
+  for name, path, fmts in zip(names, inits, usable, strict=True):
     skipped = [f for f in formats if f not in fmts]
     if skipped:
       print(f'{name}: no {", ".join(skipped)} format for its family; its other runs go on',
@@ -215,7 +218,7 @@ def plot(rows: list, path: str, title: str = '') -> str:
   colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red',
             'scratch (gen)': 'tab:brown', 'full (gen)': 'tab:orange'}
   sizes = sorted({r['size'] for r in rows})
-  styles = dict(zip(sizes, ['-', '--', ':', '-.'] * 4))
+  styles = dict(zip(sizes, ['-', '--', ':', '-.'] * 4, strict=False))
   labelled = set()
   for r in rows:
     curves = run_lib.read_curves(r['workdir'])
@@ -226,9 +229,9 @@ def plot(rows: list, path: str, title: str = '') -> str:
     train = [(x['step'], x['loss']) for x in curves['train'] if x.get('loss') is not None]
     val = [(x['step'], x[r['metric']]) for x in curves['eval'] if r['metric'] in x]
     if train:
-      left.plot(*zip(*train), **style)
+      left.plot(*zip(*train, strict=True), **style)
     if val:
-      right.plot(*zip(*val), marker='o', markersize=3, **style)
+      right.plot(*zip(*val, strict=True), marker='o', markersize=3, **style)
   left.set(title='training loss', xlabel='step', ylabel='loss')
   metric = rows[0]['metric'] if rows else ''
   right.set(title=f'validation {metric}', xlabel='step', ylabel=metric)

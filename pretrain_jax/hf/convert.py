@@ -215,8 +215,8 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   from pretrain_jax import hf  # noqa: PLC0415
   if hf.is_hf_dir(workdir):
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
-                     'a Hugging Face config); export reads a training workdir: load the directory as it '
-                     'is, or import it first (pretrain-jax convert_hf import)')
+                     'a Hugging Face config); export reads a training workdir: load the '
+                     'directory as it is, or import it first (pretrain-jax convert_hf import)')
   problem = classifier_problem(train_workdir.load_config(workdir), workdir)
   if problem:
     raise ValueError(f'{problem}; export supports pretrained LM checkpoints only (the head and '

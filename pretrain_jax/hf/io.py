@@ -93,7 +93,8 @@ def read_state_dict(hf_dir: str) -> dict:
   """All tensors of the checkpoint in `hf_dir`, name -> numpy array."""
   check_exists(hf_dir)
   hf_dir = paths.local_copy(hf_dir)  # below: local files only
-  path = lambda name: os.path.join(hf_dir, name)
+  def path(name):
+    return os.path.join(hf_dir, name)
   found = [n for n in WEIGHT_FILES if os.path.isfile(path(n))]
   if not found:
     raise FileNotFoundError(f'{hf_dir} has no weights: expected one of {list(WEIGHT_FILES)}; '

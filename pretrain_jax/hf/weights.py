@@ -76,7 +76,7 @@ def hf_to_params(cfg: ModelConfig, state_dict: dict) -> dict:
     if tuple(w.shape) != want:
       raise ValueError(f'tensor {rule.hf!r} has shape {tuple(w.shape)}; expected {want} for '
                        f'{list(rule.ours)} of the model config.json describes')
-    for path, value in zip(rule.ours, rule.to_ours(w)):
+    for path, value in zip(rule.ours, rule.to_ours(w), strict=True):
       flat[path] = np.ascontiguousarray(value, dtype=np.float32)
     used.add(rule.hf)
   for dup, original in record.tied:

@@ -24,7 +24,7 @@ def _batch_axes(init_cache, rows: int):
   one, other = (jax.eval_shape(functools.partial(init_cache, n)) for n in (rows, rows + 1))
 
   def axis(a, b):   # -1: a leaf with no row axis (the cache index)
-    differs = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+    differs = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
     return differs[0] if differs else -1
   return jax.tree.map(axis, one, other)
 

@@ -89,7 +89,7 @@ def continuations(model, texts: list, *, prompt_words: int = 4, max_new_tokens: 
   outs = model.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.95,
                         seed=seed)
   return [{'prompt': p, 'continuation': o['text'], 'original': t}
-          for p, o, t in zip(prompts, outs, texts)]
+          for p, o, t in zip(prompts, outs, texts, strict=True)]
 
 
 def span_fills(model, texts: list, *, seed: int = 0, max_new_tokens: int = 8):
@@ -104,7 +104,7 @@ def span_fills(model, texts: list, *, seed: int = 0, max_new_tokens: int = 8):
     inputs.append(' '.join(words[:start] + ['<extra_id_0>'] + words[start + n:]))
   outs = model.generate(inputs, max_new_tokens=max_new_tokens)
   return [{'input': i, 'answer': a, 'filled': _first_span(o['text'])}
-          for i, a, o in zip(inputs, answers, outs)]
+          for i, a, o in zip(inputs, answers, outs, strict=True)]
 
 
 def _first_span(text: str) -> str:

@@ -188,7 +188,7 @@ class Pretrained:
     examples = [{'inputs': t, 'targets': ''} if text_to_text else
                 dict({'text': t, 'label': labels[0]}, **({'text_pair': p} if p is not None
                                                          else {}))
-                for t, p in zip(texts, pairs)]
+                for t, p in zip(texts, pairs, strict=True)]
     task = tasks.Task('predict', {'train': examples}, labels, prefix=trained_on.prefix)
     d, text_out = self.data_config, family.task_layout.text_to_text
     if trained_on.format == 'generation':
@@ -198,7 +198,7 @@ class Pretrained:
     if self.model_config.prefix_lm and not text_out:   # as it was fine-tuned (finetune/run.py)
       rows['prefix'] = (rows['segment_ids'] > 0).astype(np.int32)
     out = []
-    label_of = (dict(zip(classification.label_forms(self.tokenizer, labels), labels))
+    label_of = (dict(zip(classification.label_forms(self.tokenizer, labels), labels, strict=True))
                 if text_out else {})
     for start in range(0, len(texts), batch_size):
       batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()

@@ -80,7 +80,7 @@ def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0
             temperature=temperature, top_k=top_k, top_p=top_p)
   out = GENERATORS[mode](model.params, cfg, rows, tok, jax.random.key(seed), **kw)
   results = []
-  for prompt, row in zip(prompts, np.asarray(out)):
+  for prompt, row in zip(prompts, np.asarray(out), strict=True):
     new = [int(t) for t in row]
     if tok.eos_id in new:
       new = new[:new.index(tok.eos_id)]
@@ -163,5 +163,5 @@ def fill_mask(model, text: str, top_k: int = 5) -> list:
     p, idx = jax.lax.top_k(probs[position], top_k)
     out.append({'position': position,
                 'candidates': [{'token': tok.id_to_piece(int(i)), 'id': int(i),
-                                'probability': float(q)} for q, i in zip(p, idx)]})
+                                'probability': float(q)} for q, i in zip(p, idx, strict=True)]})
   return out

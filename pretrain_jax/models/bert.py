@@ -19,7 +19,8 @@ class BertBlock(nn.Module):
   @nn.compact
   def __call__(self, x, mask):                                # (B, T, E)
     cfg = self.cfg
-    drop = lambda y: cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    def drop(y):
+      return cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     x = layers.norm(cfg, 'attention_norm')(
         x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask)))
     x = layers.norm(cfg, 'output_norm')(x + drop(layers.MLP(cfg, name='mlp')(x)))

@@ -89,7 +89,8 @@ class Family:
 
   def lengths(self, batch: dict) -> tuple:
     """(batch size, input length, target length or 0) of a batch (arrays or shapes)."""
-    shape = lambda k: np.shape(batch[k])
+    def shape(k):
+      return np.shape(batch[k])
     batch_size, length = shape(self.input_keys[0])[:2]
     target_len = shape(self.target_key)[1] if self.target_key != 'targets' else 0
     return batch_size, length, target_len

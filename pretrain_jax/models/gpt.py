@@ -16,7 +16,8 @@ class GPTBlock(nn.Module):
   def __call__(self, x, mask, decode_index):                 # (B, T, E)
     cfg = self.cfg
     residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
-    drop = lambda y: cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    def drop(y):
+      return cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     h = layers.norm(cfg, 'ln_1')(x)
     attn = layers.MultiHeadAttention(cfg, residual_scale, name='attn')
     x = x + drop(attn(h, h, mask, decode_index))

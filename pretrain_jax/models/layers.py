@@ -192,7 +192,8 @@ class MLP(nn.Module):
   def __call__(self, x):                                    # (B, T, E)
     cfg = self.cfg
     act = activation_fn(cfg.activation)
-    wi = lambda name: dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], name, fan_in=cfg.emb_dim)
+    def wi(name):
+      return dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], name, fan_in=cfg.emb_dim)
     if cfg.activation.startswith('gated'):
       h = act(wi('wi_0')(x)) * wi('wi_1')(x)
     else:
@@ -219,8 +220,9 @@ class MultiHeadAttention(nn.Module):
     heads = (cfg.num_heads, cfg.head_dim)
     # fold_query_scale (T5): no 1/sqrt(H) logit scale; the query init carries it.
     q_init = param_init(cfg, cfg.emb_dim * (cfg.head_dim if cfg.fold_query_scale else 1))
-    proj = lambda name, **kw: dense(cfg, heads, ['embed'], ['heads', 'kv'], name,
-                                    fan_in=cfg.emb_dim, **kw)
+    def proj(name, **kw):
+      return dense(cfg, heads, ['embed'], ['heads', 'kv'], name,
+                   fan_in=cfg.emb_dim, **kw)
     q = proj('query', init=q_init)(x_q)                            # (B, T, N, H)
     k = proj('key')(x_kv)                                          # (B, S, N, H)
     v = proj('value')(x_kv)

@@ -63,7 +63,7 @@ def calls(mask, lengths, padded):
   segments = mask.segments()
   if segments is None:
     segments = tuple(jnp.ones((1, n), jnp.int32) for n in lengths)
-  q_ids, kv_ids = (_pad(s.astype(jnp.int32), n) for s, n in zip(segments, padded))
+  q_ids, kv_ids = (_pad(s.astype(jnp.int32), n) for s, n in zip(segments, padded, strict=True))
   out = [('causal' if mask.causal else 'full', q_ids, kv_ids)]
   if mask.prefix is None:
     return out, None
@@ -77,7 +77,8 @@ def attention(query, key, value, mask, scale, *, interpret: bool):
   AttentionMask without bias or dense part (attention.kernel_readable)."""
   b, t, s = query.shape[0], query.shape[1], key.shape[1]
   tp, sp = padded_length(t), padded_length(s)
-  heads_first = lambda x, length: jnp.swapaxes(_pad(x, length), 1, 2)  # (B, N, L, H)
+  def heads_first(x, length):
+    return jnp.swapaxes(_pad(x, length), 1, 2)  # (B, N, L, H)
   q = heads_first(query * jnp.asarray(scale, query.dtype), tp)
   k, v = heads_first(key, sp), heads_first(value, sp)
   parts, prefix = calls(mask, (t, s), (tp, sp))

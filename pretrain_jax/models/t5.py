@@ -212,7 +212,8 @@ def example_batch(tokens, rng=None, *, nsp=False, target_len=None) -> dict:
   target_len = target_len or t // 2
   targets = tokens[:, :target_len]
   ones, dec_ones = np.ones((b, t), np.int32), np.ones_like(targets)
-  positions = lambda n: np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)).copy()
+  def positions(n):
+    return np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)).copy()
   return {'encoder_input_tokens': tokens[:, :-1], 'encoder_segment_ids': ones,
           'encoder_positions': positions(t),
           'decoder_input_tokens': np.pad(targets[:, :-1], [(0, 0), (1, 0)]),

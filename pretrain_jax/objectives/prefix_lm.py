@@ -32,7 +32,7 @@ def split_points(segment_ids: np.ndarray, rng: np.random.Generator) -> np.ndarra
   for row in range(segment_ids.shape[0]):
     seg = segment_ids[row]
     ids, starts, counts = np.unique(seg, return_index=True, return_counts=True)
-    for sid, start, n in zip(ids, starts, counts):
+    for sid, start, n in zip(ids, starts, counts, strict=True):
       if sid == 0:
         continue
       choices = max(int(n) - 1, 1)

@@ -84,8 +84,9 @@ class Tuning:
     return f'Tuning({self.name!r})'
 
 
-PLAIN = Tuning('plain', platform='', matmul=jnp.dot, dropout=dropout, Dropout=nn.Dropout, bias_per_row=False,
-               blockwise_max=False, all_finite=all_finite, init_compiler_options=None)
+PLAIN = Tuning('plain', platform='', matmul=jnp.dot, dropout=dropout, Dropout=nn.Dropout,
+               bias_per_row=False, blockwise_max=False, all_finite=all_finite,
+               init_compiler_options=None)
 CPU = Tuning('cpu', platform='cpu', matmul=cpu.matmul, dropout=cpu.dropout, Dropout=cpu.Dropout,
              bias_per_row=True, blockwise_max=True, all_finite=cpu_all_finite,
              init_compiler_options=cpu.INIT_COMPILER_OPTIONS)

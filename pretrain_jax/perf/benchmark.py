@@ -186,7 +186,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
       jax.block_until_ready(metrics)
   step_s = statistics.median(times)
   if probe:
-    mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks))
+    mfu = statistics.median(model_flops / s / p for s, p in zip(times, peaks, strict=True))
   else:
     mfu = model_flops / step_s / peak_flops
   datasheet = datasheet_peak_flops()

@@ -157,5 +157,5 @@ def table(records: Iterable[Mapping]) -> str:
                  fmt(r.get('mfu_datasheet'), '.3f'), fmt(mem and mem / 2 ** 30, '.2f'),
                  fmt(r.get('compile_s'), '.1f'), fmt(r.get('vs_baseline'), '.3f')))
   widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-  return '\n'.join('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+  return '\n'.join('  '.join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                    for row in rows)

@@ -101,7 +101,7 @@ def gather_json(obj) -> list:
     padded = np.zeros(int(np.max(sizes)), np.uint8)
     padded[:data.size] = data
     everyone = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(row[:int(n)]).decode()) for row, n in zip(everyone, sizes)]
+  return [json.loads(bytes(row[:int(n)]).decode()) for row, n in zip(everyone, sizes, strict=True)]
 
 
 @functools.cache

@@ -21,7 +21,7 @@ def _leaves(tree) -> list:
 
 
 def _index(index, shape) -> list:
-  return [list(sl.indices(n)[:2]) for sl, n in zip(index, shape)]
+  return [list(sl.indices(n)[:2]) for sl, n in zip(index, shape, strict=True)]
 
 
 def _crc(x) -> int:

@@ -146,7 +146,8 @@ def _records_up_to(path: str, step: int) -> list:
   """metrics.jsonl's lines of steps <= step, each ending in a newline (not a torn last line)."""
   if not paths.isfile(path):
     return []
-  return [l + '\n' for l in paths.read_text(path).splitlines() if l.strip() and _step_of(l) <= step]
+  return [line + '\n' for line in paths.read_text(path).splitlines()
+          if line.strip() and _step_of(line) <= step]
 
 
 def _step_of(line: str) -> float:

@@ -62,7 +62,8 @@ def random_init_params(cfg: ModelConfig, seed: int = 0):
   """Fresh parameters of the same architecture (the 'before pre-training' baseline)."""
   model = build(cfg.replace(deterministic=True, decode=False))
   args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(8, cfg.nsp))
-  init = lambda key: model.init(key, *args, **kwargs)['params']
+  def init(key):
+    return model.init(key, *args, **kwargs)['params']
   return nn.unbox(state_lib.run_once(init, jax.random.key(seed)))
 
 

@@ -61,7 +61,7 @@ def traced_in(mesh: Mesh, fn):
 def check_divisible(abstract_tree, shardings, what: str) -> None:
   """Every sharded dimension must split evenly; name the first one that does not."""
   leaves = jax.tree_util.tree_leaves_with_path(abstract_tree)
-  for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
+  for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=True):
     try:
       sharding.shard_shape(leaf.shape)
     except ValueError as e:       # jax names the dimension, its size and its shard count

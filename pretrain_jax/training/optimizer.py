@@ -18,7 +18,8 @@ def make_schedule(t: TrainConfig) -> optax.Schedule:
   elif t.schedule == 'linear':
     decay = optax.linear_schedule(peak, end, decay_steps)
   elif t.schedule == 'rsqrt':
-    decay = lambda step: peak * jax.lax.rsqrt(jnp.maximum(step + warmup, 1.0) / max(warmup, 1))
+    def decay(step):
+      return peak * jax.lax.rsqrt(jnp.maximum(step + warmup, 1.0) / max(warmup, 1))
   else:
     decay = optax.constant_schedule(peak)
   if warmup == 0:

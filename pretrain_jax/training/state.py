@@ -32,9 +32,11 @@ def abstract_params(model) -> dict:
 
 def _opt_state_shardings(abstract, param_shardings, mesh: Mesh):
   """Shard each optimizer leaf like the parameter whose path its path ends with (same shape)."""
-  names = lambda path: tuple(jax.tree_util.keystr(path, simple=True, separator='/').split('/'))
+  def names(path):
+    return tuple(jax.tree_util.keystr(path, simple=True, separator='/').split('/'))
   by_path = {names(path): (leaf.shape, sharding) for (path, leaf), sharding in zip(
-      jax.tree_util.tree_leaves_with_path(abstract.params), jax.tree.leaves(param_shardings))}
+      jax.tree_util.tree_leaves_with_path(abstract.params), jax.tree.leaves(param_shardings),
+      strict=True)}
 
   def sharding_of(path, leaf):
     path = names(path)

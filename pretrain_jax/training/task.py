@@ -65,7 +65,8 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
                    f'{extra.name}_confusion': jnp.einsum('bt,bp->tp', truth, predicted)})
   if family.target_key not in batch:
     return sums
-  head = lambda h: model.apply(variables, h, method='logits')
+  def head(h):
+    return model.apply(variables, h, method='logits')
   targets, weights = batch[family.target_key], batch[family.weight_key]
 
   def lm_sums(h, t, w):
