@@ -7,7 +7,7 @@
 
 def load_pretrained(path, step=None, **model_overrides):
   """See pretrain_jax.inference.load_pretrained (imported lazily: no TensorFlow at import)."""
-  from pretrain_jax.inference import load  # noqa: PLC0415
+  from pretrain_jax.inference import load  # noqa: PLC0415 (the whole stack)
   return load.load_pretrained(path, step, **model_overrides)
 
 

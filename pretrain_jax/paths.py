@@ -15,7 +15,7 @@ import tempfile
 
 os.environ.setdefault('EPATH_USE_TF', 'false')
 
-from etils import epath  # noqa: PLC0415,E402
+from etils import epath
 
 _CHECKED = set()   # the buckets that answered check_bucket in this process
 _MISTYPED_URL = re.compile(r'(gs|gcs|s3|https?|file):(?!//)', re.IGNORECASE)
@@ -90,7 +90,7 @@ def check_bucket(path) -> None:
   scheme, bucket = bucket_of(path)
   if scheme != 'gs' or bucket in _CHECKED:
     return
-  from google.cloud import storage  # noqa: PLC0415 (for gs:// only)
+  from google.cloud import storage  # noqa: PLC0415 (google-cloud-storage: gs:// only)
   try:
     list(storage.Client().list_blobs(bucket, max_results=1, timeout=10.0, retry=None))
   except Exception as e:  # auth, HTTP, socket errors

@@ -22,16 +22,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from configs import bert_base, gpt2_small, t5_base  # noqa: E402
-from pretrain_jax.data.config import DataConfig  # noqa: E402
-from pretrain_jax.models import ModelConfig, family_of  # noqa: E402
-from pretrain_jax.objectives import span_corruption  # noqa: E402
-from pretrain_jax.training import mesh as mesh_lib  # noqa: E402
-from pretrain_jax.training import step as step_lib  # noqa: E402
-from pretrain_jax.training.config import MeshConfig, TrainConfig  # noqa: E402
+from configs import bert_base, gpt2_small, t5_base
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.objectives import span_corruption
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 CONFIGS = {'gpt2_small': gpt2_small, 'bert_base': bert_base, 't5_base': t5_base}
 GIB = 2 ** 30

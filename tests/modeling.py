@@ -4,6 +4,8 @@ import functools
 import flax.linen as nn
 import jax
 
+from configs import finetune as finetune_config
+from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import state
 
@@ -51,7 +53,6 @@ def forward(cfg, params, *args, **kw):
 
 def tiny_finetune_config(init: str):
   """A 2-step full fine-tune of `init` on 8 sentences of the embedded word_order task."""
-  from configs import finetune as finetune_config  # noqa: PLC0415
   c = finetune_config.get_config()
   c.init, c.task.name, c.mode = init, 'word_order', 'full'
   c.data.seq_len = 32
@@ -62,5 +63,4 @@ def tiny_finetune_config(init: str):
 
 
 def two_step_finetune(init: str, workdir: str) -> dict:
-  from pretrain_jax.finetune import run as run_lib  # noqa: PLC0415
   return run_lib.finetune(tiny_finetune_config(init), workdir)

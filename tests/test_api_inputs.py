@@ -6,7 +6,7 @@ import modeling
 import numpy as np
 import pytest
 
-from pretrain_jax.inference import load
+from pretrain_jax.inference import load, text
 
 
 def _model(family, **kw):
@@ -61,7 +61,6 @@ def test_ids_outside_their_tables_are_refused(family, kw, message):
     (dict(top_p=0.0), r'top_p=0.0 is out of range'),
 ])
 def test_sampling_counts_are_integers_in_range(kw, message):
-  from pretrain_jax.inference import text  # noqa: PLC0415
   args = dict(max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, vocab_size=97)
   with pytest.raises(ValueError, match=message):
     text.check_sampling(**dict(args, **kw))

@@ -5,9 +5,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_train import tiny_config
 
-from pretrain_jax.models import masks
-from pretrain_jax.models.attention import dot_product_attention
+from pretrain_jax.models import ModelConfig, masks
+from pretrain_jax.models.attention import (
+  by_segments,
+  document_lengths,
+  dot_product_attention,
+  implementation_notes,
+  runnable_implementation,
+)
+from pretrain_jax.run import loop
+from pretrain_jax.training import synthetic
 
 B, T, N, H = 2, 6, 3, 8
 
@@ -97,7 +106,6 @@ def test_factored_causal_equals_the_materialized_causal_mask(impl, segments):
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
 def test_cudnn_runs_as_xla_where_there_is_no_gpu():
   """A GPU config ('cudnn') smoke-tests on a CPU and its checkpoints evaluate there."""
-  from pretrain_jax.models.attention import runnable_implementation
   assert runnable_implementation('cudnn') == 'xla'
   assert runnable_implementation('reference') == 'reference'
   with pytest.raises(ValueError, match=r"attention implementation 'flash'; expected one of"):
@@ -117,10 +125,6 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
 
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
 def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, capsys):
-  from test_train import tiny_config
-
-  from pretrain_jax.run import loop
-  from pretrain_jax.training import synthetic
   results = {}
   for impl in ('cudnn', 'xla'):
     config = tiny_config('gpt', steps=2, log_every=1)
@@ -134,7 +138,6 @@ def test_training_a_cudnn_config_on_cpu_says_so_and_trains_as_xla(tmp_path, caps
 
 
 def test_document_lengths_literal():
-  from pretrain_jax.models.attention import document_lengths
   n, ok = document_lengths(jnp.array([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]))
   np.testing.assert_array_equal(n, [3, 4, 0])
   assert bool(ok)
@@ -147,7 +150,6 @@ def test_document_lengths_literal():
 def test_segments_as_sequence_lengths_give_the_reference(rows, causal):
   """cuDNN's reading of segment ids (attention.by_segments), run by XLA's implementation here:
   tail-padded one-document rows go as sequence lengths, packed ones as the segment mask."""
-  from pretrain_jax.models.attention import by_segments
   q, k, v = _qkv(5)
   seg = {'one_document': jnp.array([[1] * 4 + [0] * 2, [1] * 6]),
          'packed': SEGMENTS, 'cross': jnp.array([[1] * 4 + [0] * 2, [1] * 6])}[rows]
@@ -160,8 +162,6 @@ def test_segments_as_sequence_lengths_give_the_reference(rows, causal):
 
 
 def test_notes_name_each_fallback():
-  from pretrain_jax.models import ModelConfig
-  from pretrain_jax.models.attention import implementation_notes
   def cfg(family, **kw):
     return ModelConfig(family=family, vocab_size=8, num_layers=1, emb_dim=8,
                        num_heads=2, head_dim=4, mlp_dim=8, **kw)

@@ -10,6 +10,7 @@ import pytest
 from modeling import forward, init, tiny, tokens
 
 from configs import shakespeare_char
+from pretrain_jax.hf import config as hf_config
 from pretrain_jax.models import ModelConfig, build, family_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,7 +93,6 @@ def test_options_that_do_not_apply_are_refused():
     tiny('gpt', causal=False, decode=True)
   with pytest.raises(ValueError, match="kernel_init='torch_default'"):
     tiny('t5', kernel_init='torch_default')
-  from pretrain_jax.hf import config as hf_config
   with pytest.raises(ValueError, match='causal=False; Hugging Face GPT-2 is a causal decoder'):
     hf_config.hf_config_from_model(tiny('gpt', causal=False, position_embedding='learned'))
 

@@ -9,6 +9,9 @@ from modeling import forward, init
 from configs import shakespeare_char
 from pretrain_jax.experiments import char_lm
 from pretrain_jax.models import ModelConfig
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 
 def test_char_vocab_and_encoding():
@@ -76,9 +79,6 @@ def test_scan_steps_are_the_same_steps():
   """K steps in one jitted lax.scan == K calls of the train step (dropout keys fold in the
   step, so the same masks are drawn). One layer and 'rbg' dropout keys (compiled faster than
   threefry's): the keys fold in the step alike."""
-  from pretrain_jax.training import mesh as mesh_lib
-  from pretrain_jax.training import step as step_lib
-  from pretrain_jax.training.config import MeshConfig, TrainConfig
   config = shakespeare_char.get_config()
   family = config.gpt
   family.train.update(steps=6, prng_impl='rbg')

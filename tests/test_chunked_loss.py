@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 from modeling import VOCAB, init, tiny
 
+from configs import common
+from pretrain_jax.data.config import DataConfig, TaskDataConfig
 from pretrain_jax.models import build, family_of
 from pretrain_jax.training import losses, task
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import TrainConfig
 from pretrain_jax.training.synthetic import SyntheticDataset
 
 CASES = [('gpt', {}), ('gpt', dict(tie_embeddings=False)), ('bert', dict(nsp=True)),
@@ -133,9 +136,6 @@ def test_gather_predictions_keeps_every_weighted_position():
 
 
 def test_max_predictions_resolves_from_the_objective():
-  from configs import common  # noqa: PLC0415
-  from pretrain_jax.data.config import DataConfig, TaskDataConfig  # noqa: PLC0415
-  from pretrain_jax.training.config import TrainConfig  # noqa: PLC0415
 
   def resolve(value, objective='mlm', seq_len=512):
     t = common.train_config(batch_size=8, steps=10, learning_rate=1e-3)

@@ -5,7 +5,12 @@ import subprocess
 import sys
 
 import commands
+import modeling
 import pytest
+from gcs_emulator import free_port
+
+import configs
+from pretrain_jax import cli, paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +114,6 @@ def test_bad_command_lines_are_one_line(script, args, expected, tmp_path):
 
 
 def test_path_errors_are_user_errors_and_bad_json_is_named(tmp_path):
-  from pretrain_jax import cli, paths  # noqa: PLC0415
   assert cli.is_user_error(paths.PathError('gs://nobucket/x: cannot list gs://nobucket'))
   bad = tmp_path / 'config.json'
   bad.write_text('{bad')
@@ -120,7 +124,6 @@ def test_path_errors_are_user_errors_and_bad_json_is_named(tmp_path):
 
 
 def test_a_keyboard_interrupt_is_one_line_and_exit_130(capsys):
-  from pretrain_jax import cli  # noqa: PLC0415
   def interrupted():
     raise KeyboardInterrupt
   with pytest.raises(SystemExit) as exit_info:
@@ -132,12 +135,10 @@ def test_a_keyboard_interrupt_is_one_line_and_exit_130(capsys):
 def test_base_config_names_and_paths():
   """convert_hf.py --base_config: a name that is no config was a ModuleNotFoundError traceback,
   and the path form the other scripts take ('configs/tiny_gpt.py') was not understood."""
-  import configs  # noqa: PLC0415
   with pytest.raises(ValueError, match=r"^base config 'nosuch' .*'tiny_gpt'"):
     configs.base_config(None, 'nosuch')
   name, config = configs.base_config(None, 'configs/tiny_gpt.py')
   assert name == 'tiny_gpt' and config.model.family == 'gpt'
-  import modeling  # noqa: PLC0415
   with pytest.raises(ValueError, match=r"^base config 'tiny_t5' is a t5 .* gpt"):
     configs.base_config(modeling.tiny('gpt'), 'tiny_t5')   # wrote a workdir nothing could use
   assert configs.base_config(modeling.tiny('gpt'), 'tiny_gpt')[0] == 'tiny_gpt'
@@ -145,7 +146,6 @@ def test_base_config_names_and_paths():
 
 def test_writing_over_a_directory_is_one_clear_error_and_leaves_no_temporary(tmp_path):
   """train_tokenizer.py --output DIR: an OSError naming 'DIR.tmp-PID' and the temporary left."""
-  from pretrain_jax import paths  # noqa: PLC0415
   (tmp_path / 'adir').mkdir()
   with pytest.raises(IsADirectoryError, match='adir is a directory; expected a file path'):
     paths.write_bytes(str(tmp_path / 'adir'), b'x')
@@ -174,7 +174,6 @@ def test_a_config_whose_get_config_returns_a_dict_is_one_line(tmp_path):
 def test_a_process_whose_peers_never_join_exits_with_one_line(tmp_path):
   """JAX waits 5 minutes for the other processes, then aborts in C++ (a native stack naming
   RegisterTask, no error line). --init_timeout says what was waited for and exits 2."""
-  from gcs_emulator import free_port  # noqa: PLC0415
   address = f'127.0.0.1:{free_port()}'
   done = run_script('train.py', '--config', 'configs/tiny_gpt.py', '--workdir',
                     str(tmp_path / 'w'), '--multihost', f'--coordinator_address={address}',
@@ -187,7 +186,6 @@ def test_a_process_whose_peers_never_join_exits_with_one_line(tmp_path):
 
 
 def test_a_config_files_own_error_drops_a_module_qualified_exception_name():
-  from pretrain_jax import cli  # noqa: PLC0415
   text = ('flag --config=configs/x.py:a: Error whilst parsing config file: Traceback (most '
           'recent call last):\n  File "configs/x.py", line 3, in get_config\n'
           'module.sub.CustomError: bad value')

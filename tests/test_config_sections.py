@@ -13,7 +13,7 @@ from pretrain_jax.data.config import DataConfig, TaskConfig, TaskDataConfig
 from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
 from pretrain_jax.perf.config import BenchmarkConfig
 from pretrain_jax.run import workdir as workdir_lib
-from pretrain_jax.training.config import MeshConfig, TrainConfig
+from pretrain_jax.training.config import MeshConfig, RunConfig, TrainConfig
 
 
 def train(**changes) -> dict:
@@ -170,7 +170,6 @@ def test_an_old_fine_tune_config_reads_its_task_without_pairs():
 def test_a_seq_len_past_the_models_max_len_is_refused_before_the_model_is_built():
   """seq_len=100000 on tiny_gpt was killed for memory while the model's init traced a row of
   that length, before the data pipeline's own check could say so."""
-  from pretrain_jax.training.config import RunConfig  # noqa: PLC0415
   c = tiny_gpt.get_config()
   c.data.seq_len = 100000
   with pytest.raises(ValueError, match=r'seq_len=100000 .*\(max_len=128\)'):

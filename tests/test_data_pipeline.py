@@ -1,13 +1,18 @@
 """make_dataset end to end on the embedded corpus: DESIGN.md keys, determinism, exact resume,
 host shares, finite epochs and clear errors for bad input."""
+import collections
+import io
+import itertools
 import json
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 from test_objectives_span_corruption import splice
 
 from configs import common
 from pretrain_jax import data
+from pretrain_jax.data import documents, sources
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.objectives import packing, span_corruption
 
@@ -172,10 +177,6 @@ def test_a_stream_reads_every_epoch_whole_and_in_order_across_its_chained_pipeli
   """A small share's epochs are chained 1, 2, 4, ... to a pipeline (data/documents.py): however
   they are grouped, epoch e is text_dataset(epoch=e) in order, and a start at (epoch, doc)
   continues that sequence."""
-  import collections  # noqa: PLC0415
-  import itertools  # noqa: PLC0415
-
-  from pretrain_jax.data import documents, sources  # noqa: PLC0415
   dc = config('clm')
   source = sources.open_source(dc)
   kw = dict(process_index=1, process_count=2, seed=3, shuffle_buffer=dc.shuffle_buffer)
@@ -207,7 +208,6 @@ def test_one_epoch_ends(tokenizer):
   bs = list(it)
   assert len(bs) >= 2 and it.exhausted
   assert all(s['exhausted'] for s in it.get_state()['streams'].values())
-  from pretrain_jax.data import sources
   texts = [t.decode() for t in sources.text_dataset(
       sources.open_source(config('clm')), 'validation').as_numpy_iterator()]
   real = sum(int((b['segment_ids'] > 0).sum()) for b in bs)
@@ -247,9 +247,6 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
 
 
 def _model_without_specials(tmp_path):
-  import io
-
-  import sentencepiece as spm
   out = io.BytesIO()
   lines = ['the quick brown fox jumps over the lazy dog'] * 50
   spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=30,

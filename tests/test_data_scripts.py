@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from pretrain_jax.data import corpus
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -15,7 +17,6 @@ def load(name):
 @pytest.fixture()
 def corpus_file(tmp_path, monkeypatch):
   monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
-  from pretrain_jax.data import corpus
   docs = corpus.embedded_documents()[:60]
   path = tmp_path / 'docs.jsonl'
   path.write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))

@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import common
-from pretrain_jax import data
+from pretrain_jax import cli, data
 from pretrain_jax.data import local_builder, sources
 from pretrain_jax.data.config import DataConfig
 
@@ -143,7 +143,6 @@ def test_only_process_0_prepares_the_others_open_its_copy(tmp_path, cache, monke
   assert not os.path.exists(os.path.join(shared, 'local_text_files', 'f' + '0' * 16))
   with pytest.raises(sources.PeerError, match='process 0 could not prepare') as failed:
     sources.open_source(dc, data_dir=shared, process_index=1, sync=lambda _: '')
-  from pretrain_jax import cli  # noqa: PLC0415
   assert cli.is_user_error(failed.value)   # one error line on every other host, no traceback
   with pytest.raises(ValueError, match='pass the sync'):
     sources.open_source(dc, data_dir=shared, process_index=1)

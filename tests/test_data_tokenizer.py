@@ -1,7 +1,9 @@
 """Tokenizer layout (pad/eos/unk, BERT specials, sentinels last, 128 multiple) and caching."""
+import io
 import os
 
 import pytest
+import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 
 from configs import common
@@ -35,9 +37,6 @@ def test_trained_layout(tmp_path, model_type):
 
 def _plain_model(tmp_path, vocab=300, control=()):
   """A sentencepiece model with no sentinels and no BERT specials (like T5's public one)."""
-  import io
-
-  import sentencepiece as spm
   out = io.BytesIO()
   lines = [line for t in TEXTS for line in t.split('\n') if line.strip()]
   spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,

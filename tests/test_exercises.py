@@ -12,14 +12,18 @@ import ml_collections
 import modeling
 import numpy as np
 import pytest
+from test_pretrained import _small as small
 
+import pretrain_jax
 from configs import finetune as finetune_config
+from configs import tiny_gpt, tiny_prefix_lm, tiny_t5
 from pretrain_jax import paths
 from pretrain_jax.data import prompts, tasks
 from pretrain_jax.finetune import evaluators, figures, transfer
 from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.inference import beam, sampling, scoring
 from pretrain_jax.models import build
+from pretrain_jax.run import loop
 from pretrain_jax.training import state
 
 
@@ -261,15 +265,12 @@ def test_a_wrong_family_or_format_is_one_line_naming_what_is_expected(family, ov
 
 def _small(config, steps=3):
   """test_pretrained's small shape (1 layer, width 32, 64 tokens), `steps` steps."""
-  from test_pretrained import _small as small  # noqa: PLC0415
   return small(config, steps)
 
 
 @pytest.fixture(scope='module')
 def tiny_inits(module_cache, tmp_path_factory):
   """A 3-step GPT, prefix LM and T5 of the main job's shape, smaller."""
-  from configs import tiny_gpt, tiny_prefix_lm, tiny_t5  # noqa: PLC0415
-  from pretrain_jax.run import loop  # noqa: PLC0415
   out = {}
   for name, module in (('gpt', tiny_gpt), ('prefix_lm', tiny_prefix_lm), ('t5', tiny_t5)):
     out[name] = str(tmp_path_factory.mktemp('inits') / name)
@@ -296,7 +297,6 @@ def test_the_four_exercises_from_the_command_line(tiny_inits, tmp_path):
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result['format'] == 'generation' and result['metric'] == 'class_accuracy'
   assert 'class_accuracy_norm' in result['eval_metrics']
-  import pretrain_jax  # noqa: PLC0415
   assert set(pretrain_jax.load_pretrained(str(tmp_path / 'gen')).predict(
       ['The list is sorted.', 'sorted The is list.'])) <= {'original', 'shuffled'}
   # 2. zero- and few-shot scoring; a T5 is refused in one line naming it.

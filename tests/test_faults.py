@@ -15,10 +15,14 @@ import time
 import commands
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
+from test_pretrained import _small
 from test_train import tiny_config
 
+from configs import tiny_gpt
+from pretrain_jax import data
 from pretrain_jax.run import checkpoint, loop
 from pretrain_jax.run import lock as lock_lib
 from pretrain_jax.run import metrics as metrics_lib
@@ -329,7 +333,6 @@ def test_restore_params_refuses_non_finite_params(tmp_path):
   params = checkpoint.restore_params(str(tmp_path))[1]
   bad = jax.tree.map(lambda x: x * np.float32('nan'), params)
   # Written the way a diverged run without the step's check would have written it.
-  import orbax.checkpoint as ocp  # noqa: PLC0415
   ckpt.manager.save(2, args=ocp.args.Composite(
       state=ocp.args.StandardSave({'params': bad}), data=ocp.args.JsonSave({})))
   ckpt.close()
@@ -739,9 +742,6 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   """The first run trains the workdir's tokenizer, then is refused (the model's vocabulary is
   not the tokenizer's); the corrected command asks for another vocabulary and gets it, not the
   leftover copy."""
-  from test_pretrained import _small  # noqa: PLC0415
-
-  from configs import tiny_gpt  # noqa: PLC0415
   monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
   config = _small(tiny_gpt.get_config(), steps=2)
   config.data.update(tokenizer_vocab_size=256, tokenizer_train_chars=200_000, seq_len=64)
@@ -756,7 +756,6 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   assert loop.train_and_evaluate(config, workdir)['step'] == 2
   # The run closed its data iterators (loop.close_at_end): no prefetch thread of its outlives it.
   assert not [t for t in set(threading.enumerate()) - before if t.name.endswith('(_work)')]
-  from pretrain_jax import data  # noqa: PLC0415
   assert data.Tokenizer(os.path.join(workdir, workdir_lib.TOKENIZER_FILE)).vocab_size == 384
 
 

@@ -3,18 +3,24 @@ import json
 import os
 import signal
 import statistics
+import types
 
 import commands
 import jax
 import jax.numpy as jnp
 import ml_collections
+import modeling
 import numpy as np
 import pytest
 
+import pretrain_jax
 from configs import common
 from configs import finetune as finetune_config
-from pretrain_jax.data import classification, tasks
+from pretrain_jax.data import classification, corpus, tasks
+from pretrain_jax.data import tokenizer as tok_lib
+from pretrain_jax.finetune import evaluators, transfer
 from pretrain_jax.finetune import run as run_lib
+from pretrain_jax.inference import sampling
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.run import loop
 from pretrain_jax.training import mesh as mesh_lib
@@ -141,7 +147,6 @@ def test_confusion_metrics_against_literals():
 
 
 def test_transfer_summary_over_seeds_against_literals():
-  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   def row(mode, seed, final, best):
     return {
         'mode': mode, 'size': 100, 'seed': seed, 'metric': 'class_accuracy', 'final': final,
@@ -162,11 +167,6 @@ def test_transfer_summary_over_seeds_against_literals():
 def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_first(monkeypatch):
   """SIGTERM ends the whole comparison (the preempted run's row is marked and left out of the
   summary; rerunning resumes); a mode the checkpoint cannot do fails before any run."""
-  import types
-
-  import modeling  # noqa: PLC0415
-
-  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   runs = []
 
   def fake_finetune(c, workdir, init, task):
@@ -209,7 +209,7 @@ def test_transfer_script_refuses_bad_seeds_and_sizes(flag, value, tmp_path):
 
 
 def test_t5_exact_match_scoring_against_a_literal():
-  scores = run_lib.exact_match_scores(
+  scores = evaluators.exact_match_scores(
       decoded=['positive', 'negative ', 'posi', 'negative'],
       targets=['positive', 'negative', 'positive', 'positive'],
       truth=np.array([1, 0, 1, 1]), label_forms=('negative', 'positive'))
@@ -222,8 +222,6 @@ def test_t5_labels_are_read_back_as_the_tokenizer_decodes_them(tmp_path, monkeyp
   """A `text, label` CSV gives ' neg'; a vocabulary without 'é' reads 'café' back as 'caf ⁇'.
   The class of a decoded prediction is the label whose decoded form it is (class metrics used
   to compare it with the raw label: exact_match 1.0 beside class_accuracy 0.0)."""
-  from pretrain_jax.data import corpus
-  from pretrain_jax.data import tokenizer as tok_lib
   path = tok_lib.train_sentencepiece(corpus.embedded_documents()[:120],
                                      str(tmp_path / 't.model'), vocab_size=1000)
   tok = tok_lib.Tokenizer(path)
@@ -234,9 +232,9 @@ def test_t5_labels_are_read_back_as_the_tokenizer_decodes_them(tmp_path, monkeyp
                                          for i, label in enumerate(labels * 2)]}, labels)
   encoded = classification.encode(task, 'validation', tok, T5_LAYOUT, 16, 8)
   # a model that always says the target: the evaluator's greedy decoding, stubbed
-  monkeypatch.setattr(run_lib.sampling, 't5_generate', lambda params, cfg, inputs, *a, **k: (
+  monkeypatch.setattr(sampling, 't5_generate', lambda params, cfg, inputs, *a, **k: (
       jnp.asarray(encoded.rows['decoder_target_tokens'][:inputs.shape[0]])))
-  evaluate = run_lib.exact_match_evaluator(None, encoded, tok, labels, 8, 8)
+  evaluate = evaluators.exact_match_evaluator(None, encoded, tok, labels, 8, 8)
   scores = evaluate(None)
   assert scores['exact_match'] == scores['class_accuracy'] == scores['class_f1'] == 1.0
   with pytest.raises(ValueError, match=r"labels 'neg' and ' neg' both read back as 'neg'"):
@@ -252,7 +250,6 @@ def _write(path, rows):
 
 
 def test_fine_tune_dropout_overrides_the_checkpoint_and_nothing_else():
-  import types  # noqa: PLC0415
   init = types.SimpleNamespace(model_config=model_cfg('gpt'),
                                config={'data': {'tokenizer': '/x/t.model'}})
   rows = [{'text': 'a', 'label': 'x'}, {'text': 'b', 'label': 'y'}]
@@ -411,7 +408,6 @@ def test_pretrained_beats_scratch_on_the_embedded_task(family, request, tmp_path
   is the transfer it does show: from the pre-trained weights, its training loss on the task is
   lower than from scratch on every seed."""
   init = request.getfixturevalue(f'{family}_init')
-  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   rows = transfer.run_transfer(_transfer_config(init, family), str(tmp_path),
                                modes=('scratch', 'full'), seeds=SEEDS)
   assert [(r['mode'], r['seed']) for r in rows] == [
@@ -432,7 +428,6 @@ def test_pretrained_beats_scratch_on_the_embedded_task(family, request, tmp_path
   png = transfer.plot(rows, str(tmp_path / 'transfer.png'), 'word_order')
   assert open(png, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
   assert 'scratch' in transfer.table(rows) and 'full' in transfer.table(rows)
-  import pretrain_jax  # the result loads and predicts labels
   model = pretrain_jax.load_pretrained(str(tmp_path / 'full_s0'))
   assert set(model.predict(['The list is sorted in place.', 'list The sorted is'])) <= {
       'original', 'shuffled'}

@@ -1,9 +1,12 @@
 """Fine-tuning's user errors: task files, config numbers, typo'd labels, the transfer plot, help."""
 import json
 import os
+import types
 
 import commands
 import gcs_emulator
+import ml_collections
+import modeling
 import numpy as np
 import pytest
 
@@ -223,10 +226,6 @@ def test_init_is_recorded_absolute_so_a_resume_may_spell_it_otherwise(tmp_path, 
   """`--init runs/x` then `--init /abs/runs/x` (from another directory) was refused as a config
   change, and init cannot be allowed to change; an older workdir's relative spelling is kept
   when it names the same directory."""
-  import types
-
-  import ml_collections
-  import modeling  # noqa: PLC0415
   monkeypatch.chdir(tmp_path)
   init = types.SimpleNamespace(model_config=modeling.tiny('gpt'),
                                config=ml_collections.ConfigDict())

@@ -1,8 +1,9 @@
 """The analytic FLOP count against hand arithmetic and the 6*N*D rule."""
+import numpy as np
 import pytest
 from modeling import tiny
 
-from pretrain_jax.models import ModelConfig, cost, flops
+from pretrain_jax.models import ModelConfig, cost, family_of, flops
 
 
 def test_gpt_forward_flops_by_hand():
@@ -59,9 +60,6 @@ def test_head_counted_on_max_predictions_positions():
 def test_a_classification_step_counts_no_lm_head_and_a_linear_probe_no_backward():
   """Fine-tuning's MFU counted the LM head, which a classification step never runs, and a
   linear probe's backbone backward, which stop_gradient skips (review K: 80% MFU shown)."""
-  import numpy as np  # noqa: PLC0415
-
-  from pretrain_jax.models import family_of  # noqa: PLC0415
   for family in ('gpt', 'bert'):
     cfg = tiny(family)
     b, t = 3, 10

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from modeling import init, tiny, tokens
 
+from configs import tiny_gpt
 from pretrain_jax.models import build, family_of
 from pretrain_jax.ops import backends, fp8
+from pretrain_jax.run import workdir
 
 
 def _q(a, dtype):
@@ -100,8 +102,6 @@ def test_fp8_on_this_cpu_is_one_error_line():
 
 def test_a_resume_switches_fp8_only_when_allowed():
   """fp8 changes how the step computes, not what the state is: an allowable change."""
-  from configs import tiny_gpt  # noqa: PLC0415
-  from pretrain_jax.run import workdir  # noqa: PLC0415
   saved = tiny_gpt.get_config().to_dict()
   on = tiny_gpt.get_config()
   on.train.fp8 = True

@@ -14,13 +14,17 @@ import gcs_emulator
 import jax
 import numpy as np
 import pytest
+from test_checkpoint import datasets_with_hook
 
 import pretrain_jax
 from configs import tiny_gpt
 from pretrain_jax import data, paths
+from pretrain_jax.cli import terminal
 from pretrain_jax.data import corpus
-from pretrain_jax.run import checkpoint, loop, metrics
+from pretrain_jax.hf import convert as hf_workdir
+from pretrain_jax.run import checkpoint, loop, metrics, profiler
 from pretrain_jax.run import lock as lock_lib
+from pretrain_jax.training.config import TrainConfig
 
 
 @pytest.fixture(scope='module')
@@ -38,7 +42,6 @@ def gcs(tmp_path_factory):
 
 
 def test_a_refused_start_removes_its_new_gcs_workdir(gcs):
-  from pretrain_jax.cli import terminal  # noqa: PLC0415
   for written, kept in (('tokenizer.model', []), ('LOCK', ['LOCK'])):
     workdir = f'{gcs}/refused/{written}'
     with pytest.raises(ValueError, match='no file'):
@@ -82,8 +85,6 @@ def test_metrics_log_is_rewritten_whole_never_appended(gcs):
 def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
   """jax.profiler writes local files; on a gs:// workdir the trace lands under its
   tensorboard/plugins/profile when it stops, and the local copy is removed."""
-  from pretrain_jax.run import profiler  # noqa: PLC0415
-  from pretrain_jax.training.config import TrainConfig  # noqa: PLC0415
   t = TrainConfig(batch_size=1, steps=5, learning_rate=1.0, warmup_steps=0, profile_steps=2,
                   profile_start_step=0)
   tracer = profiler.StepProfiler(t, f'{gcs}/profiled', start=0, line=print)
@@ -152,7 +153,6 @@ def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
   """GCS cannot append, so rows are buffered and rewritten every 30 s: a trainer killed
   within 30 s of a checkpoint lost the rows before it, which its resume never logs again.
   Every save now writes them first. (Killed: the writer's exit flush never runs.)"""
-  from test_checkpoint import datasets_with_hook  # noqa: PLC0415
   config = _small(tiny_gpt.get_config(), steps=5)
   config.train.update(checkpoint_every=2, eval_every=0)
   workdir = f'{gcs}/killed'
@@ -253,7 +253,6 @@ def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path)
                            .splitlines()) if r['split'] == 'eval'][-1]['loss']
   assert model.evaluate(batches, max_batches=1)['loss'] == pytest.approx(logged, abs=1e-5)
   # Export to a Hugging Face directory in the bucket, and load it back from there.
-  from pretrain_jax.hf import convert as hf_workdir
   out = hf_workdir.export_hf(f'{gcs}/parts', f'{gcs}/hf/gpt')
   assert out['hf_dir'] == f'{gcs}/hf/gpt' and out['step'] == 6
   assert {'config.json', 'model.safetensors'} <= set(paths.listdir(f'{gcs}/hf/gpt'))

@@ -6,6 +6,7 @@ import pytest
 from modeling import init, tiny, tokens
 
 from pretrain_jax.inference.sampling import gpt_generate, sample_logits, t5_generate
+from pretrain_jax.models import build
 
 
 def test_sample_logits_filters():
@@ -49,7 +50,6 @@ def test_prefix_lm_generates_from_its_prompt_as_a_prefix():
   cached = gpt_generate(params, cfg, prompts, seg, jax.random.key(0), **kw)
   np.testing.assert_array_equal(
       cached, gpt_generate(params, cfg, prompts, seg, jax.random.key(0), use_cache=False, **kw))
-  from pretrain_jax.models import build
   model = build(cfg)
   positions = jnp.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])
   first = model.apply({'params': params}, prompts, segment_ids=seg, positions=positions,

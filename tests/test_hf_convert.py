@@ -1,17 +1,23 @@
 """HF directory <-> training workdir (pretrain_jax.hf.convert, pretrain-jax convert_hf)."""
 import json
 import os
+import shutil
 
 import commands
 import modeling
 import numpy as np
 import pytest
+import sentencepiece as spm
+import tokenizers
 
 import configs
+import pretrain_jax
+from configs import gpt2_small
 from pretrain_jax import hf
 from pretrain_jax.hf import convert as workdir_lib
 from pretrain_jax.hf import weights
 from pretrain_jax.models import ModelConfig
+from pretrain_jax.run import checkpoint
 
 TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs'] * 30
 
@@ -21,13 +27,11 @@ def hf_dir_with_tokenizer(path, family):
   cfg = modeling.tiny(family, vocab_size=256 if family == 't5' else 300)
   hf.save_hf(str(path), cfg, modeling.init(cfg))
   if family == 'gpt':
-    import tokenizers  # noqa: PLC0415
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator(TEXT, vocab_size=300, min_frequency=1,
                             special_tokens=['<|endoftext|>'])
     bpe.save_model(str(path))
   else:
-    import sentencepiece as spm  # noqa: PLC0415
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(TEXT), model_prefix=str(path / 'spiece'), vocab_size=40,
         pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
@@ -41,7 +45,6 @@ def same_params(a, b):
 
 @pytest.mark.parametrize('family', ['gpt', 't5'])
 def test_import_then_export_through_a_workdir(tmp_path, family):
-  from pretrain_jax.run import checkpoint  # noqa: PLC0415
   src = hf_dir_with_tokenizer(tmp_path / 'hf', family)
   cfg, params, tokenizer = hf.load_hf(src)
   work = str(tmp_path / 'work')
@@ -78,7 +81,6 @@ def test_train_flags_rebuild_the_imported_model(tmp_path):
   """The printed pretrain-jax train flags applied to the base config give the imported model."""
   src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
   summary = workdir_lib.import_hf(src, str(tmp_path / 'work'), configs.base_config)
-  from configs import gpt2_small  # noqa: PLC0415
   config = gpt2_small.get_config()
   for flag in summary['train_flags']:
     key, value = flag.removeprefix('--config.').split('=')
@@ -97,7 +99,6 @@ def test_import_is_all_or_nothing(tmp_path):
   with pytest.raises(FileNotFoundError, match='config.json not found'):
     workdir_lib.import_hf(str(tmp_path / 'taken'), str(tmp_path / 'w'), configs.base_config)
   # a failure after writing has begun (here: a checkpoint write error) removes everything
-  from pretrain_jax.run import checkpoint  # noqa: PLC0415
 
   def broken(*a, **k):
     raise OSError('disk full')
@@ -135,9 +136,6 @@ def test_cli_import_scan_layers_and_export(tmp_path):
 def test_a_fine_tune_from_a_hugging_face_directory_keeps_its_tokenizer(tmp_path):
   """The fine-tuned workdir holds the tokenizer files (hf_tokenizer/), so it loads after the
   Hugging Face directory it started from is gone."""
-  import shutil  # noqa: PLC0415
-
-  import pretrain_jax  # noqa: PLC0415
   src = hf_dir_with_tokenizer(tmp_path / 'hf', 'gpt')
   ft = str(tmp_path / 'ft')
   modeling.two_step_finetune(src, ft)

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import ml_dtypes
 import modeling
 import numpy as np
 import pytest
@@ -125,7 +126,6 @@ def test_untied_copy_that_differs_is_rejected(exported, tmp_path):
 
 
 def test_old_bert_names_and_sharded_bf16_safetensors(exported, tmp_path):
-  import ml_dtypes  # noqa: PLC0415
   src, _, params = exported['bert']
   sd = load_file(os.path.join(src, 'model.safetensors'))
   old = {k.replace('LayerNorm.weight', 'LayerNorm.gamma').replace('LayerNorm.bias',
@@ -144,7 +144,7 @@ def test_old_bert_names_and_sharded_bf16_safetensors(exported, tmp_path):
   assert_same_params(loaded, params)
 
   torch = pytest.importorskip('torch')
-  from safetensors.torch import save_file as save_torch  # noqa: PLC0415
+  from safetensors.torch import save_file as save_torch  # noqa: PLC0415 (torch: this test only)
   os.makedirs(tmp_path / 'bf16')
   save_torch({k: torch.tensor(v).bfloat16() for k, v in sd.items()},
              str(tmp_path / 'bf16' / 'model.safetensors'), metadata={'format': 'pt'})

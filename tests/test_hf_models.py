@@ -5,13 +5,14 @@ and biases are not their trivial init and a swapped tensor shows up in the logit
 """
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
+
+from pretrain_jax import hf
+from pretrain_jax.hf import weights
+from pretrain_jax.models import build
 
 torch = pytest.importorskip('torch')
 tr = pytest.importorskip('transformers')
-
-from pretrain_jax import hf  # noqa: PLC0415,E402
-from pretrain_jax.hf import weights  # noqa: PLC0415,E402
-from pretrain_jax.models import build  # noqa: PLC0415,E402
 
 TOL = 1e-4
 VOCAB = 99
@@ -48,7 +49,6 @@ def hf_models():
 @pytest.fixture(scope='module')
 def hf_dirs(tmp_path_factory):
   """name -> directory of a saved tiny HF model (T5 v1.1 with its own LM head)."""
-  from safetensors.numpy import load_file, save_file  # noqa: PLC0415
   out = {}
   for name, model in hf_models().items():
     path = str(tmp_path_factory.mktemp(name))

@@ -7,12 +7,15 @@ embedded corpus (no downloads).
 """
 import json
 import os
+import shutil
 
 import commands
 import ml_collections
 import modeling
 import numpy as np
 import pytest
+import test_faults
+import tokenizers
 
 import configs
 import pretrain_jax
@@ -22,7 +25,10 @@ from pretrain_jax.data import tokenizer as data_tok
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.hf import convert as hf_workdir
 from pretrain_jax.hf import weights
+from pretrain_jax.objectives import mlm
 from pretrain_jax.run import checkpoint as ckpt_lib
+from pretrain_jax.run import loop
+from pretrain_jax.run import workdir as train_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 320
@@ -36,7 +42,6 @@ def texts():
 
 def hf_dir(path, family: str) -> str:
   """A tiny HF `family` model directory with tokenizer files trained on the embedded corpus."""
-  import tokenizers  # noqa: PLC0415
   if family == 'gpt':
     tok = tokenizers.ByteLevelBPETokenizer()
     tok.train_from_iterator(texts(), vocab_size=VOCAB, special_tokens=['<|endoftext|>'])
@@ -111,8 +116,6 @@ def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_
   model; NSP reads [CLS] / [SEP] from the tokenizer. The import's checkpoint 0 holds weights
   nothing trained, so the run brings its own optimizer (Adafactor here, where the import wrote
   AdamW's fresh state); a changed model is still refused."""
-  from pretrain_jax.run import loop  # noqa: PLC0415
-  from pretrain_jax.run import workdir as train_workdir  # noqa: PLC0415
   src = hf_dir(tmp_path / 'hf', 'bert')
   work = str(tmp_path / 'work')
   hf_workdir.import_hf(src, work, configs.base_config)
@@ -136,7 +139,6 @@ def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_
   # The first trained checkpoint damaged: it is moved aside and the run starts again from the
   # import's weights (the restore once fell back to checkpoint 0 as if it held a training state
   # and crashed on its missing data position), so it trains the same steps to the same weights.
-  import test_faults  # noqa: PLC0415
   test_faults.damage(work, STEPS, 'flip')
   again = loop.train_and_evaluate(config, work, tokenizer=tokenizer)
   assert (again['start_step'], again['step']) == (0, STEPS)
@@ -153,7 +155,6 @@ def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_
 def test_wordpiece_word_starts_and_whole_words_masked_together(tmp_path):
   """The WordPiece adapter's word_start is False exactly on '##' pieces; with it, MLM's
   whole-word selection takes a word's pieces together (never a '##' piece without its head)."""
-  from pretrain_jax.objectives import mlm  # noqa: PLC0415
   tok = hf.load_tokenizer(hf_dir(tmp_path / 'hf', 'bert'), 'bert')
   vocab = tok.tok.get_vocab()
   starts = data_tok.id_tables(tok).word_start
@@ -189,7 +190,6 @@ def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp
   are compared: another tokenizer directory, or a sentencepiece model instead, is refused; a
   named hf_tokenizer/ without the family's files is an error, not a fall back to the
   workdir's own."""
-  import shutil  # noqa: PLC0415
   src = hf_dir(tmp_path / 'hf', 'gpt')
   work = str(tmp_path / 'work')
   hf_workdir.import_hf(src, work, configs.base_config)

@@ -2,6 +2,8 @@
 import json
 
 import pytest
+import sentencepiece as spm
+import tokenizers
 
 from pretrain_jax.hf import tokenizers as tok_lib
 
@@ -20,7 +22,6 @@ def bert_dir(tmp_path, lower=True):
 
 
 def gpt_dir(tmp_path):
-  import tokenizers  # noqa: PLC0415
   bpe = tokenizers.ByteLevelBPETokenizer()
   bpe.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1,
                           special_tokens=['<|endoftext|>'])
@@ -29,7 +30,6 @@ def gpt_dir(tmp_path):
 
 
 def t5_dir(tmp_path):
-  import sentencepiece as spm  # noqa: PLC0415
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(CORPUS * 5), model_prefix=str(tmp_path / 'spiece'), vocab_size=60,
       pad_id=0, eos_id=1, unk_id=2, bos_id=-1, model_type='unigram', character_coverage=1.0,
@@ -71,7 +71,6 @@ def test_gpt2_byte_level_bpe_matches_transformers(tmp_path):
 
 
 def test_gpt2_tokenizer_json_equals_vocab_and_merges(tmp_path):
-  import tokenizers  # noqa: PLC0415
   path = gpt_dir(tmp_path)
   from_files = tok_lib.load_tokenizer(str(path), 'gpt')
   json_dir = tmp_path / 'json'

@@ -7,6 +7,7 @@ instance dies with it).
 """
 import json
 import os
+import shutil
 
 import commands
 import gcs_emulator
@@ -15,12 +16,24 @@ import jax.numpy as jnp
 import ml_collections
 import modeling
 import pytest
+import sentencepiece as spm
 
 import configs
 import pretrain_jax
-from pretrain_jax import hf
+from configs import finetune as finetune_config
+from configs import tiny_bert
+from pretrain_jax import data, hf
 from pretrain_jax.data import tokenizer as data_tok
+from pretrain_jax.data.config import DataConfig
+from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.hf import convert
+from pretrain_jax.run import checkpoint as ckpt_lib
+from pretrain_jax.run import loop
+from pretrain_jax.run import workdir as train_workdir
+from pretrain_jax.run import workdir as workdir_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training.config import TrainConfig
 
 WORDS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'quick', 'brown', 'fox', 'dog']
 TEXT = ['the quick brown fox jumps over the lazy dog', 'hello world, hello dogs'] * 30
@@ -42,11 +55,6 @@ def dirs(tmp_path_factory):
 
 def classifier_workdir(root) -> str:
   """A workdir as pretrain-jax finetune leaves it: model.num_classes, task.labels, GPT's `score`."""
-  from pretrain_jax.run import checkpoint as ckpt_lib  # noqa: PLC0415
-  from pretrain_jax.run import workdir as train_workdir  # noqa: PLC0415
-  from pretrain_jax.training import optimizer as opt_lib  # noqa: PLC0415
-  from pretrain_jax.training import state as state_lib  # noqa: PLC0415
-  from pretrain_jax.training.config import TrainConfig  # noqa: PLC0415
   sp_path = data_tok.train_sentencepiece(TEXT, str(root / 'sp.model'), vocab_size=256)
   cfg = modeling.tiny('gpt', vocab_size=data_tok.Tokenizer(sp_path).vocab_size, num_classes=2)
   params = jax.tree.map(jnp.asarray, modeling.init(cfg))
@@ -82,8 +90,6 @@ def test_pretraining_data_refuses_an_hf_tokenizer_directory(dirs, tmp_path):
   that directory as data.tokenizer. pretrain-jax train reads it (hf.workdir.data_tokenizer,
   tests/test_hf_pretrain.py); data.load_tokenizer, which reads sentencepiece models only, says
   where it is read instead of that the directory 'does not exist'."""
-  from pretrain_jax import data  # noqa: PLC0415
-  from pretrain_jax.data.config import DataConfig  # noqa: PLC0415
   work = str(tmp_path / 'work')
   summary = convert.import_hf(dirs['bert'], work, configs.base_config)
   flag = f'--config.data.tokenizer={os.path.join(work, "hf_tokenizer")}'
@@ -102,7 +108,6 @@ def test_fill_mask_top_k_past_the_vocabulary(dirs):
 
 
 def test_tokenizer_with_more_ids_than_the_model_is_refused(tmp_path):
-  import sentencepiece as spm  # noqa: PLC0415
   cfg = modeling.tiny('t5')  # vocab_size 97 < ~40 pieces + 100 sentinels
   src = hf.save_hf(str(tmp_path / 'hf'), cfg, modeling.init(cfg))
   spm.SentencePieceTrainer.train(
@@ -162,7 +167,6 @@ def test_export_refuses_an_hf_dir(dirs, tmp_path):
 
 
 def test_broken_hf_dirs_name_the_file(dirs, tmp_path):
-  import shutil  # noqa: PLC0415
   broken = {name: shutil.copytree(dirs['bert'], tmp_path / name)
             for name in ('truncated', 'layers', 'json')}
   with open(broken['truncated'] / 'model.safetensors', 'r+b') as f:
@@ -204,8 +208,6 @@ def test_evaluate_script_on_an_hf_dir_is_one_clear_error(dirs):
 def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(dirs):
   """It used to write the LOCK and a tokenizer.model into the user's HF directory, then refuse
   with a 3 KB config diff."""
-  from configs import tiny_bert  # noqa: PLC0415
-  from pretrain_jax.run import loop  # noqa: PLC0415
   before = sorted(os.listdir(dirs['bert']))
   with pytest.raises(ValueError, match=r"Hugging Face model directory .*model_type 'bert'"):
     loop.train_and_evaluate(tiny_bert.get_config(), dirs['bert'])
@@ -213,8 +215,6 @@ def test_training_in_a_hugging_face_directory_is_refused_before_writing_to_it(di
 
 
 def test_fine_tuning_into_a_hugging_face_directory_is_refused_before_writing(dirs):
-  from configs import finetune as finetune_config  # noqa: PLC0415
-  from pretrain_jax.finetune import run as run_lib  # noqa: PLC0415
   c = finetune_config.get_config()
   c.init, c.task.name = dirs['bert'], 'word_order'
   before = sorted(os.listdir(dirs['bert']))
@@ -233,10 +233,6 @@ def test_fine_tuning_into_a_hugging_face_directory_is_refused_before_writing(dir
 def test_one_rule_decides_what_a_hugging_face_directory_is(tmp_path, saved, is_hf):
   """The import (hf.is_hf_dir), the workdir check and evaluate.py used three different rules
   (an `architectures`-only config.json was HF to one and not to another)."""
-  import json  # noqa: PLC0415
-
-  from pretrain_jax import hf  # noqa: PLC0415
-  from pretrain_jax.run import workdir as workdir_lib  # noqa: PLC0415
   (tmp_path / 'config.json').write_text(json.dumps(saved))
   assert hf.is_hf_dir(str(tmp_path)) is is_hf
   if is_hf:

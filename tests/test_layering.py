@@ -13,6 +13,7 @@ itself back through others (no import cycles, lazy imports included).
 """
 import ast
 import os
+import re
 
 import pytest
 
@@ -102,7 +103,6 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path):
 def test_code_asks_the_family_record_instead_of_branching_on_the_name():
   """DESIGN.md: "which family?" is a field of the record (models/family.py, hf/record.py);
   only ModelConfig's validation of a family's allowed settings compares the name."""
-  import re  # noqa: PLC0415
   branch = re.compile(r"family ==|family in|family !=|\.family not in|name [!=]= '(bert|gpt|t5)'")
   found = [(os.path.relpath(path, ROOT), n) for _, path in library_files()
            for n, line in enumerate(open(path, encoding='utf-8'), 1) if branch.search(line)]

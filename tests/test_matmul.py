@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
+from pretrain_jax.models.layers import REMAT
 from pretrain_jax.ops.cpu import matmul
 
 
@@ -47,9 +49,6 @@ def test_cpu_weight_gradient_contracts_no_first_axis(k, f):
 
 def test_remat_minimal_still_saves_the_matmul_output(capsys):
   """The custom_vjp's forward dot is visible to layers.REMAT['minimal'] (saved, not redone)."""
-  from jax.ad_checkpoint import print_saved_residuals
-
-  from pretrain_jax.models.layers import REMAT
 
   def saved(policy):
     block = jax.checkpoint(lambda x, w1, w2: matmul(jax.nn.relu(matmul(x, w1)), w2),

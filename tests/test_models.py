@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from modeling import VOCAB, forward, init, tiny, tokens
 
+from pretrain_jax.hf import config as hf_config
 from pretrain_jax.models import ModelConfig, describe
 
 
@@ -210,6 +211,5 @@ def test_untied_lm_head_is_its_own_layer(family, head):
 
 @pytest.mark.parametrize('family', ['gpt', 'bert'])
 def test_untied_head_is_not_exported_to_hugging_face(family):
-  from pretrain_jax.hf import config as hf_config
   with pytest.raises(ValueError, match='tie_embeddings=False; Hugging Face'):
     hf_config.hf_config_from_model(tiny(family, tie_embeddings=False, position_embedding='learned'))

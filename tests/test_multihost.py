@@ -7,12 +7,18 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
+
+from pretrain_jax import data
+from pretrain_jax.run import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ['-m', 'pretrain_jax.commands.train']
@@ -123,8 +129,6 @@ def test_two_processes_train_and_resume_on_one_or_two_and_any_process_evaluates(
   record = json.loads(evaluated.stdout.strip().splitlines()[-1])
   assert record['step'] == 12 and 0 < record['loss'] < 20
 
-  from pretrain_jax import data
-  from pretrain_jax.run import workdir as workdir_lib
   config = workdir_lib.load_config(whole)
   tokenizer = data.load_tokenizer(config.data)
   state = _data_state(whole, 6)
@@ -312,8 +316,6 @@ def test_sigterm_to_one_process_saves_one_step_on_both_and_the_resume_continues(
   same step with one global checkpoint of it, and a 2-process resume trains on with the losses
   of an uninterrupted run (within the ulps of another reduction order: none here, the same
   host count)."""
-  import signal  # noqa: PLC0415
-  import threading  # noqa: PLC0415
   workdir, port = str(tmp_path / 'cut'), _free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=100000',
@@ -359,8 +361,6 @@ def test_sigterm_during_a_multi_process_start_up_stops_it(tmp_path):
   that only records the notice (for reached_preemption_sync_point, which nothing here calls):
   a SIGTERM before the loop's handler was lost, and the run trained on to its end. It is off;
   process 0 stops as a single process does (exit 143, its LOCK released), process 1 with it."""
-  import signal  # noqa: PLC0415
-  import time  # noqa: PLC0415
   workdir, port = tmp_path / 'run', _free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', str(workdir), '--config.train.steps=300',

@@ -2,7 +2,9 @@
 test_gcs.py), and a check on the source that nothing else touches user paths directly."""
 import os
 import re
+import time
 
+import gcs_emulator
 import pytest
 
 from pretrain_jax import paths
@@ -123,9 +125,6 @@ def test_remote_string_helpers():
 
 
 def test_unreachable_bucket_is_one_clear_error_within_seconds(monkeypatch):
-  import time
-
-  import gcs_emulator
   closed = gcs_emulator.free_port()  # nothing listens there
   for key, value in gcs_emulator.env(closed).items():
     monkeypatch.setenv(key, value)
@@ -137,7 +136,6 @@ def test_unreachable_bucket_is_one_clear_error_within_seconds(monkeypatch):
 
 
 def test_missing_credentials_is_one_clear_error(monkeypatch, tmp_path):
-  import time
   for key in ('STORAGE_EMULATOR_HOST', 'GOOGLE_AUTH_TOKEN_FOR_TESTING'):
     monkeypatch.delenv(key, raising=False)
   monkeypatch.setenv('GOOGLE_APPLICATION_CREDENTIALS', str(tmp_path / 'no-such-key.json'))

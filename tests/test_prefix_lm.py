@@ -6,6 +6,10 @@ import os
 import commands
 import numpy as np
 import pytest
+from modeling import tiny
+
+from pretrain_jax.hf.config import export_problems
+from pretrain_jax.models import family_of
 
 
 def _run(command, *flags):
@@ -39,10 +43,6 @@ def test_tiny_prefix_lm_trains_evaluates_and_generates_from_the_cli(module_cache
 
 
 def test_a_prefix_lm_is_not_exported_as_hugging_face_gpt2():
-  from modeling import tiny
-
-  from pretrain_jax.hf.config import export_problems
-  from pretrain_jax.models import family_of
   cfg = tiny('gpt', prefix_lm=True)
   assert export_problems(cfg) == ['model.prefix_lm=True; Hugging Face GPT-2 has no '
                                   'bidirectional prefix']

@@ -1,21 +1,31 @@
 """Using checkpoints: load_pretrained, evaluate (deterministic, CLI), generate, fill_mask."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import commands
 import jax
 import ml_collections
+import modeling
 import numpy as np
+import optax
 import pytest
+from conftest import once_per_session
 
 import pretrain_jax
 from configs import tiny_bert, tiny_t5
 from pretrain_jax import data, inference
+from pretrain_jax.cli import terminal
+from pretrain_jax.data import corpus
+from pretrain_jax.finetune import transfer
+from pretrain_jax.inference import load, sampling
+from pretrain_jax.models import build
 from pretrain_jax.objectives import mlm
 from pretrain_jax.run import loop
 from pretrain_jax.training import evaluate as eval_lib
+from pretrain_jax.training import task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,7 +79,6 @@ def test_api_reproduces_the_logged_eval_loss_and_evaluate_is_deterministic(gpt_w
   # The CLI prints the same numbers, twice: a compact last line on stdout (it printed nothing
   # readable once), a summary on stderr. Once in a fresh process, once forked from
   # tests/commands.py's server: two processes, each with its own hash seed.
-  from pretrain_jax.cli import terminal  # noqa: PLC0415
   args = ['--workdir', gpt_workdir, '--batches', '1']
   done = [subprocess.run([sys.executable, '-m', 'pretrain_jax.commands.evaluate', *args],
                          capture_output=True, text=True, check=True, env=dict(os.environ)),
@@ -145,7 +154,6 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
 def bert_nsp_workdir(cache, tmp_path_factory, worker_id):
   """A small BERT with NSP (configs/tiny_bert.py, _small) trained 3 steps, once per session
   (tests/conftest.py): read it, never write to it."""
-  from conftest import once_per_session  # noqa: PLC0415
 
   def build(path):
     config = _small(tiny_bert.get_config(), steps=3)
@@ -162,10 +170,6 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(bert_nsp_workdir):
   # Overfit with the real train step: MLM corruption of the one sentence, 300 steps (at 150
   # the ALiBi tiny_bert's top-1 is right at p 0.33; the sinusoidal one it replaced was > 0.5).
   # The batches have no NSP labels, so the NSP head takes no part.
-  import optax  # noqa: PLC0415
-
-  from pretrain_jax.models import build  # noqa: PLC0415
-  from pretrain_jax.training import task  # noqa: PLC0415
   cfg = model.model_config
   train_model = build(cfg.replace(dropout_rate=0.0, attention_dropout_rate=0.0,
                                   deterministic=True))
@@ -211,10 +215,6 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(bert_nsp_workdir):
 def test_fill_mask_keeps_text_glued_to_the_mask_in_its_word(tmp_path, monkeypatch):
   """'[MASK]__ The' reaches the model as the text's own pieces after the mask, with no word
   boundary the text does not have; ' [MASK] fox' keeps fox's."""
-  import modeling  # noqa: PLC0415
-
-  from pretrain_jax.data import corpus  # noqa: PLC0415
-  from pretrain_jax.inference import load  # noqa: PLC0415
   tok = data.Tokenizer(data.train_sentencepiece(corpus.embedded_documents()[:120],
                                                 str(tmp_path / 't.model'), vocab_size=512))
   cfg = modeling.tiny('bert', vocab_size=tok.vocab_size)
@@ -266,10 +266,6 @@ def test_t5_predict_gives_labels_back_and_text_for_text_to_text(tmp_path, monkey
   """predict maps T5's decoded text to the label it reads back as (' neg' decodes to 'neg',
   'café' to 'caf ⁇' without 'é' in the vocabulary); a T5 fine-tuned on inputs -> targets
   (no labels) gets its decoded text instead of a refusal."""
-  import modeling  # noqa: PLC0415
-
-  from pretrain_jax.data import corpus  # noqa: PLC0415
-  from pretrain_jax.inference import load, sampling  # noqa: PLC0415
   tok = data.Tokenizer(data.train_sentencepiece(corpus.embedded_documents()[:120],
                                                 str(tmp_path / 't.model'), vocab_size=512))
   cfg = modeling.tiny('t5', vocab_size=tok.vocab_size)
@@ -292,9 +288,6 @@ def test_a_fine_tuned_workdir_keeps_its_tokenizer_when_the_init_moves(gpt_workdi
                                                                         tmp_path):
   """finetune.py used to record the init's tokenizer path only: moving the pre-training workdir
   made the fine-tuned classifier unloadable."""
-  import shutil  # noqa: PLC0415
-
-  import modeling  # noqa: PLC0415
   init = str(tmp_path / 'gpt')
   shutil.copytree(gpt_workdir, init)   # a pre-training workdir of its own, to move
   ft = str(tmp_path / 'ft')
@@ -324,9 +317,6 @@ def test_transfer_runs_share_the_loaded_init_and_each_starts_from_it(gpt_workdir
   """run_transfer loads the init once for all runs; the train step donates its state, so a run
   that started from the init's arrays themselves deleted them for the next ('Array has been
   deleted')."""
-  import modeling  # noqa: PLC0415
-
-  from pretrain_jax.finetune import transfer  # noqa: PLC0415
   rows = transfer.run_transfer(modeling.tiny_finetune_config(gpt_workdir), str(tmp_path / 'tr'),
                                modes=('linear_probe', 'full'), seeds=(0, 1))
   assert [(r['mode'], r['steps']) for r in rows] == [('linear_probe', 2)] * 2 + [('full', 2)] * 2

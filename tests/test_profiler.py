@@ -1,8 +1,10 @@
 """train.profile_steps: a jax.profiler trace of chosen train steps under the workdir's
 tensorboard/plugins/profile (gs:// in test_gcs.py)."""
 import glob
+import json
 import os
 
+import jax
 import pytest
 from test_train import tiny_config
 
@@ -31,7 +33,6 @@ def test_the_asked_steps_are_traced_not_timed_and_a_resume_traces_its_own(tmp_pa
   """One workdir, three runs: steps 3..4 traced (not step 1: it compiles) and not counted as
   throughput; resumed at 6, the window that passed is not traced again; resumed at 8, the trace
   starts after the resume's compiling step and the run's end stops a longer one."""
-  import json  # noqa: PLC0415
   _train(_gpt(steps=6, profile_steps=2, profile_start_step=2), tmp_path)
   assert 'profile of steps 3..4 written to ' in capsys.readouterr().err
   [names] = _traces(tmp_path)
@@ -65,7 +66,6 @@ def test_bad_profile_values_are_refused_before_anything_is_written(tmp_path, key
 
 
 def test_a_trace_that_fails_to_start_does_not_stop_the_run(tmp_path, capsys, monkeypatch):
-  import jax  # noqa: PLC0415
 
   def busy(*a, **k):
     raise RuntimeError('Profile has already been started')

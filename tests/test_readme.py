@@ -11,6 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import once_per_session
+
+from pretrain_jax.data import corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -65,13 +68,11 @@ def newcomer(tmp_path_factory, worker_id):
   """A directory like a clone's after the main job: configs/ and runs/tiny/{bert,gpt,t5}; and
   the main job's result. Made once per session (pytest-xdist may give this module's tests to
   both workers)."""
-  from conftest import once_per_session  # noqa: PLC0415
 
   def build(path):
     cwd = pathlib.Path(path)
     cwd.mkdir()
     os.symlink(os.path.join(ROOT, 'configs'), cwd / 'configs')
-    from pretrain_jax.data import corpus  # noqa: PLC0415
     corpus.write_embedded_corpus(str(cwd / 'my_corpus'))   # "your own text" for the train line
     result = run(main_job_command(), cwd)
     (cwd.parent / 'clone.json').write_text(json.dumps(result))

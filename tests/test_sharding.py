@@ -7,14 +7,28 @@ time, so its XLA:CPU code is built the cheapest way (commands.FAST_COMPILE_XLA_F
 train state's init too (run_once would build it at LLVM level 1: tests/test_state_init.py
 checks that level's bits).
 """
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import types
 
 import commands
 import filelock
+import jax
+import numpy as np
 import pytest
+from test_train import batches, setup, tiny_config
+
+from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.ops import backends
+from pretrain_jax.run import checkpoint
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of test_train.tiny_config (lr 1e-2)
@@ -86,22 +100,6 @@ def test_bad_configs_fail_before_compiling(report, key, expected):
 
 def _worker():
   """Runs in the 8-device subprocess; prints one JSON line."""
-  import dataclasses  # noqa: PLC0415
-  import tempfile  # noqa: PLC0415
-  import types  # noqa: PLC0415
-
-  import jax
-  import ml_collections
-  import numpy as np
-  from test_train import batches, setup, tiny_config
-
-  from pretrain_jax.models import ModelConfig, build, family_of
-  from pretrain_jax.ops import backends
-  from pretrain_jax.run import checkpoint
-  from pretrain_jax.training import mesh as mesh_lib
-  from pretrain_jax.training import optimizer as opt_lib
-  from pretrain_jax.training import state as state_lib
-  from pretrain_jax.training.config import MeshConfig, TrainConfig
   assert jax.device_count() == 8, jax.devices()
   # run_once's inits at XLA_FLAGS' -O0 too (its compiler options would say level 1)
   init_tuning = dataclasses.replace(backends.CPU, init_compiler_options=None)
@@ -198,7 +196,6 @@ def _worker():
     except ValueError as e:
       errors[key] = str(e)
   out['errors'] = errors
-  del ml_collections
   print(json.dumps(out))
 
 

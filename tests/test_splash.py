@@ -12,10 +12,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from modeling import init, tiny
+from test_checkpoint import train_losses
+from test_train import tiny_config
 
-from pretrain_jax.models import masks, splash
+from pretrain_jax.models import build, family_of, masks, splash
 from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
 from pretrain_jax.objectives import prefix_lm
+from pretrain_jax.run import loop
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import synthetic
+from pretrain_jax.training.config import MeshConfig
 
 N, H = 2, 8
 SEG = np.array([[1] * 8 + [2] * 9 + [0] * 3, [1] * 20])         # packed + padded, one document
@@ -113,9 +122,6 @@ def test_a_biased_mask_runs_as_xla_under_splash():
 def test_the_models_reach_the_kernel(family):
   """attention_impl='splash' reaches the kernel from each model (T5: its cross-attention; its
   self-attentions carry the relative bias), and 'reference' never does."""
-  from modeling import init, tiny
-
-  from pretrain_jax.models import build, family_of
   params = init(tiny(family))
   args, kwargs = family_of(family).model_inputs(family_of(family).init_batch(8))
   def program(impl):
@@ -160,11 +166,6 @@ class Packed:
 def test_a_tiny_gpt_trains_the_same_3_steps_with_splash(tmp_path, capsys, objective):
   """3 Adam steps of a tiny GPT on packed rows (and as a prefix LM): the same losses with
   attention_impl='splash' (Pallas's interpreter here) as with 'reference'."""
-  from test_checkpoint import train_losses
-  from test_train import tiny_config
-
-  from pretrain_jax.run import loop
-  from pretrain_jax.training import synthetic
   losses = {}
   for impl in ('reference', 'splash'):
     config = tiny_config('gpt', steps=3, log_every=1)
@@ -187,11 +188,6 @@ def test_a_tiny_gpt_trains_the_same_3_steps_with_splash(tmp_path, capsys, object
 def sharded_vs_single():
   """Run as a script on 4 simulated devices: splash under the train step's mesh context
   (training/mesh.traced_in: shard_map over batch and heads) against one device."""
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from pretrain_jax.training import mesh as mesh_lib
-  from pretrain_jax.training.config import MeshConfig
   mesh = mesh_lib.make_mesh(MeshConfig(data=2, fsdp=1, tensor=2))
   q, k, v = (jnp.concatenate([x, x[::-1]]) for x in _qkv(20))        # 4 rows, 2 heads
   seg, prefix = np.concatenate([SEG, SEG[::-1]]), np.concatenate([PREFIX, PREFIX[::-1]])

@@ -1,6 +1,8 @@
 """tuning.all_finite (plain: all(isfinite); CPU: one sum of x - x per leaf): the train step's
 `state_finite`, which keeps a NaN/inf state out of every checkpoint."""
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +48,6 @@ def test_complex_leaves_are_checked_in_both_parts(all_finite):
 def test_fast_math_cannot_make_the_check_blind(tmp_path):
   """XLA's fast math folds x - x to 0 (measured: the sum form then said a NaN state was
   finite); the check probes for that once and falls back to isfinite."""
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
   code = ('import jax, jax.numpy as jnp\n'
           'from pretrain_jax.ops import backends, cpu\n'
           'x = jnp.array([1.0, jnp.nan, 2.0])\n'

@@ -13,7 +13,18 @@ import subprocess
 import sys
 
 import commands
+import flax.linen as nn
+import jax
+import numpy as np
 import pytest
+from test_train import SEQ, tiny_config
+
+from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.training import evaluate
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import optimizer as opt_lib
+from pretrain_jax.training import state as state_lib
+from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = {'bert': {}, 'gpt': {}, 't5': {},
@@ -56,17 +67,6 @@ def test_random_init_params_keep_the_default_compilation_bits(report):
 
 def _worker():
   """Runs in the subprocess; prints one JSON line."""
-  import flax.linen as nn  # noqa: PLC0415
-  import jax  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
-  from test_train import SEQ, tiny_config  # noqa: PLC0415
-
-  from pretrain_jax.models import ModelConfig, build, family_of  # noqa: PLC0415
-  from pretrain_jax.training import evaluate  # noqa: PLC0415
-  from pretrain_jax.training import mesh as mesh_lib
-  from pretrain_jax.training import optimizer as opt_lib  # noqa: PLC0415
-  from pretrain_jax.training import state as state_lib  # noqa: PLC0415
-  from pretrain_jax.training.config import MeshConfig, TrainConfig  # noqa: PLC0415
   assert jax.devices()[0].platform == 'cpu'   # so run_once compiles with the options
 
   def compare(ours, ref):

@@ -16,6 +16,8 @@ import commands
 import pytest
 
 from pretrain_jax.cloud import gcloud, launcher
+from pretrain_jax.commands import tpu as tpu_command
+from pretrain_jax.run import lock as lock_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZONE = 'us-west4-a'
@@ -338,7 +340,6 @@ def test_create_setup_run_watch_survives_a_preemption(fake):
   assert calls[0] == gcloud.create_argv(VM)[1:] and calls[11] == calls[0]
   assert calls[9] == gcloud.delete_argv(VM)[1:]
   assert calls[10] == ['storage', 'rm', 'gs://bkt/runs/gpt2/LOCK', '--quiet']
-  from pretrain_jax.run import lock as lock_lib  # noqa: PLC0415
   assert gcloud.LOCK_FILE == lock_lib.LOCK_FILE
   assert calls[3] == ['compute', 'tpus', 'tpu-vm', 'scp',
                       os.path.join(str(fake.log.parent), 'pretrain_jax-ptj.tar.gz'),
@@ -571,7 +572,6 @@ def test_run_refuses_train_arguments_that_would_fail_on_every_worker(fake, train
 def test_run_refuses_a_committed_config_with_uncommitted_edits(tmp_path, monkeypatch):
   """The workers would run the committed version of an edited config: refused, naming it. A
   scratch repository stands in for the project's, so no tracked file of this one is touched."""
-  from pretrain_jax.commands import tpu
   repo = tmp_path / 'repo'
   (repo / 'configs').mkdir(parents=True)
   config = repo / 'configs' / 'mine.py'
@@ -583,11 +583,11 @@ def test_run_refuses_a_committed_config_with_uncommitted_edits(tmp_path, monkeyp
   args = ['--config', 'configs/mine.py', '--workdir', 'gs://bkt/r']
   config.write_text(config.read_text() + '\n# edited\n')
   with pytest.raises(ValueError, match=r'^--config configs/mine.py has uncommitted changes'):
-    tpu.check_train_args(args)
+    tpu_command.check_train_args(args)
   subprocess.run(git + ['commit', '-q', '-am', 'edit'], check=True)
   ran, real_run = [], subprocess.run   # committed as it is: on to train.py's own parsing
-  monkeypatch.setattr(tpu.subprocess, 'run', lambda argv, **kw: (
+  monkeypatch.setattr(tpu_command.subprocess, 'run', lambda argv, **kw: (
       ran.append(argv), subprocess.CompletedProcess(argv, 0, '', ''))[1]
       if argv[0] == sys.executable else real_run(argv, **kw))
-  tpu.check_train_args(args)
+  tpu_command.check_train_args(args)
   assert ran and ran[0][-2:] == ['--multihost', '--check_args']

@@ -11,10 +11,12 @@ import pytest
 from configs import common
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.run import loop
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
+from pretrain_jax.training import synthetic
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 from pretrain_jax.training.synthetic import SyntheticDataset
 
@@ -211,7 +213,6 @@ def test_batch_not_divisible_by_microbatches():
 ])
 def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, objective,
                                                                expected, tmp_path):
-  from pretrain_jax.run import loop  # noqa: PLC0415
   config = tiny_config(family)
   config.model.causal = causal
   config.data.objective = objective
@@ -230,8 +231,6 @@ def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, o
 def test_no_evaluation_opens_no_validation_split(tmp_path):
   """data.validation_fraction=0 leaves no validation split: with train.eval_every=0 it trains
   (it failed opening the split it would never read)."""
-  from pretrain_jax.run import loop  # noqa: PLC0415
-  from pretrain_jax.training import synthetic
   config = tiny_config('gpt', steps=2)
   base = synthetic.synthetic_datasets(config)
 

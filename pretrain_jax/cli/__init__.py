@@ -7,12 +7,21 @@ and exit 2. `--verbose` restores the libraries' INFO logs and every traceback.
   terminal.py        how a command ends: a summary on stderr, one JSON line on stdout
   finetune_flags.py  the flags finetune and transfer share
 """
+import argparse
+import asyncio
+import inspect
+import logging as py_logging
 import os
 import re
 import sys
 import threading
 import traceback
+import warnings
 
+from absl import app, flags, logging
+
+import configs
+from pretrain_jax import paths
 from pretrain_jax.cli import process
 
 # At import: process.start() must run before any thread starts (glibc's arena limit binds only
@@ -55,7 +64,6 @@ def _fail(line: str) -> None:
 
 def argument_parser(description: str, **kw):
   """argparse.ArgumentParser whose errors are one `error: ...; see --help` line, exit 2."""
-  import argparse  # noqa: PLC0415
 
   class Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -65,10 +73,6 @@ def argument_parser(description: str, **kw):
 
 def quiet(verbose: bool) -> None:
   """absl (orbax, tfds) and Python warnings at ERROR unless verbose."""
-  import logging as py_logging  # noqa: PLC0415
-  import warnings  # noqa: PLC0415
-
-  from absl import logging  # noqa: PLC0415
   if verbose:
     logging.set_verbosity(logging.INFO)
     py_logging.getLogger('pretrain_jax').setLevel(py_logging.INFO)   # e.g. each skipped record
@@ -86,8 +90,6 @@ def quiet(verbose: bool) -> None:
 
 def _quiet_unraisable(unraisable) -> None:
   """sys.unraisablehook without the asyncio leftovers of abandoned library coroutines."""
-  import asyncio  # noqa: PLC0415
-  import inspect  # noqa: PLC0415
   error, leftover = unraisable.exc_value, unraisable.object
   if not (isinstance(error, RuntimeError) and 'Event loop is closed' in str(error)
           or inspect.iscoroutine(leftover) or isinstance(leftover, asyncio.Future)):
@@ -99,11 +101,12 @@ def use_cpu_devices(count: int) -> None:
   a device count already in XLA_FLAGS wins, and GPU/TPU backends keep their devices."""
   if not isinstance(count, int) or count < 0:
     raise ValueError(f'cpu_devices={count!r}; expected 0 (leave it) or a device count')
-  flags = os.environ.get('XLA_FLAGS', '')
-  if count and 'xla_force_host_platform_device_count' not in flags:
+  xla_flags = os.environ.get('XLA_FLAGS', '')
+  if count and 'xla_force_host_platform_device_count' not in xla_flags:
     process.keep_freed_memory(count)   # arenas for `count` devices, while no thread took one
-    os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={count}'.strip()
-    import jax  # noqa: PLC0415
+    os.environ['XLA_FLAGS'] = (f'{xla_flags} --xla_force_host_platform_device_count={count}'
+                               .strip())
+    import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
     if jax.default_backend() == 'cpu' and jax.local_device_count() != count:
       raise ValueError(f'cpu_devices={count} came too late: JAX already runs on '
                        f'{jax.local_device_count()} CPU device(s); set XLA_FLAGS='
@@ -148,7 +151,6 @@ def config_variant_error(text: str) -> str:
 
 def parse_flags(argv):
   """absl's flag parsing (an absl.app flags_parser), with a parse error as one line, exit 2."""
-  from absl import flags  # noqa: PLC0415
   try:
     rest = flags.FLAGS(argv)
   except SystemExit as e:   # absl's --help / --helpfull print the usage, then exit 1
@@ -187,7 +189,6 @@ def config_of(holder, kind: str):
                 None)
   if actual == kind:
     return config
-  from absl import flags  # noqa: PLC0415
   what = (f'a {actual} config (read by {CONFIG_KINDS[actual][1]})' if actual else
           'not a config of any command (no ' + ', '.join(
               k for k in CONFIG_KINDS[kind][0] if k not in config) + ' section)')
@@ -199,7 +200,7 @@ def config_of(holder, kind: str):
 def join_processes(address, num_processes, process_id, timeout_s: float) -> None:
   """jax.distributed.initialize with a deadline of our own: at its own, JAX aborts in C++ (a
   native stack, nothing a user can act on). The watchdog says what was waited for, exits 2."""
-  import jax  # noqa: PLC0415
+  import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
   joined = threading.Event()
 
   def watchdog():
@@ -253,7 +254,6 @@ def _exit(code: int) -> None:
     sys.exit(code)
   sys.stdout.flush()
   sys.stderr.flush()
-  from pretrain_jax import paths  # noqa: PLC0415
   paths.remove_staged()           # what the atexit handler would have done
   os._exit(code)
 
@@ -292,13 +292,11 @@ def run(main, argv=None, positional: bool = False) -> None:
   """absl.app.run(main) on argv (default sys.argv) with quiet logs, `--verbose`, named configs
   and one-line user errors. Arguments that are not flags are refused unless `positional` (main
   reads them): absl hands them to main, where `del argv` dropped them without a word."""
-  from absl import app, flags  # noqa: PLC0415
   if 'verbose' not in flags.FLAGS:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
   if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):   # a rerun loads its compiled steps
-    import jax  # noqa: PLC0415
+    import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
 
-    from pretrain_jax import paths  # noqa: PLC0415
     jax.config.update('jax_compilation_cache_dir', os.path.join(paths.cache_dir(), 'jax'))
 
   def parse(argv):
@@ -314,7 +312,6 @@ def run(main, argv=None, positional: bool = False) -> None:
 def named_configs(argv: list) -> list:
   """argv with `--config NAME[:variant]` (a bare name, no such file) as the packaged config's
   path, so `--config gpt2_small` and `--config configs/gpt2_small.py` both work anywhere."""
-  import configs  # noqa: PLC0415
   out = list(argv)
   for i, arg in enumerate(out):
     if arg.startswith('--config='):

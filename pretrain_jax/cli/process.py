@@ -1,6 +1,7 @@
 """Process set-up for the commands: glibc malloc tuned for XLA:CPU's step buffers, and
 TensorFlow's C++ log settings. The standard library only: `start` runs before anything else is
 imported (pretrain_jax/cli/__init__.py)."""
+import ctypes
 import os
 import re
 import sys
@@ -24,7 +25,6 @@ def _glibc():
   """libc for mallopt, or None (not Linux, not glibc, or PRETRAIN_JAX_MALLOC=default)."""
   if os.environ.get('PRETRAIN_JAX_MALLOC') == 'default' or not sys.platform.startswith('linux'):
     return None
-  import ctypes  # noqa: PLC0415
   try:
     return ctypes.CDLL('libc.so.6')
   except OSError:   # not glibc (e.g. musl): nothing to tune

@@ -8,7 +8,7 @@ import sys
 
 # Before any command module: cli sets up the process (malloc, TensorFlow's log settings) at
 # import, which must happen before a thread starts or TensorFlow loads.
-from pretrain_jax import cli  # noqa: F401
+from pretrain_jax import cli  # noqa: F401 (imported for the set-up above)
 
 COMMANDS = {   # name: what it does (one line of `pretrain-jax --help`)
     'train_tiny': 'the main job: a tiny BERT, GPT and T5 on the embedded corpus, then probes',

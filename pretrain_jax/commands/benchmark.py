@@ -30,6 +30,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+import configs.bench_common
 from pretrain_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=False)
@@ -52,7 +53,7 @@ _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'use this peak FLOP/s instead of m
 def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
   """Set XLA_FLAGS (and the GPU memory fraction) for the benchmarks before JAX starts its
   backend; returns the XLA_FLAGS this process runs with."""
-  from pretrain_jax.perf import suite  # noqa: PLC0415
+  from pretrain_jax.perf import suite  # noqa: PLC0415 (after the flag checks)
   wanted = {b.xla_flags for b in bench_sections}
   if len(wanted) > 1:
     raise ValueError(f'the configs name different benchmark.xla_flags {sorted(wanted)}; '
@@ -60,7 +61,7 @@ def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
   env = os.environ.get('XLA_FLAGS', '')
   merged = suite.merge_xla_flags(wanted.pop() if wanted else '', env, variant_flags)
   fractions = {b.mem_fraction for b in bench_sections if b.mem_fraction}
-  from jax._src import xla_bridge  # noqa: PLC0415
+  from jax._src import xla_bridge  # noqa: PLC0415 (after the flag checks)
   if merged != env or fractions:
     if getattr(xla_bridge, 'backends_are_initialized', lambda: False)():
       raise ValueError(f'XLA_FLAGS={merged!r} came too late: JAX already started its backend; '
@@ -72,7 +73,7 @@ def _start_backend_with(bench_sections, variant_flags: str = '') -> str:
 
 
 def _run_config():
-  from pretrain_jax.perf import benchmark  # noqa: PLC0415
+  from pretrain_jax.perf import benchmark  # noqa: PLC0415 (after the flag checks)
   config = cli.config_of(_CONFIG, 'pre-training')
   bench = benchmark.benchmark_section(config)
   _start_backend_with([bench])
@@ -129,8 +130,7 @@ def _error_line(error: Exception) -> str:
 
 
 def _run_suite():
-  import configs.bench_common  # noqa: PLC0415
-  from pretrain_jax.perf import benchmark, suite  # noqa: PLC0415
+  from pretrain_jax.perf import benchmark, suite  # noqa: PLC0415 (after the flag checks)
   if _CONFIG.value is not None:
     raise ValueError('--config and --suite were both given; expected one of them')
   entries = configs.bench_common.suite(_SUITE.value)

@@ -13,7 +13,8 @@ import os
 import sys
 import time
 
-from pretrain_jax import cli
+from pretrain_jax import cli, data
+from pretrain_jax.data.config import OBJECTIVES, DataConfig
 
 
 def _run(argv=None):
@@ -34,9 +35,7 @@ def _run(argv=None):
     if getattr(args, name) < least:
       p.error(f'--{name}={getattr(args, name)}; expected an integer >= {least}')
 
-  from pretrain_jax import data
-  from pretrain_jax.data import local_builder
-  from pretrain_jax.data.config import OBJECTIVES, DataConfig
+  from pretrain_jax.data import local_builder  # noqa: PLC0415 (TensorFlow)
   if args.files:
     local_builder.expand_files(args.files, name='--files')   # errors name the flag
   known = sorted(OBJECTIVES + ('nsp',))   # nsp: mlm with next-sentence pairs

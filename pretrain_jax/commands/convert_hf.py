@@ -18,6 +18,7 @@ import sys
 
 from absl import app, flags
 
+import configs
 from pretrain_jax import cli
 from pretrain_jax.cli import terminal
 
@@ -36,9 +37,8 @@ def _run(argv):
     raise app.UsageError(f'expected one command, {" or ".join(COMMANDS)}; got {argv[1:]}')
   if not _HF_DIR.value or not _WORKDIR.value:
     raise app.UsageError('both --hf_dir and --workdir are required')
-  from pretrain_jax.hf import convert
+  from pretrain_jax.hf import convert  # noqa: PLC0415 (after the usage checks)
   if argv[1] == 'import':
-    import configs
     result = convert.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
                                base=_BASE.value, scan_layers=_SCAN.value)
     if result.get('warning'):

@@ -20,6 +20,7 @@ import time
 from absl import flags
 
 from pretrain_jax import cli
+from pretrain_jax.data import tasks
 
 _INIT = flags.DEFINE_string('init', None, 'checkpoint: a GPT-family training workdir, '
                             'checkpoints/<step> or a Hugging Face GPT-2 directory')
@@ -58,8 +59,8 @@ def table(results: list) -> str:
 
 def _run(argv):
   del argv
-  from pretrain_jax.data import prompts, tasks  # noqa: PLC0415
-  from pretrain_jax.inference import load, scoring  # noqa: PLC0415
+  from pretrain_jax.data import prompts  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.inference import load, scoring  # noqa: PLC0415 (after the flag checks)
   shots = shot_counts(_SHOTS.value)
   model = load.load_pretrained(_INIT.value)
   scoring.check_scores(model.model_config, '--shots', _INIT.value)

@@ -29,7 +29,7 @@ _MODE = flags.DEFINE_enum('mode', 'full', ['full', 'linear_probe', 'scratch'], '
 
 def _run(argv):
   del argv
-  from pretrain_jax import finetune  # noqa: PLC0415
+  from pretrain_jax import finetune  # noqa: PLC0415 (after the flag checks)
   config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name, config.mode = _INIT.value, _TASK.value, _MODE.value

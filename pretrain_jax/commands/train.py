@@ -28,6 +28,7 @@ from ml_collections import config_flags
 
 from pretrain_jax import cli
 from pretrain_jax.cli import terminal
+from pretrain_jax.training.config import RunConfig
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'checkpoints, logs and config.json go here')
@@ -56,10 +57,9 @@ def _run(argv):
   if address is not None and not re.fullmatch(r'.+:[0-9]{1,5}', address):
     raise ValueError(f'--coordinator_address={address}; expected HOST:PORT')
   if _CHECK_ARGS.value:   # the flags parsed and the config's sections read: nothing else to do
-    from pretrain_jax.training.config import RunConfig
     RunConfig.from_config(cli.config_of(_CONFIG, 'pre-training'))
     return
-  import jax
+  import jax  # noqa: PLC0415 (after the flag checks)
   if _MULTIHOST.value:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU processes only
     if address:   # (JAX waits for every process in silence; --init_timeout says so)
@@ -74,12 +74,12 @@ def _run(argv):
                        'slice run the command on every worker; elsewhere pass '
                        '--coordinator_address=HOST:PORT --num_processes=N '
                        '--process_id=I') from None
-  from pretrain_jax.hf import config as hf_config
-  from pretrain_jax.hf import convert as hf_convert
-  from pretrain_jax.hf import tokenizers as hf_tokenizers
-  from pretrain_jax.models import ModelConfig
-  from pretrain_jax.run import agreement, loop
-  from pretrain_jax.training import synthetic
+  from pretrain_jax.hf import config as hf_config  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.hf import tokenizers as hf_tokenizers  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.models import ModelConfig  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.run import agreement, loop  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.training import synthetic  # noqa: PLC0415 (after the flag checks)
   if _MULTIHOST.value:   # a process's error reaches the others waiting in a collective at once
     cli.share_stops(agreement.announce_stop, agreement.watch_peers)
   config = cli.config_of(_CONFIG, 'pre-training')

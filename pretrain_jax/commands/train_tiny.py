@@ -19,8 +19,10 @@ import time
 from absl import flags
 
 import configs
-from pretrain_jax import cli
+import pretrain_jax
+from pretrain_jax import cli, data, paths
 from pretrain_jax.cli import terminal
+from pretrain_jax.data.config import DataConfig
 
 DEFAULT_MODELS = ['tiny_bert', 'tiny_gpt', 'tiny_t5']
 EXPECTED = 'about 2.5-4.5 minutes on 2 idle cores (docs/performance.md)'
@@ -59,11 +61,9 @@ def say(text: str = '') -> None:
 
 def probe(workdir: str, texts: list, eval_batches: int) -> dict:
   """Held-out metrics of the checkpoint and of a random init, plus the family's text probe."""
-  import pretrain_jax  # noqa: PLC0415
-  from pretrain_jax import data  # noqa: PLC0415
-  from pretrain_jax.inference import demo  # noqa: PLC0415
-  from pretrain_jax.models import family_of  # noqa: PLC0415
-  from pretrain_jax.training import evaluate as eval_lib  # noqa: PLC0415
+  from pretrain_jax.inference import demo  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.models import family_of  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.training import evaluate as eval_lib  # noqa: PLC0415 (after the flag checks)
   model = pretrain_jax.load_pretrained(workdir)
   d = model.data_config
 
@@ -125,11 +125,9 @@ def headline(result: dict) -> dict:
 
 def _run(argv):
   del argv
-  from pretrain_jax import paths  # noqa: PLC0415
-  from pretrain_jax.data import sources  # noqa: PLC0415
-  from pretrain_jax.data.config import DataConfig  # noqa: PLC0415
-  from pretrain_jax.inference import demo  # noqa: PLC0415
-  from pretrain_jax.run import loop  # noqa: PLC0415
+  from pretrain_jax.data import sources  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.inference import demo  # noqa: PLC0415 (after the flag checks)
+  from pretrain_jax.run import loop  # noqa: PLC0415 (after the flag checks)
   results, start_all = [], time.perf_counter()
   if _MODELS.value == DEFAULT_MODELS and not _STEPS.value:
     say(f'the main job: tiny BERT, GPT and T5, then held-out probes; {EXPECTED}')

@@ -15,6 +15,8 @@ import time
 
 from pretrain_jax import cli
 from pretrain_jax.cli import terminal
+from pretrain_jax.data import tokenizer
+from pretrain_jax.data.config import DataConfig
 
 
 def _run(argv=None):
@@ -33,8 +35,7 @@ def _run(argv=None):
   p.add_argument('--verbose', action='store_true', help='library logs and full tracebacks')
   args = p.parse_args(None if argv is None else argv[1:])
 
-  from pretrain_jax.data import local_builder, sources, tokenizer
-  from pretrain_jax.data.config import DataConfig
+  from pretrain_jax.data import local_builder, sources  # noqa: PLC0415 (TensorFlow)
   if args.files:
     local_builder.expand_files(args.files, name='--files')   # errors name the flag
   dc = DataConfig(objective='clm', seq_len=128, files=args.files, tfds_name=args.tfds_name,

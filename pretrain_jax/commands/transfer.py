@@ -40,7 +40,7 @@ _FORMATS = flags.DEFINE_list('formats', [], "task formats: head, generation (GPT
 
 def _run(argv):
   del argv
-  from pretrain_jax.finetune import transfer  # noqa: PLC0415
+  from pretrain_jax.finetune import transfer  # noqa: PLC0415 (after the flag checks)
   config = cli.config_of(_CONFIG, 'fine-tuning')
   config.unlock()
   config.init, config.task.name = _INIT.value, _TASK.value

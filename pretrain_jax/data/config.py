@@ -9,6 +9,7 @@ known (pipeline.check_lengths, classification.encode).
 import dataclasses
 from typing import ClassVar
 
+from pretrain_jax.objectives import mlm
 from pretrain_jax.sections import Section
 
 OBJECTIVES = ('clm', 'mlm', 'span_corruption', 'prefix_lm')
@@ -89,7 +90,6 @@ class DataConfig(Section):
       return per_seq
     if self.objective != 'mlm':
       return 0
-    from pretrain_jax.objectives import mlm  # noqa: PLC0415 (numpy)
     return mlm.max_predictions_per_seq(self.seq_len, self.mlm_probability)
 
 

@@ -7,6 +7,7 @@ paragraph group each -- enough documents for shuffling, a held-out split and NSP
 """
 import hashlib
 import json
+from pydoc_data import topics
 
 from pretrain_jax import paths
 
@@ -43,7 +44,6 @@ def _cut(section: str) -> list:
 
 def embedded_documents() -> list:
   """The documents, in a fixed order (sorted topic names, then section order)."""
-  from pydoc_data import topics  # imported late: it is 465 KB of strings
   return [piece for name in sorted(topics.topics) for section in _sections(topics.topics[name])
           for piece in _cut(section)]
 

@@ -27,6 +27,7 @@ import sys
 import zlib
 
 from pretrain_jax import paths
+from pretrain_jax.data import corpus
 
 EMBEDDED = 'word_order'
 EMBEDDED_SUMMARIES = 'doc_titles'
@@ -200,7 +201,7 @@ def _split_files(name: str) -> dict:
 
 
 def _tfds_task(name: str, data_dir: str) -> Task:
-  import tensorflow_datasets as tfds  # noqa: PLC0415
+  import tensorflow_datasets as tfds  # noqa: PLC0415 (TensorFlow)
 
   from pretrain_jax.data import sources  # noqa: PLC0415 (TensorFlow)
   if name in TFDS_SUMMARIES:
@@ -250,7 +251,6 @@ def title_examples() -> dict:
   words to copy, from 0 for a random one. A section the corpus repeats (several topics share it)
   is kept once; 1 in 5 sections is validation (split by a hash of its text).
   """
-  from pretrain_jax.data import corpus  # noqa: PLC0415
   splits, seen = {'train': [], 'validation': []}, set()
   for doc in corpus.embedded_documents():
     lines = doc.split('\n')
@@ -281,7 +281,6 @@ def word_order_examples(seed: int = 0, window: int = 0) -> dict:
   no validation sentence is seen in fine-tuning. The pre-training corpus did contain the
   original text, never with labels; report the from-scratch baseline beside it.
   """
-  from pretrain_jax.data import corpus  # noqa: PLC0415
   word = re.compile(r"^[A-Za-z][A-Za-z'-]*[,.;:]?$")
   splits, seen = {'train': [], 'validation': []}, set()
   for d, doc in enumerate(corpus.embedded_documents()):

@@ -13,6 +13,8 @@ virtual ids after its pieces counting down from the end (T5's public 32000-piece
 <extra_id_0> = 32099 ... <extra_id_99> = 32000, vocab_size 32128), as seqio does.
 """
 import functools
+import hashlib
+import io
 import os
 import re
 import sys
@@ -281,7 +283,6 @@ def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 
 
 
 def _train_proto(lines, vocab_size: int, model_type: str) -> bytes:
-  import io
   out = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
@@ -314,9 +315,8 @@ def load_tokenizer(data_config: DataConfig, source=None) -> Tokenizer:
   """
   if data_config.tokenizer:
     return open_tokenizer(data_config.tokenizer)
-  import hashlib
 
-  from pretrain_jax.data import sources  # TensorFlow only when a source is read
+  from pretrain_jax.data import sources  # noqa: PLC0415 (TensorFlow: only when a source is read)
   source = source or sources.open_source(data_config)
   settings = (TRAIN_VERSION, source.fingerprint, data_config.train_split,
               data_config.tokenizer_type, round_up(data_config.tokenizer_vocab_size),

@@ -23,7 +23,7 @@ def rouge_scores(decoded: list, targets: list) -> dict:
   """Mean ROUGE-1, ROUGE-2 and ROUGE-L F-measures of `decoded` against `targets`, by the
   rouge-score package (Google's reimplementation of ROUGE-1.5.5, as t5x / seqio score
   summaries) with its Porter stemmer; each in [0, 1]."""
-  from rouge_score import rouge_scorer  # noqa: PLC0415 (nltk: slow)
+  from rouge_score import rouge_scorer  # noqa: PLC0415 (rouge-score: nltk is slow to import)
   scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
   scores = [scorer.score(target, prediction)
             for prediction, target in zip(decoded, targets, strict=True)]

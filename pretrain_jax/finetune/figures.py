@@ -43,9 +43,9 @@ def _mean_curve(rows: list) -> list:
 def comparison_figure(rows: list, title: str = ''):
   """The matplotlib Figure (Agg) of `rows`; its two axes hold one line per (checkpoint, mode,
   format) each, labelled line_name(key)."""
-  import matplotlib  # noqa: PLC0415
+  import matplotlib  # noqa: PLC0415 (matplotlib: plots only)
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # noqa: PLC0415
+  import matplotlib.pyplot as plt  # noqa: PLC0415 (matplotlib: plots only)
   rows = [r for r in rows if not r.get('preempted')]
   fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
   checkpoints = list(dict.fromkeys(r.get('checkpoint', '') for r in rows))
@@ -83,7 +83,7 @@ def comparison_figure(rows: list, title: str = ''):
 
 def plot_comparison(rows: list, path: str, title: str = '') -> str:
   """comparison_figure(rows) as a PNG at `path` (local or gs://); returns `path`."""
-  import matplotlib.pyplot as plt  # noqa: PLC0415
+  import matplotlib.pyplot as plt  # noqa: PLC0415 (matplotlib: plots only)
   fig = comparison_figure(rows, title)
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=90)   # matplotlib opens local files only

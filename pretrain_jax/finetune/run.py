@@ -35,8 +35,7 @@ from pretrain_jax.data import classification, prompts, tasks
 from pretrain_jax.data.config import TaskDataConfig
 from pretrain_jax.finetune import evaluators
 from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
-from pretrain_jax.finetune.evaluators import exact_match_evaluator, exact_match_scores  # noqa: F401
-from pretrain_jax.inference import load, sampling, scoring  # noqa: F401  (sampling: tests stub it)
+from pretrain_jax.inference import load, scoring
 from pretrain_jax.models import ModelConfig, family_of
 from pretrain_jax.run import loop
 from pretrain_jax.run import workdir as workdir_lib

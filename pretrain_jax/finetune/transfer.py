@@ -8,6 +8,7 @@ the head's init, scratch's whole init, dropout; the task and its example order s
 margin can be noise. `run_comparison` does this for several checkpoints, each in
 `<root>/<name>`, for one table and one figure (figures.py).
 """
+import io
 import json
 import statistics
 import sys
@@ -16,8 +17,10 @@ import time
 import ml_collections
 
 from pretrain_jax import paths
+from pretrain_jax.finetune import figures
 from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.finetune.config import FinetuneConfig
+from pretrain_jax.inference import scoring
 from pretrain_jax.models import family_of
 
 
@@ -181,7 +184,6 @@ def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(
   (checkpoint_names); returns every row. A format that a checkpoint's family cannot fine-tune
   with (the generation format on BERT or T5) is left out for it, with a note on stderr; a
   format no checkpoint can use is refused."""
-  from pretrain_jax.inference import scoring  # noqa: PLC0415
   names = checkpoint_names(inits)
   loaded = [run_lib.load_init(path) for path in inits]
   formats = tuple(formats) or (config.task.format,)
@@ -209,11 +211,10 @@ def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(
 def plot(rows: list, path: str, title: str = '') -> str:
   """Training loss (left) and the validation metric (right) against step, one line per run,
   as a PNG at `path` (local or gs://: written through the path layer); returns `path`."""
-  import io  # noqa: PLC0415
 
-  import matplotlib  # noqa: PLC0415
+  import matplotlib  # noqa: PLC0415 (matplotlib: plots only)
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # noqa: PLC0415
+  import matplotlib.pyplot as plt  # noqa: PLC0415 (matplotlib: plots only)
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
   colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red',
             'scratch (gen)': 'tab:brown', 'full (gen)': 'tab:orange'}
@@ -256,7 +257,6 @@ def report(rows: list, root: str, title: str = '', **fields) -> dict:
   <root>/transfer.png (plot) shows one checkpoint's runs; <root>/comparison.png
   (figures.comparison_figure) several checkpoints' or labelled-set sizes'. A failed plot is
   raised after the JSON line: it never costs the summary of runs already done."""
-  from pretrain_jax.finetune import figures  # noqa: PLC0415
   print(table(rows), file=sys.stderr, flush=True)
   several = len({r.get('checkpoint', '') for r in rows}) > 1
   figures_asked = {}

@@ -8,6 +8,9 @@ it produces + 1 (the model's vocabulary must hold them).
 Which files make which tokenizer is the family record's business (hf/bert.py, gpt2.py, t5.py).
 """
 import numpy as np
+import sentencepiece as spm
+
+from pretrain_jax.data import tokenizer as data_tok
 
 T5_EXTRA_IDS = 100
 
@@ -19,7 +22,6 @@ class SentencePieceTokenizer:
   T5's public vocabulary: the model's embedding rows)."""
 
   def __init__(self, path: str, extra_ids: int = T5_EXTRA_IDS):
-    import sentencepiece as spm  # noqa: PLC0415
     self.sp = spm.SentencePieceProcessor()
     try:
       self.sp.Load(path)
@@ -48,7 +50,6 @@ class SentencePieceTokenizer:
   def encode(self, text: str) -> list:
     """Ids of `text`; `<extra_id_N>` is sentinel N wherever it stands (T5's spiece.model has
     no sentinel pieces: as plain text it would be spelled out)."""
-    from pretrain_jax.data import tokenizer as data_tok  # noqa: PLC0415
     return data_tok.encode_with_sentinels(self.sp.encode, text, self.sentinel_id,
                                           self.extra_ids)
 

@@ -1,4 +1,6 @@
 """Hugging Face BERT (BertForPreTraining / BertForMaskedLM) <-> our BERT: the family record."""
+import tokenizers
+
 from pretrain_jax.hf import spm
 from pretrain_jax.hf.adapters import HFTokenizer
 from pretrain_jax.hf.record import (
@@ -72,7 +74,6 @@ def rules(cfg):
 
 def tokenizer(files: dict, settings: dict):
   """tokenizer.json, or vocab.txt (WordPiece, lowercasing as tokenizer_config.json says)."""
-  import tokenizers  # noqa: PLC0415
   specials = {role: settings.get(f'{role}_token') or text for role, text in SPECIALS.items()}
   if 'tokenizer.json' in files:
     tok = tokenizers.Tokenizer.from_file(files['tokenizer.json'])

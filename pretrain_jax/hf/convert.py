@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from pretrain_jax import paths
+from pretrain_jax import hf, paths
 from pretrain_jax.data.config import TaskConfig
 from pretrain_jax.hf import families
 from pretrain_jax.hf import io as io_lib
@@ -212,7 +212,6 @@ def workdir_tokenizer(workdir: str, config, local_dir: str):
 def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   """Writes checkpoint `step` (default latest) of `workdir` as the HF directory `hf_dir`."""
 
-  from pretrain_jax import hf  # noqa: PLC0415
   if hf.is_hf_dir(workdir):
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
                      'a Hugging Face config); export reads a training workdir: load the '

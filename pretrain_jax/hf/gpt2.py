@@ -4,6 +4,7 @@ GPT-2's Conv1D weights are already (in, out); its fused c_attn (E, 3E) is q|k|v 
 output axis.
 """
 import numpy as np
+import tokenizers
 
 from pretrain_jax import paths
 from pretrain_jax.hf import spm
@@ -81,7 +82,6 @@ def rename(name: str) -> str:
 
 def tokenizer(files: dict, settings: dict):
   """tokenizer.json, or vocab.json + merges.txt (byte-level BPE)."""
-  import tokenizers  # noqa: PLC0415
   specials = {'eos': settings.get('eos_token') or '<|endoftext|>',
               'pad': settings.get('pad_token'), 'unk': settings.get('unk_token')}
   if 'tokenizer.json' in files:

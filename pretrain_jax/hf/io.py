@@ -16,7 +16,10 @@ import shutil
 import struct
 import tempfile
 
+import ml_dtypes
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from pretrain_jax import paths
 from pretrain_jax.hf import config as config_lib
@@ -54,7 +57,6 @@ def _read_safetensors(path: str) -> dict:
 
 
 def _read_safetensors_file(path: str) -> dict:
-  from safetensors import safe_open  # noqa: PLC0415
   with open(path, 'rb') as f:  # the header says each tensor's dtype; numpy has no bfloat16
     header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
   out = {}
@@ -68,7 +70,6 @@ def _read_safetensors_file(path: str) -> dict:
 
 
 def _read_bf16(path: str, header: dict, name: str) -> np.ndarray:
-  import ml_dtypes  # noqa: PLC0415 (comes with jax)
   start, end = header[name]['data_offsets']
   with open(path, 'rb') as f:
     f.seek(8 + struct.unpack('<Q', f.read(8))[0] + start)
@@ -78,7 +79,7 @@ def _read_bf16(path: str, header: dict, name: str) -> np.ndarray:
 
 def _read_torch(path: str) -> dict:
   try:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (torch: optional, pytorch_model.bin only)
   except ImportError:
     raise ImportError(f'{path} is a PyTorch pickle; reading it needs torch '
                       '(pip install torch==2.13.0), or convert it to model.safetensors') from None
@@ -195,7 +196,6 @@ def _default_permissions(root: str) -> None:
 
 def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> None:
   """Writes config.json + model.safetensors (+ tokenizer files) into an existing `out_dir`."""
-  from safetensors.numpy import save_file  # noqa: PLC0415
   pad_id = eos_id = None
   if tokenizer is not None:
     pad_id, eos_id = _maybe(lambda: tokenizer.pad_id), _maybe(lambda: tokenizer.eos_id)

@@ -14,6 +14,10 @@ need its merges rebuilt and is not converted.
 """
 import json
 
+import tokenizers
+from sentencepiece import sentencepiece_model_pb2 as sp_model
+from tokenizers import decoders, normalizers, pre_tokenizers, processors
+
 from pretrain_jax import paths
 
 UNIGRAM, CHAR = 1, 4  # sentencepiece TrainerSpec.ModelType
@@ -26,9 +30,6 @@ def tokenizer_files(model_path: str, roles: dict, bert_template: bool = False) -
   the piece that plays them; a role whose piece the model lacks is left out. `bert_template`:
   encoding with special tokens gives BERT's [CLS] A [SEP] (B [SEP]) and token types 0 / 1, as
   the project's BERT inputs are laid out."""
-  import tokenizers
-  from sentencepiece import sentencepiece_model_pb2 as sp_model
-  from tokenizers import decoders, normalizers, pre_tokenizers, processors
   m = sp_model.ModelProto()
   m.ParseFromString(paths.read_bytes(model_path))
   if m.trainer_spec.model_type not in (UNIGRAM, CHAR) or m.trainer_spec.byte_fallback:

@@ -4,8 +4,10 @@ Whether the LM head is tied is read from the tensors (`lm_head_tied`), and wheth
 the decoder output from config.json (`lm_head_scaled`); ours scales only a tied head.
 """
 import numpy as np
+from sentencepiece import sentencepiece_model_pb2 as sp_model
 
 from pretrain_jax import paths
+from pretrain_jax.data import tokenizer as data_tok
 from pretrain_jax.hf.adapters import T5_EXTRA_IDS, SentencePieceTokenizer
 from pretrain_jax.hf.record import HfFamily, activation, clamp_seq_len, get
 from pretrain_jax.hf.rules import copy, heads_in, heads_out, linear, norm
@@ -139,9 +141,6 @@ def from_sentencepiece(model_path: str) -> dict:
   the 100 pieces would be added again past the model's vocabulary; dropped, the added tokens get
   the ids the run trained with. A model with sentinel pieces anywhere else is not converted.
   """
-  from sentencepiece import sentencepiece_model_pb2 as sp_model
-
-  from pretrain_jax.data import tokenizer as data_tok
   m = sp_model.ModelProto()
   m.ParseFromString(paths.read_bytes(model_path))
   pieces = [p.piece for p in m.pieces]

@@ -21,8 +21,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from pretrain_jax import paths
+from pretrain_jax import data, hf, paths
+from pretrain_jax.data import tasks
 from pretrain_jax.data.config import TaskConfig, data_section
+from pretrain_jax.hf import tokenizers as hf_tokenizers
+from pretrain_jax.inference import beam, sampling, text
 from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.ops import backends
 from pretrain_jax.training import evaluate as eval_lib
@@ -147,12 +150,10 @@ class Pretrained:
 
   def generate(self, prompts, **sampling) -> list:
     """GPT: continue each prompt; T5: fill its <extra_id_N> spans (inference.text)."""
-    from pretrain_jax.inference import text  # noqa: PLC0415
     return text.generate_text(self, prompts, **sampling)
 
   def fill_mask(self, text_with_masks: str, top_k: int = 5) -> list:
     """BERT: top-k (token, probability) for each [MASK] (inference.text)."""
-    from pretrain_jax.inference import text  # noqa: PLC0415
     return text.fill_mask(self, text_with_masks, top_k)
 
   def predict(self, texts, text_pairs=None, *, batch_size: int = 32) -> list:
@@ -162,7 +163,7 @@ class Pretrained:
     decoding (greedy, or task.beam_size beams: the label whose decoded form the text is,
     classification.label_forms; else the decoded text, which is then no label at all). A T5
     fine-tuned on inputs -> targets gives the decoded targets."""
-    from pretrain_jax.data import classification, tasks  # noqa: PLC0415
+    from pretrain_jax.data import classification  # noqa: PLC0415 (TensorFlow)
     family, trained_on = family_of(self.model_config), self.task
     labels = trained_on.labels if trained_on else ()
     text_to_text = family.task_layout.text_to_text and not labels and trained_on is not None
@@ -204,7 +205,6 @@ class Pretrained:
       batch = {k: jnp.asarray(v[start:start + batch_size]) for k, v in rows.items()
                if k in family.batch_keys}
       if text_out:
-        from pretrain_jax.inference import beam, sampling  # noqa: PLC0415
         kw = dict(max_new_tokens=d.target_len, eos_id=self.tokenizer.eos_id,
                   pad_id=self.tokenizer.pad_id)
         inputs, segments = batch['encoder_input_tokens'], batch['encoder_segment_ids']
@@ -225,8 +225,8 @@ class Pretrained:
 
   def _rank_labels(self, examples, labels, question: str, seq_len: int, batch_size: int):
     """The likeliest of `labels` after each example's prompt (a generation-format fine-tune)."""
-    from pretrain_jax.data import prompts  # noqa: PLC0415
-    from pretrain_jax.inference import scoring  # noqa: PLC0415
+    from pretrain_jax.data import prompts  # noqa: PLC0415 (TensorFlow)
+    from pretrain_jax.inference import scoring  # noqa: PLC0415 (TensorFlow)
     contexts = [prompts.context(ex, question) for ex in examples]
     rows, _ = scoring.choice_rows(self.tokenizer, contexts, labels, seq_len + 1)
     logliks = scoring.loglikelihoods(self.params, self.model_config, rows,
@@ -265,8 +265,6 @@ def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pr
 
   `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
   """
-  from pretrain_jax import hf  # noqa: PLC0415
-  from pretrain_jax.hf import tokenizers as hf_tokenizers  # noqa: PLC0415
   if not paths.isdir(path):
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
                             'checkpoint directory or a Hugging Face model directory')
@@ -275,7 +273,7 @@ def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pr
     config = ml_collections.ConfigDict({'model': cfg.to_dict()})
     return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer,
                       path=paths.absolute(path))
-  from pretrain_jax.run import checkpoint  # noqa: PLC0415
+  from pretrain_jax.run import checkpoint  # noqa: PLC0415 (orbax: workdirs only)
   workdir, path_step = _split_checkpoint_path(path)
   if step is not None and path_step is not None and step != path_step:
     raise ValueError(f'{path} is checkpoint {path_step} but step={step} was asked for; expected '
@@ -292,8 +290,7 @@ def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
   """<workdir>/hf_tokenizer holding the tokenizer files of the Hugging Face directory `folder`
   (copied once, by the process that `write`s; an imported workdir keeps them there too);
   returns that directory."""
-  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415
-  from pretrain_jax.hf import tokenizers as hf_tokenizers  # noqa: PLC0415
+  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415 (orbax: workdirs only)
   target = paths.join(paths.absolute(workdir), hf_convert.HF_TOKENIZER_DIR)
   if write and paths.absolute(folder) != target:
     for path in hf_tokenizers.tokenizer_files(folder):
@@ -306,8 +303,7 @@ def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
 def _workdir_tokenizer(workdir: str, config):
   """The tokenizer config.data names: Hugging Face tokenizer files (hf.workdir.data_tokenizer)
   or the project's sentencepiece model."""
-  from pretrain_jax import data  # noqa: PLC0415
-  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415
+  from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415 (orbax: workdirs only)
   tokenizer = hf_convert.data_tokenizer(config, workdir)
   if tokenizer is not None:
     return tokenizer

@@ -77,7 +77,7 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
     out = _reference(query, key, value, mask.dense(t, s), mask.bias, scale, dropout_rng,
                      dropout_rate, use_dropout, dropout_fn)
   elif path == 'splash':
-    from pretrain_jax.models import splash  # Pallas's TPU ops load only where asked for
+    from pretrain_jax.models import splash  # noqa: PLC0415 (Pallas TPU ops: only where asked for)
     out = splash.attention(query, key, value, mask, scale,
                            interpret=(backend or jax.default_backend()) != 'tpu')
   else:

@@ -121,7 +121,7 @@ def peak_memory(compiled) -> dict:
                compiled_output_bytes=int(mem.output_size_in_bytes),
                step_bytes=int(mem.argument_size_in_bytes + mem.output_size_in_bytes
                               - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
-  except Exception:  # pylint: disable=broad-except  # not every backend implements it
+  except Exception:  # not every backend implements it
     pass
   return out
 

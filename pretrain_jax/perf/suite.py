@@ -100,7 +100,7 @@ def run(entries: Iterable[tuple], variants: Iterable[str], *, steps: int | None 
             cfg, steps=steps or bench.steps, warmup=bench.warmup if warmup is None else warmup,
             peak_flops=peak_flops, feed=variant(v).feed, probe_size=bench.probe_size,
             profile_dir=profile_dir and paths.join(profile_dir, f'{name}-{v}')))
-      except Exception as e:  # pylint: disable=broad-except  # one model's failure, not all
+      except Exception as e:  # one model's failure, not all
         record['error'] = on_error(e) if on_error else f'{type(e).__name__}: {e}'
       record['xla_flags'] = xla_flags
       yield record

@@ -190,8 +190,8 @@ class GcsLock(WorkdirLock):
   def __init__(self, workdir: str, **kwargs):
     super().__init__(workdir, **kwargs)
     # google-cloud-storage loads for gs:// workdirs only
-    from google.api_core import exceptions  # noqa: PLC0415
-    from google.cloud import storage  # noqa: PLC0415
+    from google.api_core import exceptions  # noqa: PLC0415 (google-cloud-storage: gs:// only)
+    from google.cloud import storage  # noqa: PLC0415 (google-cloud-storage: gs:// only)
     self.errors = exceptions
     paths.check_bucket(self.path)
     self.bucket = storage.Client().bucket(paths.bucket_of(self.path)[1])

@@ -10,7 +10,7 @@ import signal
 import jax
 import numpy as np
 
-from pretrain_jax import paths
+from pretrain_jax import data, paths
 from pretrain_jax.models import cost, family_of
 from pretrain_jax.models.attention import implementation_notes
 from pretrain_jax.run import agreement
@@ -33,7 +33,6 @@ def open_datasets(run: RunConfig, datasets, workdir: str, tokenizer=None):
   was loaded and checked by the caller (a Hugging Face one); else the workdir's is used."""
   d, tokenizer_path = run.data, ''
   if datasets is None:
-    from pretrain_jax import data  # noqa: PLC0415 (pulls in tensorflow)
     source = workdir_lib.shared_source(d, workdir)
     if tokenizer is None:
       tokenizer = workdir_lib.shared_tokenizer(d, workdir, source)

@@ -88,7 +88,7 @@ class MetricWriter:
       return
     workdir = paths.absolute(workdir)
     paths.makedirs(workdir)
-    from tensorboardX import SummaryWriter  # noqa: PLC0415
+    from tensorboardX import SummaryWriter  # noqa: PLC0415 (tensorboardX: slow, it loads torch)
     self.path = paths.join(workdir, 'metrics.jsonl')
     self.tb_dir = paths.join(workdir, 'tensorboard')
     # gs://: not tensorboardX's own writer, whose background uploads retry 120 s on a failure

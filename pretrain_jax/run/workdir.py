@@ -15,7 +15,7 @@ import jax
 import ml_collections
 from flax import traverse_util
 
-from pretrain_jax import paths
+from pretrain_jax import data, paths
 from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig
 from pretrain_jax.run import agreement
@@ -198,7 +198,7 @@ def shared_source(data_config, workdir: str):
   """The data source every process reads: process 0 prepares local files / the embedded corpus
   once (in `<workdir>/prepared_data` on several processes, unless data.prepared_dir is set)
   while the others wait, so no host-local cache matters for correctness."""
-  from pretrain_jax.data import sources  # noqa: PLC0415 (tensorflow)
+  from pretrain_jax.data import sources  # noqa: PLC0415 (TensorFlow)
   count = jax.process_count()
   return sources.open_source(
       data_config, data_dir=sources.prepared_dir(data_config, workdir, count),
@@ -210,7 +210,6 @@ def shared_tokenizer(data_config, workdir: str, source=None):
   """The tokenizer every process uses: `data.tokenizer` when set; else the workdir's copy,
   which process 0 makes (trained on `source`, or from the cache: data.load_tokenizer) while the
   others wait. Once config.json exists the copy is the run's."""
-  from pretrain_jax import data  # noqa: PLC0415 (pulls in tensorflow)
   if data_config.tokenizer:
     return data.load_tokenizer(data_config)
   root = paths.absolute(workdir)

@@ -127,7 +127,7 @@ class RunConfig(NamedTuple):
   def from_config(cls, config, data=None) -> 'RunConfig':
     """`data`: the data section already read (a fine-tune's); default config.data."""
     # (imported here: configs/ import this module, the model section imports jax)
-    from pretrain_jax.models.config import ModelConfig  # noqa: PLC0415
+    from pretrain_jax.models.config import ModelConfig  # noqa: PLC0415 (JAX)
     run = cls(ModelConfig.from_config(config.model), TrainConfig.from_config(config.train),
               MeshConfig.from_config(config.mesh),
               DataConfig.from_config(config.data) if data is None else data)
