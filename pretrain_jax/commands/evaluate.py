@@ -18,7 +18,6 @@ from absl import flags
 
 from pretrain_jax import cli, data, hf
 from pretrain_jax.cli import terminal
-from pretrain_jax.data import local_builder
 from pretrain_jax.inference import load_pretrained
 from pretrain_jax.training import evaluate as eval_lib
 
@@ -55,6 +54,7 @@ def _run(argv):
                      'metrics.jsonl, or load_pretrained(WORKDIR).predict)')
   d, t = model.data_config, model.train_config
   if _FILES.value:
+    from pretrain_jax.data import local_builder  # noqa: PLC0415 (TensorFlow)
     local_builder.expand_files(_FILES.value, name='--files')   # errors name the flag
     d = d.replace(files=_FILES.value, tfds_name='')
   split = _SPLIT.value or d.eval_split
