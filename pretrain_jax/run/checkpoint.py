@@ -32,7 +32,10 @@ def _log(text: str) -> None:
 
 
 class Checkpointer:
-  """A CheckpointManager over items `state` (pytree), `data` and `checksums` (JSON).
+  """A CheckpointManager over items `state` (pytree), `data` and `checksums` (JSON). Made with
+  the workdir lock held (lock.hold): process 0 deletes the folders of interrupted saves (orbax's
+  cleanup_tmp_directories: local `*.orbax-checkpoint-tmp*`, on gs:// step folders without
+  commit_success.txt), which are a live trainer's saves when another holds the workdir.
 
   A background save's failure is raised as CheckpointSaveError on every process at the same
   step: by `poll` (each step, agreed agreement.Lagged.LAG steps late), `check` and `wait`."""
@@ -43,8 +46,14 @@ class Checkpointer:
     # barriers; they give up after this long, and then every host stops with the error.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep or None, enable_async_checkpointing=async_save,
-        async_options=ocp.AsyncOptions(timeout_secs=int(timeout_sec)))
+        async_options=ocp.AsyncOptions(timeout_secs=int(timeout_sec)),
+        cleanup_tmp_directories=True)
     self.workdir, self.directory = workdir, checkpoint_dir(workdir)
+    unfinished = ocp.utils.tmp_checkpoints(self.directory) if jax.process_index() == 0 else []
+    if unfinished:   # (orbax names none of the folders it deletes)
+      _log(f'removing unfinished checkpoint folders (an interrupted save, or the deletion of an '
+           f'old checkpoint) under {self.directory}: '
+           f'{", ".join(sorted(t.get().name for t in unfinished))}')
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self.pending = None   # the step of the save that may still be writing
     self.step = None      # the last step trained (poll): where a failure stops the run
@@ -115,8 +124,6 @@ class Checkpointer:
 
   def _save_error(self, error) -> CheckpointSaveError:
     failed, self.pending, self._error = self.pending, None, error
-    if jax.process_index() == 0:
-      remove_temporary(self.workdir, quiet=True)
     done = [s for s in complete_steps(self.workdir) if s != failed]
     where = f' at step {self.step}' if self.step is not None else ''
     return CheckpointSaveError(
@@ -235,19 +242,6 @@ def _restore_verified(path: str, **items) -> dict:
 def complete_steps(workdir: str) -> list:
   """Steps of the finished checkpoints, ascending (on gs://: those with commit_success.txt)."""
   return sorted(ocp.utils.checkpoint_steps(checkpoint_dir(workdir)))
-
-
-def remove_temporary(workdir: str, quiet: bool = False) -> list:
-  """Deletes the unfinished folders of interrupted saves (process 0, lock held): local
-  `*.orbax-checkpoint-tmp*`, on gs:// step folders without commit_success.txt."""
-  root = checkpoint_dir(workdir)
-  gone = sorted(tmp.get().name for tmp in ocp.utils.tmp_checkpoints(root))
-  for name in gone:
-    paths.rmtree(paths.join(root, name))
-  if gone and not quiet:
-    _log(f'removed unfinished checkpoint folders (an interrupted save, or the deletion of an '
-         f'old checkpoint) under {root}: {", ".join(gone)}')
-  return gone
 
 
 def read_params(directory: str, step: int, target):

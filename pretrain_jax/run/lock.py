@@ -257,7 +257,7 @@ def open_lock(workdir: str) -> WorkdirLock:
 @contextlib.contextmanager
 def hold(workdir: str, steps: int):
   """Holds the workdir for a run: process 0 takes the lock (every process raises LockHeld when
-  it cannot), then removes the folders of interrupted saves. Refuses `steps` below the newest
+  it cannot); a Checkpointer made inside deletes interrupted saves. Refuses `steps` below the newest
   checkpoint before anything is written. Yields `check_held(step)`, to call before each save."""
   taking = open_lock(workdir) if jax.process_index() == 0 else None
   previous, lock = _stop_at_startup(taking), None
@@ -277,8 +277,6 @@ def hold(workdir: str, steps: int):
       raise ValueError(f'train.steps={steps} but {ckpt_lib.checkpoint_dir(workdir)} holds step '
                        f'{done[-1]}: nothing to train. Pass --config.train.steps > {done[-1]} '
                        'to train on, or evaluate the checkpoint with pretrain-jax evaluate')
-    if lock is not None:
-      ckpt_lib.remove_temporary(workdir)
 
     def check_held(step) -> None:
       """Before a save: LockHeld on every process if another trainer took the workdir over."""
