@@ -1,9 +1,9 @@
-"""Every path a user gives (workdir, data files, tokenizer, Hugging Face dirs) goes through here.
-
-Each operation is one etils.epath call, local or `gs://` alike, as in orbax. `EPATH_USE_TF=false`
-(unless the user chose) reads gs:// with gcsfs, which honours STORAGE_EMULATOR_HOST as
-google-cloud-storage (the lock) does; tf.io.gfile ignores emulators. GCS has no append and no
-rename: a write replaces a whole object (locally, through a renamed temporary file).
+"""Every path a user gives (workdir, data files, tokenizer, Hugging Face dirs) becomes an
+etils.epath.Path here (`resolve`); code builds on it with `/` and its methods, local or `gs://`
+alike, as orbax does. `EPATH_USE_TF=false` (unless the user chose) reads gs:// with gcsfs, which
+honours STORAGE_EMULATOR_HOST as google-cloud-storage (the lock) does; tf.io.gfile ignores
+emulators. What is more than one epath call lives here: GCS has no append and no rename, so a
+write replaces a whole object (locally, through a renamed temporary file: `write_atomic`).
 """
 import atexit
 import glob as glob_lib
@@ -17,17 +17,12 @@ os.environ.setdefault('EPATH_USE_TF', 'false')
 
 from etils import epath
 
-_CHECKED = set()   # the buckets that answered check_bucket in this process
+_CHECKED = set()   # the buckets that answered the probe in this process
 _MISTYPED_URL = re.compile(r'(gs|gcs|s3|https?|file):(?!//)', re.IGNORECASE)
 
 
 class PathError(OSError):
   """A remote path that cannot be used: unreachable, no credentials, no such bucket."""
-
-
-def cache_dir() -> str:
-  """This host's cache: $PRETRAIN_JAX_CACHE, default ~/.cache/pretrain_jax."""
-  return os.path.expanduser(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
 
 
 def is_remote(path) -> bool:
@@ -43,53 +38,27 @@ def is_remote(path) -> bool:
   return False
 
 
-def absolute(path) -> str:
-  """Local: the absolute, user-expanded path. Remote: unchanged (without a trailing '/')."""
+def resolve(path) -> epath.Path:
+  """`path` (a user's str, or a path) as an epath.Path: local, user-expanded and absolute;
+  remote, after its bucket answered (gs://: once per bucket and process). A URL naming no bucket
+  (`gs://`, `gs:///x`, which epath would read as bucket `x`) is a PathError; '' a ValueError."""
   path = str(path)
-  if is_remote(path):
-    return path.rstrip('/') if not path.endswith('://') else path
-  return os.path.abspath(os.path.expanduser(path))
-
-
-def join(base, *names) -> str:
-  base = str(base)
-  if is_remote(base):
-    if base.endswith('://'):
-      bucket_of(base)  # 'gs://' alone names no bucket (stripped, it became 'gs:/NAME')
-    return '/'.join([base.rstrip('/')] + [str(n).strip('/') for n in names])
-  return os.path.join(base, *[str(n) for n in names])
-
-
-def basename(path) -> str:
-  return str(path).rstrip('/').rsplit('/', 1)[-1]
-
-
-def dirname(path) -> str:
-  """The parent: 'gs://b/run' for 'gs://b/run/x' (never 'gs:')."""
-  path = str(path).rstrip('/')
-  if is_remote(path):
-    head, _, _ = path.rpartition('/')
-    return head if not head.endswith(':/') else path
-  return os.path.dirname(path)
-
-
-def bucket_of(path) -> tuple:
-  """('gs', 'bucket') of 'gs://bucket/x'; (None, None) for a local path."""
-  path = str(path)
+  if not path:
+    raise ValueError("path ''; expected a file or directory")
   if not is_remote(path):
-    return None, None
+    return epath.Path(os.path.abspath(os.path.expanduser(path)))
   scheme, rest = path.split('://', 1)
-  if not rest.split('/', 1)[0]:
+  bucket = rest.split('/', 1)[0]
+  if not bucket:
     raise PathError(f'{path!r} names no bucket; expected {scheme}://BUCKET/...')
-  return scheme, rest.split('/', 1)[0]
+  if scheme == 'gs' and bucket not in _CHECKED:
+    _probe(path, bucket)
+  return epath.Path(path)
 
 
-def check_bucket(path) -> None:
-  """Raises PathError naming `path` unless its bucket answers a one-object listing within 10 s
-  (gcsfs would retry for ~35 s). Once per bucket and process; gs:// only."""
-  scheme, bucket = bucket_of(path)
-  if scheme != 'gs' or bucket in _CHECKED:
-    return
+def _probe(path: str, bucket: str) -> None:
+  """Raises PathError naming `path` unless `bucket` answers a one-object listing within 10 s
+  (gcsfs would retry for ~35 s)."""
   from google.cloud import storage  # noqa: PLC0415 (google-cloud-storage: gs:// only)
   try:
     list(storage.Client().list_blobs(bucket, max_results=1, timeout=10.0, retry=None))
@@ -101,66 +70,40 @@ def check_bucket(path) -> None:
   _CHECKED.add(bucket)
 
 
-def epath_of(p) -> epath.Path:
-  """`p` as an epath.Path (local: absolute, user-expanded; gs://: its bucket checked once)."""
-  if is_remote(p):
-    check_bucket(p)
-    return epath.Path(str(p))
-  return epath.Path(absolute(p))
+def cache_dir() -> epath.Path:
+  """This host's cache: $PRETRAIN_JAX_CACHE, default ~/.cache/pretrain_jax."""
+  return resolve(os.environ.get('PRETRAIN_JAX_CACHE', '~/.cache/pretrain_jax'))
 
 
-def exists(p) -> bool:
-  return bool(str(p)) and epath_of(p).exists()
-
-
-def isfile(p) -> bool:
-  return bool(str(p)) and epath_of(p).is_file()
-
-
-def isdir(p) -> bool:
-  return bool(str(p)) and epath_of(p).is_dir()
-
-
-def listdir(p) -> list:
-  """Sorted names in a folder ([] when it does not exist)."""
-  folder = epath_of(p)
-  return sorted(c.name for c in folder.iterdir()) if folder.is_dir() else []
-
-
-def makedirs(p) -> None:
+def makedirs(path) -> epath.Path:
   """Creates a folder and its parents (a no-op on object stores, which have no folders)."""
+  path = resolve(path)
   try:
-    epath_of(p).mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
   except (FileExistsError, NotADirectoryError):
-    raise NotADirectoryError(f'{p} (or a folder above it) is a file; expected a '
+    raise NotADirectoryError(f'{path} (or a folder above it) is a file; expected a '
                              'directory, or a path where one can be made') from None
+  return path
 
 
-def read_bytes(p) -> bytes:
-  return epath_of(p).read_bytes()
-
-
-def read_text(p) -> str:
-  return read_bytes(p).decode('utf-8')
-
-
-def read_json(p):
-  """The JSON value in `p`; a file that is not JSON is a ValueError naming it."""
+def read_json(path):
+  """The JSON value in `path`; a file that is not JSON is a ValueError naming it."""
   try:
-    return json.loads(read_text(p))
+    return json.loads(resolve(path).read_bytes())
   except (ValueError, UnicodeDecodeError) as e:
-    raise ValueError(f'{p} is not valid JSON ({e}); expected the file as written') from None
+    raise ValueError(f'{path} is not valid JSON ({e}); expected the file as written') from None
 
 
-def write_bytes(path, data: bytes) -> None:
-  """Replaces `path` whole, atomically (readers see the old or the new content)."""
+def write_atomic(path, data) -> None:
+  """Replaces `path` with `data` (bytes, or str as UTF-8) whole: readers see the old or the new
+  content (a local temporary file renamed, or one object upload)."""
+  path, data = resolve(path), data.encode() if isinstance(data, str) else data
   if is_remote(path):
-    epath_of(path).write_bytes(data)   # one object upload
+    path.write_bytes(data)
     return
-  path = absolute(path)
-  if os.path.isdir(path):
+  if path.is_dir():
     raise IsADirectoryError(f'{path} is a directory; expected a file path to write')
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  makedirs(path.parent)
   tmp = f'{path}.tmp-{os.getpid()}'
   try:
     with open(tmp, 'wb') as f:
@@ -173,48 +116,38 @@ def write_bytes(path, data: bytes) -> None:
       os.remove(tmp)
 
 
-def write_text(path, text: str) -> None:
-  write_bytes(path, text.encode('utf-8'))
-
-
 def copy(src, dst) -> None:
-  """Copies a file, local or remote on either side (the destination is replaced whole)."""
-  write_bytes(dst, read_bytes(src))
+  """Copies a file, local or remote on either side (epath copies within one store only); the
+  destination is replaced whole."""
+  write_atomic(dst, resolve(src).read_bytes())
 
 
 def copy_tree(src, dst) -> None:
   """Copies a file, or a folder with everything under it, to `dst`."""
-  if not isdir(src):
+  src, dst = resolve(src), resolve(dst)
+  if not src.is_dir():
     copy(src, dst)
     return
   makedirs(dst)
-  for name in listdir(src):
-    copy_tree(join(src, name), join(dst, name))
-
-
-def rmtree(p) -> None:
-  epath_of(p).rmtree(missing_ok=True)
-
-
-def rename(src, dst) -> None:
-  """Moves a file or folder (on GCS: a copy then a delete, so not atomic)."""
-  epath_of(src).rename(str(epath_of(dst)))
+  for child in src.iterdir():
+    copy_tree(child, dst / child.name)
 
 
 def size_and_mtime(path) -> tuple:
-  """(bytes, modification time in ns) of a file, for fingerprints."""
+  """(bytes, modification time in ns) of a file, for fingerprints (epath's local stat rounds
+  the time to seconds)."""
   if not is_remote(path):
-    st = os.stat(absolute(path))
+    st = os.stat(resolve(path))
     return st.st_size, st.st_mtime_ns
-  st = epath_of(path).stat()
+  st = resolve(path).stat()
   return st.length, int(st.mtime * 1e9)
 
 
 def glob(pattern) -> list:
-  """Sorted paths matching `pattern` ('**' crosses folders), with glob.glob's rules remote too
-  (fsspec's glob: epath's refuses '**')."""
+  """Sorted paths (str) matching `pattern` ('**' crosses folders), with glob.glob's rules
+  remote too (fsspec's glob: epath's refuses '**')."""
   if is_remote(pattern):
-    check_bucket(pattern)
+    resolve(pattern)
     return sorted(epath.backend.fsspec_backend.glob(pattern))
   return sorted(glob_lib.glob(os.path.expanduser(pattern), recursive=True))
 
@@ -226,17 +159,17 @@ _STAGED = {}   # remote path -> its local copy
 def remove_staged() -> None:
   """Deletes local_copy's copies (cli calls it before os._exit, which runs no atexit handler)."""
   while _STAGED:
-    shutil.rmtree(os.path.dirname(_STAGED.popitem()[1]), ignore_errors=True)
+    shutil.rmtree(_STAGED.popitem()[1].parent, ignore_errors=True)
 
 
-def local_copy(path) -> str:
+def local_copy(path) -> epath.Path:
   """A local path holding `path` (a file or a folder; itself when local), copied once per
   process, for libraries that read local files only (safetensors, tokenizers, sentencepiece)."""
+  path = resolve(path)
   if not is_remote(path):
-    return str(path)
-  path = absolute(path)
-  if path not in _STAGED:
-    local = os.path.join(tempfile.mkdtemp(prefix='pretrain_jax-staged-'), basename(path))
+    return path
+  if str(path) not in _STAGED:
+    local = epath.Path(tempfile.mkdtemp(prefix='pretrain_jax-staged-')) / path.name
     copy_tree(path, local)
-    _STAGED[path] = local
-  return _STAGED[path]
+    _STAGED[str(path)] = local
+  return _STAGED[str(path)]

@@ -148,7 +148,7 @@ def test_writing_over_a_directory_is_one_clear_error_and_leaves_no_temporary(tmp
   """train_tokenizer.py --output DIR: an OSError naming 'DIR.tmp-PID' and the temporary left."""
   (tmp_path / 'adir').mkdir()
   with pytest.raises(IsADirectoryError, match='adir is a directory; expected a file path'):
-    paths.write_bytes(str(tmp_path / 'adir'), b'x')
+    paths.write_atomic(str(tmp_path / 'adir'), b'x')
   assert os.listdir(tmp_path) == ['adir']
 
 

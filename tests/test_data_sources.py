@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import common
-from pretrain_jax import cli, data
+from pretrain_jax import cli, data, paths
 from pretrain_jax.data import local_builder, sources
 from pretrain_jax.data.config import DataConfig
 
@@ -119,8 +119,9 @@ def test_local_files_splits_and_disjoint_host_shares(tmp_path, cache, capsys, ca
     sources.text_dataset(source, 'test')
 
 
-def test_where_the_files_are_prepared(tmp_path, cache):
+def test_where_the_files_are_prepared(tmp_path, cache, monkeypatch):
   """One process: this host's cache; several: one copy under the workdir; prepared_dir wins."""
+  monkeypatch.setattr(paths, '_CHECKED', {'bucket'})   # (names only: no bucket is reached)
   dc = CLM16
   assert sources.prepared_dir(dc) == sources.prepared_dir(dc, 'runs/x', 1) == str(cache / 'tfds')
   assert sources.prepared_dir(dc, str(tmp_path / 'run'), 2) == str(tmp_path / 'run' /

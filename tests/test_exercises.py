@@ -190,7 +190,7 @@ def _fake_runs(root):
       continue
     workdir = os.path.join(root, checkpoint, transfer.run_name(mode, size, seed, fmt))
     value = 0.5 + 0.01 * size + 0.1 * (mode == 'full') + 0.01 * seed
-    paths.write_text(paths.join(workdir, 'metrics.jsonl'), ''.join(
+    paths.write_atomic(paths.resolve(workdir) / 'metrics.jsonl', ''.join(
         json.dumps({'split': 'eval', 'step': s, 'class_accuracy': value * s / 4}) + '\n'
         for s in (2, 4)))
     rows.append({'checkpoint': checkpoint, 'mode': mode, 'format': fmt, 'size': size,

@@ -24,8 +24,8 @@ GPT_LAYOUT = family_of('gpt').task_layout
 def _workdir_with_curves(workdir):
   records = [{'split': 'train', 'step': s, 'loss': 1.0 / s} for s in (1, 2, 3)]
   records += [{'split': 'eval', 'step': s, 'class_accuracy': 0.5 + 0.1 * s} for s in (2, 3)]
-  paths.write_text(paths.join(workdir, 'metrics.jsonl'),
-                   ''.join(json.dumps(r) + '\n' for r in records))
+  paths.write_atomic(paths.resolve(workdir) / 'metrics.jsonl',
+                     ''.join(json.dumps(r) + '\n' for r in records))
   return [{'mode': 'full', 'size': 10, 'seed': 0, 'metric': 'class_accuracy', 'final': 0.8,
            'best': 0.8, 'steps': 3, 'wall_sec': 1.0, 'step_time_sec': 0.1,
            'workdir': str(workdir), 'family': 'gpt'}]
@@ -46,7 +46,7 @@ def test_plot_writes_a_png_to_gcs():
       rows = _workdir_with_curves('gs://bucket/transfer/full')
       png = transfer.plot(rows, 'gs://bucket/transfer/transfer.png')
       assert png == 'gs://bucket/transfer/transfer.png'
-      assert paths.read_bytes(png)[:8] == b'\x89PNG\r\n\x1a\n'
+      assert paths.resolve(png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     finally:
       os.environ.clear()
       os.environ.update(saved)

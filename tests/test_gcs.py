@@ -41,31 +41,38 @@ def gcs(tmp_path_factory):
       os.environ.update(saved)
 
 
+def names(folder: str) -> list:
+  """The sorted names in `folder` ([] where nothing is under it)."""
+  folder = paths.resolve(folder)
+  return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
 def test_a_refused_start_removes_its_new_gcs_workdir(gcs):
   for written, kept in (('tokenizer.model', []), ('LOCK', ['LOCK'])):
     workdir = f'{gcs}/refused/{written}'
     with pytest.raises(ValueError, match='no file'):
       with terminal.removed_if_refused(workdir):
-        paths.write_text(f'{workdir}/{written}', 'x')
+        paths.write_atomic(f'{workdir}/{written}', 'x')
         raise ValueError('matches no file')
-    assert paths.listdir(workdir) == kept, written   # another's lock keeps the workdir
+    assert names(workdir) == kept, written   # another's lock keeps the workdir
 
 
 def test_paths_round_trip(gcs):
   target = f'{gcs}/t/a/b.txt'
-  paths.write_text(target, 'hello')
-  assert paths.read_text(target) == 'hello' and paths.isfile(target)
-  assert paths.isdir(f'{gcs}/t/a') and not paths.isfile(f'{gcs}/t/a')
-  assert paths.listdir(f'{gcs}/t') == ['a'] and paths.listdir(f'{gcs}/t/none') == []
-  paths.write_text(f'{gcs}/t/a/c.jsonl', '{}')
-  paths.write_text(f'{gcs}/t/a/x/e.txt', 'x')   # '*' stops at a '/', as glob.glob's does
+  paths.write_atomic(target, 'hello')
+  t = paths.resolve(f'{gcs}/t')
+  assert (t / 'a' / 'b.txt').read_text() == 'hello' and (t / 'a' / 'b.txt').is_file()
+  assert (t / 'a').is_dir() and not (t / 'a').is_file()
+  assert names(f'{gcs}/t') == ['a'] and names(f'{gcs}/t/none') == []
+  paths.write_atomic(t / 'a' / 'c.jsonl', '{}')
+  paths.write_atomic(t / 'a' / 'x' / 'e.txt', 'x')   # '*' stops at a '/', as glob.glob's does
   assert paths.glob(f'{gcs}/t/*/*.txt') == [target]
   assert paths.glob(f'{gcs}/t/**/*.txt') == [target, f'{gcs}/t/a/x/e.txt']
   assert paths.glob(f'{gcs}/t/**/*.jsonl') == [f'{gcs}/t/a/c.jsonl']
-  paths.copy(target, f'{gcs}/t/d.txt')
-  assert paths.read_bytes(f'{gcs}/t/d.txt') == b'hello'
-  paths.rmtree(f'{gcs}/t')
-  assert not paths.exists(target)
+  paths.copy(target, t / 'd.txt')
+  assert (t / 'd.txt').read_bytes() == b'hello'
+  t.rmtree()
+  assert not (t / 'a' / 'b.txt').exists()
 
 
 def test_metrics_log_is_rewritten_whole_never_appended(gcs):
@@ -74,12 +81,13 @@ def test_metrics_log_is_rewritten_whole_never_appended(gcs):
     writer = metrics.MetricWriter(workdir, flush_sec=0.0, resume_step=run)
     writer.write(run + 1, {'loss': 1.0 / (run + 1)})
     writer.close()
-  rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  rows = [json.loads(line) for line in
+          paths.resolve(f'{workdir}/metrics.jsonl').read_text().splitlines()]
   assert [r['step'] for r in rows] == [1, 2]
-  events = paths.listdir(f'{workdir}/tensorboard')
+  events = names(f'{workdir}/tensorboard')
   # One event file per run (named by start second and host: the two runs here may share one).
   assert events and all(e.startswith('events.out.tfevents') for e in events)
-  assert paths.read_bytes(f'{workdir}/tensorboard/{events[-1]}')  # uploaded, not empty
+  assert paths.resolve(f'{workdir}/tensorboard/{events[-1]}').read_bytes()  # uploaded, not empty
 
 
 def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
@@ -98,12 +106,12 @@ def test_a_profile_is_traced_locally_and_copied_to_the_gs_workdir(gcs, capsys):
       stopped.append(step)
   assert stopped == [3] and not tracer.active
   [local] = local - {None}                      # one local folder, under the temp dir
-  assert local.startswith(tempfile.gettempdir()) and not os.path.exists(local)
+  assert str(local).startswith(tempfile.gettempdir()) and not local.exists()
   assert 'profile of steps 2..3 written to gs://bucket/profiled/tensorboard/plugins/profile' in (
       capsys.readouterr().out)
-  [run] = paths.listdir(f'{gcs}/profiled/tensorboard/plugins/profile')
-  names = paths.listdir(f'{gcs}/profiled/tensorboard/plugins/profile/{run}')
-  assert 'perfetto_trace.json.gz' in names and any(n.endswith('.xplane.pb') for n in names)
+  [run] = names(f'{gcs}/profiled/tensorboard/plugins/profile')
+  traced = names(f'{gcs}/profiled/tensorboard/plugins/profile/{run}')
+  assert 'perfetto_trace.json.gz' in traced and any(n.endswith('.xplane.pb') for n in traced)
 
 
 def test_lock_create_refuse_heartbeat_takeover_release(gcs):
@@ -133,18 +141,19 @@ def test_lock_create_refuse_heartbeat_takeover_release(gcs):
   assert first.record is None and first.lost        # 412: it knows it lost the lock
   first.release()                                   # and deletes nothing
   racer.release()
-  assert json.loads(paths.read_text(f'{workdir}/LOCK'))['start'] == second.record['start']
+  lock_file = paths.resolve(f'{workdir}/LOCK')
+  assert json.loads(lock_file.read_text())['start'] == second.record['start']
   second.release()
-  assert not paths.exists(f'{workdir}/LOCK')
+  assert not lock_file.exists()
   # A SIGTERM between the upload and noting it (the start-up handler calls release()): the
   # lock it wrote is still removed, and another trainer's is not.
   third = lock_lib.GcsLock(workdir, heartbeat_sec=3600)
   assert third._claim(None)                         # written; acquire() has not returned
   third.release()
-  assert not paths.exists(f'{workdir}/LOCK')
+  assert not lock_file.exists()
   assert second._claim(None)
   third.release()
-  assert paths.exists(f'{workdir}/LOCK')
+  assert lock_file.exists()
   second.release()
   assert isinstance(lock_lib.open_lock(workdir), lock_lib.GcsLock)
 
@@ -167,7 +176,8 @@ def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
   with pytest.raises(SystemExit, match='killed'):
     loop.train_and_evaluate(config, workdir, datasets=datasets)
   assert checkpoint.complete_steps(workdir) == [2]
-  rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  rows = [json.loads(line) for line in
+          paths.resolve(f'{workdir}/metrics.jsonl').read_text().splitlines()]
   assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2]
 
 
@@ -184,12 +194,12 @@ def upload_corpus(root: str) -> str:
   """The embedded corpus as a .jsonl, a .json.gz and a .txt file under `root`; their glob."""
   docs = corpus.embedded_documents()
   third = len(docs) // 3
-  paths.write_text(f'{root}/a.jsonl', ''.join(json.dumps({'text': d}) + '\n'
-                                              for d in docs[:third]))
-  paths.write_bytes(f'{root}/b.json.gz', gzip.compress(''.join(
+  paths.write_atomic(f'{root}/a.jsonl', ''.join(json.dumps({'text': d}) + '\n'
+                                                for d in docs[:third]))
+  paths.write_atomic(f'{root}/b.json.gz', gzip.compress(''.join(
       json.dumps({'text': d}) + '\n' for d in docs[third:2 * third]).encode()))
-  paths.write_text(f'{root}/c.txt', '\n\n'.join(d.replace('\n\n', '\n')
-                                                for d in docs[2 * third:]))
+  paths.write_atomic(f'{root}/c.txt', '\n\n'.join(d.replace('\n\n', '\n')
+                                                  for d in docs[2 * third:]))
   return f'{root}/*'
 
 
@@ -230,18 +240,18 @@ def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path)
   assert second['start_step'] == 3 and second['step'] == 6
   # Bit-exact resume: the same losses at every step, the same parameters.
   def losses(w):
-    return {r['step']: r['loss'] for r in map(json.loads, paths.read_text(
-        f'{w}/metrics.jsonl').splitlines()) if r['split'] == 'train'}
+    return {r['step']: r['loss'] for r in map(json.loads, paths.resolve(
+        f'{w}/metrics.jsonl').read_text().splitlines()) if r['split'] == 'train'}
   assert losses(f'{gcs}/parts') == losses(f'{gcs}/whole') and len(losses(f'{gcs}/whole')) == 6
   _, whole_params, _ = checkpoint.restore_params(f'{gcs}/whole')
   _, part_params, step = checkpoint.restore_params(f'{gcs}/parts')
   assert step == 6
   jax.tree.map(np.testing.assert_array_equal, whole_params, part_params)
   # The workdir holds everything; nothing was written to a local 'gs:' folder.
-  names = set(paths.listdir(f'{gcs}/parts'))
+  written = set(names(f'{gcs}/parts'))
   assert {'config.json', 'tokenizer.model', 'checkpoints', 'metrics.jsonl', 'tensorboard',
-          'config_history'} <= names and 'LOCK' not in names
-  assert json.loads(paths.read_text(f'{gcs}/parts/config.json'))['data']['tokenizer'] == \
+          'config_history'} <= written and 'LOCK' not in written
+  assert paths.read_json(f'{gcs}/parts/config.json')['data']['tokenizer'] == \
       f'{gcs}/parts/tokenizer.model'
   assert not os.path.exists('gs:') and not os.path.exists(os.path.join(str(tmp_path), 'gs:'))
   # load_pretrained('gs://...') + evaluate reproduces the logged eval loss.
@@ -249,13 +259,13 @@ def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path)
   assert model.step == 6 and model.tokenizer.path == f'{gcs}/parts/tokenizer.model'
   batches = data.make_dataset(model.data_config, model.tokenizer,
                               split=model.data_config.eval_split, batch_size=4, repeat=False)
-  logged = [r for r in map(json.loads, paths.read_text(f'{gcs}/parts/metrics.jsonl')
+  logged = [r for r in map(json.loads, paths.resolve(f'{gcs}/parts/metrics.jsonl').read_text()
                            .splitlines()) if r['split'] == 'eval'][-1]['loss']
   assert model.evaluate(batches, max_batches=1)['loss'] == pytest.approx(logged, abs=1e-5)
   # Export to a Hugging Face directory in the bucket, and load it back from there.
   out = hf_workdir.export_hf(f'{gcs}/parts', f'{gcs}/hf/gpt')
   assert out['hf_dir'] == f'{gcs}/hf/gpt' and out['step'] == 6
-  assert {'config.json', 'model.safetensors'} <= set(paths.listdir(f'{gcs}/hf/gpt'))
+  assert {'config.json', 'model.safetensors'} <= set(names(f'{gcs}/hf/gpt'))
   again = pretrain_jax.load_pretrained(f'{gcs}/hf/gpt')
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b)),
                again.params, jax.tree.map(np.asarray, model.params))

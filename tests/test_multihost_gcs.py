@@ -67,17 +67,18 @@ def test_two_processes_share_one_gs_workdir_and_one_tokenizer(tmp_path):
       # One tokenizer, trained by process 0; process 1 trained none and loaded the workdir's.
       assert os.listdir(os.path.join(caches[0], 'tokenizers'))
       assert not os.path.exists(os.path.join(caches[1], 'tokenizers'))
-      config = json.loads(paths.read_text(f'{workdir}/config.json'))
+      run = paths.resolve(workdir)
+      config = paths.read_json(run / 'config.json')
       assert config['data']['tokenizer'] == f'{workdir}/tokenizer.model'
-      rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+      rows = [json.loads(line) for line in (run / 'metrics.jsonl').read_text().splitlines()]
       assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3]  # written once
-      assert len(paths.listdir(f'{workdir}/config_history')) == 1
+      assert len(list((run / 'config_history').iterdir())) == 1
 
       resumed = _two_processes(env, workdir, files, caches, steps=5, prepared=prepared)
       assert resumed['start_step'] == 3 and resumed['step'] == 5
-      rows = [json.loads(line) for line in paths.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+      rows = [json.loads(line) for line in (run / 'metrics.jsonl').read_text().splitlines()]
       assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2, 3, 4, 5]
-      assert not paths.exists(f'{workdir}/LOCK')
+      assert not (run / 'LOCK').exists()
       assert os.listdir(os.path.join(prepared, 'local_text_files')) == copies  # reused
     finally:
       os.environ.clear()

@@ -174,8 +174,8 @@ def parse_flags(argv):
                         'ml_collections.ConfigDict')
     except Exception as e:
       path = flag.config_filename
-      reason = ('no such file' if not os.path.exists(path.split(':')[0])
-                else one_line(e.__cause__ or e)[7:])
+      found = os.path.exists(path.split(':')[0])  # noqa: TID251 (config files: local modules)
+      reason = one_line(e.__cause__ or e)[7:] if found else 'no such file'
       _fail(f'error: --{name}={path}: {reason}; expected a config file such as '
             'configs/tiny_gpt.py (the configs/ directory lists them)')
   return rest
@@ -297,7 +297,7 @@ def run(main, argv=None, positional: bool = False) -> None:
   if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):   # a rerun loads its compiled steps
     import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
 
-    jax.config.update('jax_compilation_cache_dir', os.path.join(paths.cache_dir(), 'jax'))
+    jax.config.update('jax_compilation_cache_dir', str(paths.cache_dir() / 'jax'))
 
   def parse(argv):
     rest = parse_flags(argv)
@@ -322,7 +322,8 @@ def named_configs(argv: list) -> list:
       continue
     value = out[j].removeprefix(flag)
     name, colon, variant = value.partition(':')
-    if os.path.exists(name) or not re.fullmatch(r'[A-Za-z_]\w*', name):
+    if (os.path.exists(name)  # noqa: TID251 (config files are local Python modules)
+        or not re.fullmatch(r'[A-Za-z_]\w*', name)):
       continue
     try:
       out[j] = flag + configs.config_path(name) + colon + variant

@@ -14,8 +14,9 @@ model) leaves no new, empty workdir behind.
 """
 import contextlib
 import json
-import os
 import sys
+
+from etils import epath
 
 from pretrain_jax import paths
 
@@ -34,9 +35,9 @@ def finish(line: dict, summary=(), details=None, where: str = '', name: str = ''
     print(text, file=sys.stderr)
   sys.stderr.flush()
   if details is not None:
-    path = paths.join(where, f'{name}_results.json')
-    paths.write_text(path, json.dumps(details, indent=1) + '\n')
-    line = {**line, 'details': path}
+    path = epath.Path(where) / f'{name}_results.json'   # (named as the user gave `where`)
+    paths.write_atomic(path, json.dumps(details, indent=1) + '\n')
+    line = {**line, 'details': str(path)}
   print(json.dumps(line), flush=True)
   return line
 
@@ -55,28 +56,29 @@ def run_summary(result: dict) -> str:
 
 def _new_folders(workdir: str) -> list:
   """`workdir` and the folders above it that do not exist yet, deepest first."""
-  if paths.is_remote(workdir):   # an object store has no folders above the workdir's objects
-    return [] if paths.exists(workdir) else [workdir]
-  new, folder = [], paths.absolute(workdir)
-  while not os.path.exists(folder) and folder != os.path.dirname(folder):
+  folder = paths.resolve(workdir)
+  if paths.is_remote(folder):   # an object store has no folders above the workdir's objects
+    return [] if folder.exists() else [folder]
+  new = []
+  while not folder.exists() and folder != folder.parent:
     new.append(folder)
-    folder = os.path.dirname(folder)
+    folder = folder.parent
   return new
 
 
-def _clear(folder: str) -> bool:
+def _clear(folder) -> bool:
   """Removes `folder` if it and its subfolders hold nothing but START_UP_FILES; True if
   removed. Each subfolder that qualifies is removed even where the folder stays."""
-  names = paths.listdir(folder)
-  subfolders = [n for n in names if paths.isdir(paths.join(folder, n))]
-  files = [n for n in names if n not in subfolders]
-  cleared = [_clear(paths.join(folder, n)) for n in subfolders]
-  if not all(cleared) or any(n not in START_UP_FILES for n in files):
+  children = list(folder.iterdir()) if folder.is_dir() else []
+  subfolders = [c for c in children if c.is_dir()]
+  files = [c for c in children if c not in subfolders]
+  cleared = [_clear(c) for c in subfolders]
+  if not all(cleared) or any(c.name not in START_UP_FILES for c in files):
     return False
-  for name in files:
-    paths.epath_of(paths.join(folder, name)).unlink()
+  for file in files:
+    file.unlink()
   if not paths.is_remote(folder):
-    os.rmdir(folder)   # refuses a folder that is not empty: nothing written meanwhile is lost
+    folder.rmdir()   # refuses a folder that is not empty: nothing written meanwhile is lost
   return True
 
 

@@ -17,10 +17,11 @@ import sys
 import time
 
 from absl import flags
+from etils import epath
 
 import configs
 import pretrain_jax
-from pretrain_jax import cli, data, paths
+from pretrain_jax import cli, data
 from pretrain_jax.cli import terminal
 from pretrain_jax.data.config import DataConfig
 
@@ -146,7 +147,7 @@ def _run(argv):
       say(f'== {name}: {config.train.steps} steps of {config.train.batch_size} x '
           f'{config.data.seq_len} tokens')
       start = time.perf_counter()
-      workdir = paths.join(_WORKDIR.value, config.model.family)
+      workdir = str(epath.Path(_WORKDIR.value) / config.model.family)
       result = loop.train_and_evaluate(config, workdir)
       result.update(name=name, wall_sec=time.perf_counter() - start)
       texts = []
@@ -171,7 +172,7 @@ def _run(argv):
   total = time.perf_counter() - start_all
   hint = next_command(_WORKDIR.value, [r['family'] for r in results])
   say(f'\ndone in {total:.0f} s; every number in '
-      f'{paths.join(_WORKDIR.value, "train_tiny_results.json")}\nnext: {hint}')
+      f'{epath.Path(_WORKDIR.value) / "train_tiny_results.json"}\nnext: {hint}')
   terminal.finish({'workdir': _WORKDIR.value, 'wall_sec': round(total, 1),
                    'models': [headline(r) for r in results]},
                   details={'workdir': _WORKDIR.value, 'wall_sec': total, 'models': results},

@@ -55,7 +55,7 @@ def write_embedded_corpus(directory: str) -> str:
   """
   lines = ''.join(json.dumps({'text': d}) + '\n' for d in embedded_documents())
   digest = hashlib.sha256(lines.encode()).hexdigest()[:16]
-  path = paths.join(directory, f'embedded_pydoc_{digest}.jsonl')
-  if not paths.exists(path):
-    paths.write_text(path, lines)  # atomic
-  return path
+  path = paths.resolve(directory) / f'embedded_pydoc_{digest}.jsonl'
+  if not path.exists():
+    paths.write_atomic(path, lines)
+  return str(path)

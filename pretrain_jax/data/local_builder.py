@@ -52,9 +52,9 @@ def expand_files(pattern: str, name: str = 'config.data.files') -> list:
   if not paths:
     raise FileNotFoundError(f'{name}={pattern!r} names no file')
   for p in paths:
-    if not p.endswith(EXTENSIONS) and paths_lib.isdir(p):   # (one stat only where it fails)
+    if not p.endswith(EXTENSIONS) and paths_lib.resolve(p).is_dir():   # (a stat only here)
       raise ValueError(f'{name}: {p!r} is a directory; expected files or a glob '
-                       f'such as {paths_lib.join(p, "*.jsonl")!r}')
+                       f'such as {p.rstrip("/") + "/*.jsonl"!r}')
     if not p.endswith(EXTENSIONS):
       raise ValueError(f'{name}: {p!r} has an unsupported extension; expected one of '
                        f'{", ".join(EXTENSIONS)}')
@@ -62,7 +62,7 @@ def expand_files(pattern: str, name: str = 'config.data.files') -> list:
 
 
 def _open_bytes(path: str) -> bytes:
-  data = paths_lib.read_bytes(path)
+  data = paths_lib.resolve(path).read_bytes()
   if not path.endswith('.gz'):
     return data
   try:
@@ -219,7 +219,7 @@ def fingerprint(paths: list, text_key: str, validation_fraction: float) -> str:
   h = hashlib.sha256(repr((FORMAT_VERSION, text_key, validation_fraction)).encode())
   for p in paths:
     size, mtime_ns = paths_lib.size_and_mtime(p)
-    h.update(repr((paths_lib.absolute(p), size, mtime_ns)).encode())
+    h.update(repr((str(paths_lib.resolve(p)), size, mtime_ns)).encode())
   return 'f' + h.hexdigest()[:16]
 
 

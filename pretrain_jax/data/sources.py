@@ -19,7 +19,6 @@ all runs instead (`tfds_name` + `tfds_data_dir` on gs://), as t5x does.
 """
 import functools
 import hashlib
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -73,13 +72,13 @@ def prepared_dir(data_config: DataConfig, workdir: str | None = None,
                  process_count: int = 1) -> str:
   """Where local files / the embedded corpus are prepared as tfds (see the module doc)."""
   if data_config.prepared_dir:
-    return paths_lib.absolute(data_config.prepared_dir)
+    return str(paths_lib.resolve(data_config.prepared_dir))
   if process_count == 1:
-    return os.path.join(cache_dir(), 'tfds')
+    return str(cache_dir() / 'tfds')
   if not workdir:
     raise ValueError(f'{process_count} processes read one prepared copy of the data; pass the '
                      'workdir or set config.data.prepared_dir to a directory every host reads')
-  return paths_lib.join(paths_lib.absolute(workdir), PREPARED_DATA)
+  return str(paths_lib.resolve(workdir) / PREPARED_DATA)
 
 
 def open_source(data_config: DataConfig, *, data_dir: str | None = None,
@@ -142,7 +141,7 @@ _OPENED = {}
 
 @functools.cache
 def _embedded_corpus_file(directory: str) -> str:
-  return corpus.write_embedded_corpus(os.path.join(directory, 'corpus'))
+  return corpus.write_embedded_corpus(directory / 'corpus')
 
 
 def open_builder(name: str, data_dir):

@@ -136,7 +136,7 @@ def _check_examples(task_name: str, split: str, rows: list, where: str) -> list:
 def read_rows(path: str) -> list:
   """Records of one .jsonl / .json (a list of objects) / .csv / .tsv file (header row); a
   malformed line is an error naming the file and its line number."""
-  text = paths.read_text(path)
+  text = paths.resolve(path).read_text('utf-8')
   if path.endswith('.jsonl'):
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -188,11 +188,11 @@ def _split_files(name: str) -> dict:
     files = {}
     for split, stems in SPLIT_FILES.items():
       found = [p for s in stems for ext in EXTENSIONS
-               for p in sorted(paths.glob(paths.join(name, s + ext)))]
+               for p in paths.glob(str(paths.resolve(name) / f'{s}{ext}'))]
       if found:
         files[split] = found[0]
   for split, path in files.items():
-    if not paths.isfile(path):
+    if not paths.resolve(path).is_file():
       raise FileNotFoundError(f'task {name!r}: {split} file {path!r} does not exist')
   if 'train' not in files or 'validation' not in files:
     raise ValueError(f'task {name!r}: found splits {sorted(files)}; expected a train.* and a '
@@ -324,7 +324,7 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     return Task(name, title_examples(), (), SUMMARY_METRIC, SUMMARY_PREFIX)
   if name in TFDS_TASKS or name in TFDS_SUMMARIES:
     return _tfds_task(name, tfds_data_dir)
-  if '=' not in name and not paths.is_remote(name) and not paths.exists(name):
+  if '=' not in name and not paths.is_remote(name) and not paths.resolve(name).exists():
     raise ValueError(f'task {name!r} is not a directory and not a known task; expected '
                      f'{EMBEDDED!r}, {EMBEDDED_SUMMARIES!r}, a tfds task (one of '
                      f'{sorted(TFDS_TASKS) + sorted(TFDS_SUMMARIES)}), a directory '
@@ -337,5 +337,5 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     raise ValueError(f'task {name!r}: some splits are text-to-text (inputs/targets) and some '
                      'classification (text/label); expected one kind')
   labels = () if kinds == {True} else collect_labels(name, splits)
-  return Task(paths.basename(name.rstrip('/')) or name, splits, labels,
+  return Task(name.rstrip('/').rsplit('/', 1)[-1] or name, splits, labels,
               'accuracy' if labels else SUMMARY_METRIC)

@@ -77,19 +77,20 @@ class Tokenizer:
   """
 
   def __init__(self, path: str):
-    if paths.isdir(path):
+    file = paths.resolve(path)
+    if file.is_dir():
       raise ValueError(f'tokenizer {path!r} is a directory; expected a sentencepiece .model '
                        'file here (a Hugging Face tokenizer directory, such as the '
                        'hf_tokenizer/ of a workdir pretrain-jax convert_hf imported, is loaded by '
                        'pretrain_jax.hf.convert.data_tokenizer: pretrain-jax train does so and '
                        'passes it to train_and_evaluate(tokenizer=...))')
-    if not paths.isfile(path):
+    if not file.is_file():
       raise FileNotFoundError(f'tokenizer model {path!r} does not exist; expected a '
                               'sentencepiece .model file')
     self.path = path
     self.sp = spm.SentencePieceProcessor()
     try:
-      self.sp.LoadFromSerializedProto(paths.read_bytes(path))
+      self.sp.LoadFromSerializedProto(file.read_bytes())
     except (OSError, RuntimeError, TypeError) as e:
       raise ValueError(f'{path!r} is not a sentencepiece model: {e}') from None
     n = self.sp.get_piece_size()
@@ -278,7 +279,7 @@ def train_sentencepiece(texts, path: str, *, vocab_size: int, model_type: str = 
           'are unused filler (embedding rows that never train): a smaller vocabulary fits '
           'this corpus', file=sys.stderr, flush=True)
   # atomic: a concurrent reader sees no file or the whole file (local rename, or one object)
-  paths.write_bytes(path, add_filler_and_sentinels(proto, total))
+  paths.write_atomic(path, add_filler_and_sentinels(proto, total))
   return path
 
 
@@ -302,7 +303,7 @@ TRAIN_VERSION = 1  # bump when training settings change, so cached tokenizers ar
 
 def open_tokenizer(path: str) -> Tokenizer:
   """The sentencepiece model at `path` (local, ~ expanded, or gs://)."""
-  return Tokenizer(paths.absolute(path) if paths.is_remote(path) else os.path.expanduser(path))
+  return Tokenizer(str(paths.resolve(path)))
 
 
 def load_tokenizer(data_config: DataConfig, source=None) -> Tokenizer:
@@ -322,10 +323,9 @@ def load_tokenizer(data_config: DataConfig, source=None) -> Tokenizer:
               data_config.tokenizer_type, round_up(data_config.tokenizer_vocab_size),
               data_config.tokenizer_train_chars)
   key = hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
-  path = paths.join(sources.cache_dir(), 'tokenizers',
-                      f'{data_config.tokenizer_type}_{round_up(data_config.tokenizer_vocab_size)}'
-                      f'_{key}.model')
-  if not paths.exists(path):
+  path = str(sources.cache_dir() / 'tokenizers' / (
+      f'{data_config.tokenizer_type}_{round_up(data_config.tokenizer_vocab_size)}_{key}.model'))
+  if not paths.resolve(path).exists():
     texts = sources.iter_texts(data_config, data_config.train_split,
                                data_config.tokenizer_train_chars, source)
     train_sentencepiece(texts, path, vocab_size=data_config.tokenizer_vocab_size,

@@ -211,7 +211,7 @@ def _lm_logits(cfg, params, inputs):
 
 def load_splits(config):
   """(vocabulary, {'train', 'valid', 'heldout': ids}) of the protocol's corpus."""
-  with open(config.corpus, encoding='utf-8') as f:
+  with open(config.corpus, encoding='utf-8') as f:  # noqa: PTH123 (the bundled local corpus)
     text = f.read()
   end = config.heldout_chars[1]
   if len(text) < end:

@@ -88,5 +88,5 @@ def plot_comparison(rows: list, path: str, title: str = '') -> str:
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=90)   # matplotlib opens local files only
   plt.close(fig)
-  paths.write_bytes(path, png.getvalue())
+  paths.write_atomic(path, png.getvalue())
   return str(path)

@@ -49,7 +49,7 @@ def load_init(path: str) -> load.Pretrained:
   if not path:
     raise ValueError("init=''; expected a training workdir, one of its checkpoints/<step> "
                      'directories, or a Hugging Face model directory')
-  if not paths.isdir(path):
+  if not paths.resolve(path).is_dir():
     raise FileNotFoundError(f'init {path!r} is not a directory; expected a training workdir, '
                             'a checkpoints/<step> directory or a Hugging Face model directory')
   try:
@@ -90,7 +90,7 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.train.freeze_backbone = ft.mode == 'linear_probe'
   if ft.mode == 'linear_probe' and ft.probe_learning_rate:
     config.train.learning_rate = ft.probe_learning_rate
-  config.init = paths.absolute(ft.init)   # a resume from another directory names it alike
+  config.init = str(paths.resolve(ft.init))   # a resume from another directory names it alike
   config.task.name = task.name
   config.task.labels = list(task.labels)
   config.task.metric = task.metric
@@ -100,7 +100,7 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   # (a Hugging Face directory's config has no data section: its tokenizer is the directory's)
   tokenizer_path = (init.config['data']['tokenizer'] if 'data' in init.config else '') or \
       config.init
-  config.data.tokenizer = paths.absolute(tokenizer_path)
+  config.data.tokenizer = str(paths.resolve(tokenizer_path))
   if ft.data.seq_len > init.model_config.max_len:
     raise ValueError(f'data.seq_len={ft.data.seq_len} exceeds the checkpoint\'s model.max_len='
                      f'{init.model_config.max_len}; expected at most that')
@@ -115,7 +115,7 @@ def check_resume(config, workdir: str) -> None:
   if saved is None:
     return
   old = workdir_lib.resolved(saved)   # (defaults filled in)
-  if 'init' in old and old['init'] and paths.absolute(old['init']) == config.init:
+  if 'init' in old and old['init'] and str(paths.resolve(old['init'])) == config.init:
     config.init = old['init']
   old_format = old['task'].get('format', 'head') if 'task' in old else 'head'
   if old_format != config.task.format:
@@ -202,13 +202,14 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
   # model is copied by the loop (as in pre-training), a Hugging Face one here (process 0;
   # files already there are kept).
   tokenizer_path = d.tokenizer
-  if paths.isdir(tokenizer_path):
+  tokenizer = paths.resolve(tokenizer_path) if tokenizer_path else None
+  if tokenizer and tokenizer.is_dir():
     config.data.tokenizer = load.copy_hf_tokenizer(tokenizer_path, workdir,
                                                    write=jax.process_index() == 0)
   result = loop.train_and_evaluate(
       config, workdir, datasets=datasets, data=d.replace(tokenizer=config.data.tokenizer),
       init_params=starting_params(init.params, ft.mode, head_names), evaluators=scorers,
-      tokenizer_path=tokenizer_path if paths.isfile(tokenizer_path) else '')
+      tokenizer_path=tokenizer_path if tokenizer and tokenizer.is_file() else '')
   history = read_curves(workdir)['eval']
   metric = 'class_' + task.metric if task.labels else task.metric
   values = [r[metric] for r in history if metric in r]
@@ -240,9 +241,9 @@ def read_curves(workdir: str) -> dict:
   """metrics.jsonl -> {'train': [records], 'eval': [records]}, the last record per step (a
   resumed run rewrites the steps after its checkpoint)."""
   out = {'train': {}, 'eval': {}}
-  path = paths.join(workdir, 'metrics.jsonl')
-  if paths.isfile(path):
-    for line in paths.read_text(path).splitlines():
+  path = paths.resolve(workdir) / 'metrics.jsonl'
+  if path.is_file():
+    for line in path.read_text().splitlines():
       record = json.loads(line)
       if record.get('split') in out:
         out[record['split']][record['step']] = record

@@ -15,6 +15,7 @@ import sys
 import time
 
 import ml_collections
+from etils import epath
 
 from pretrain_jax import paths
 from pretrain_jax.finetune import figures
@@ -77,7 +78,7 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), 
         c.task.max_train_examples = int(size)
         if seed is not None:
           c.train.seed = int(seed)
-        workdir = paths.join(root, run_name(mode, size, seed, fmt))
+        workdir = str(epath.Path(root) / run_name(mode, size, seed, fmt))
         start = time.perf_counter()
         result = run_lib.finetune(c, workdir, init, task)
         if size > result['train_examples']:
@@ -201,7 +202,7 @@ def run_comparison(config, root: str, inits: list, modes=(), sizes=(0,), seeds=(
             file=sys.stderr, flush=True)
     c = ml_collections.ConfigDict(config.to_dict())
     c.init = path
-    done = run_transfer(c, paths.join(root, name), modes, sizes, seeds, fmts, task, name)
+    done = run_transfer(c, str(epath.Path(root) / name), modes, sizes, seeds, fmts, task, name)
     rows += done
     if done and done[-1].get('stopped'):   # SIGTERM or Ctrl-C: the same command resumes
       break
@@ -247,7 +248,7 @@ def plot(rows: list, path: str, title: str = '') -> str:
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=100)   # matplotlib opens local files only
   plt.close(fig)
-  paths.write_bytes(path, png.getvalue())
+  paths.write_atomic(path, png.getvalue())
   return str(path)
 
 
@@ -266,7 +267,7 @@ def report(rows: list, root: str, title: str = '', **fields) -> dict:
     figures_asked['comparison_png'] = ('comparison.png', figures.plot_comparison)
   written, failed = {}, None
   for key, (name, draw) in figures_asked.items():
-    written[key] = paths.join(root, name)
+    written[key] = str(epath.Path(root) / name)
     try:
       draw(rows, written[key], title)
     except Exception as e:  # raised once the summary is out

@@ -21,8 +21,8 @@ def is_hf_dir(path: str) -> bool:
   `model_type` or `architectures`, and no `train` section, which a training workdir's
   config.json has). A
   config.json that is not JSON is a ValueError naming it: it is neither."""
-  config = paths.join(path, 'config.json')
-  if not paths.isfile(config):
+  config = paths.resolve(path) / 'config.json'
+  if not config.is_file():
     return False
   return workdir_lib.is_hf_config(paths.read_json(config))
 

@@ -84,16 +84,15 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
   cfg, params, tokenizer = io_lib.load_hf(hf_dir, **model_overrides)
   base, reference = base_config(cfg, base)
   config = training_config(cfg, reference)
-  final = paths.absolute(workdir)
+  final = paths.resolve(workdir)
   with io_lib.atomic_directory(final) as tmp:
-    files = tok_lib.tokenizer_files(hf_dir)
-    for path in files:
-      paths.copy(path, paths.join(tmp, HF_TOKENIZER_DIR, paths.basename(path)))
+    for path in map(paths.resolve, tok_lib.tokenizer_files(hf_dir)):
+      paths.copy(path, tmp / HF_TOKENIZER_DIR / path.name)
     if isinstance(tokenizer, tok_lib.SentencePieceTokenizer):
-      paths.copy(tokenizer.path, paths.join(tmp, train_workdir.TOKENIZER_FILE))
-      config.data.tokenizer = paths.join(final, train_workdir.TOKENIZER_FILE)
+      paths.copy(tokenizer.path, tmp / train_workdir.TOKENIZER_FILE)
+      config.data.tokenizer = str(final / train_workdir.TOKENIZER_FILE)
     else:  # not sentencepiece (pretrain_jax.data cannot read it yet), or absent (a marker)
-      config.data.tokenizer = paths.join(final, HF_TOKENIZER_DIR)
+      config.data.tokenizer = str(final / HF_TOKENIZER_DIR)
     train_workdir.write_config(config, tmp, '', None)
     state_params = jax.tree.map(jnp.asarray, params)
     tx = opt_lib.make_optimizer(TrainConfig.from_config(config.train))
@@ -102,7 +101,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
     checkpointer = ckpt_lib.Checkpointer(tmp, keep=0, async_save=False)
     checkpointer.save(0, state, None)
     checkpointer.close()
-  summary = {'workdir': final, 'family': cfg.family, 'base_config': f'configs/{base}.py',
+  summary = {'workdir': str(final), 'family': cfg.family, 'base_config': f'configs/{base}.py',
              'params': int(sum(np.size(x) for x in jax.tree.leaves(params))),
              'tokenizer': type(tokenizer).__name__ if tokenizer is not None else None,
              'train_flags': train_overrides(config, reference)}
@@ -116,7 +115,7 @@ def missing_tokenizer_message(hf_dir: str, family: str, workdir: str) -> str:
   expected = families.of(family).expected_files
   return (f'{hf_dir} has no tokenizer files (expected {expected}); the model in {workdir} has no '
           'tokenizer, so training on, generate / fill_mask / evaluate refuse it until its '
-          f'tokenizer files are copied into {paths.join(workdir, HF_TOKENIZER_DIR)}')
+          f'tokenizer files are copied into {paths.resolve(workdir) / HF_TOKENIZER_DIR}')
 
 
 def data_tokenizer(config, workdir: str):
@@ -130,30 +129,39 @@ def data_tokenizer(config, workdir: str):
   files: a directory without the family's tokenizer files, and a tokenizer other than the one
   the workdir's config.json records (by the files' bytes; a moved copy is the same one).
   """
-  name = config.data.tokenizer
+  name = _moved_hf_tokenizer(config.data.tokenizer, workdir)
   family = config.model.family
-  if paths.basename(name) == HF_TOKENIZER_DIR and not paths.isdir(name):
-    name = paths.join(workdir, HF_TOKENIZER_DIR)
-    if not paths.isdir(name):
-      raise FileNotFoundError(missing_tokenizer_message(
-          'the Hugging Face directory it was imported from', family, workdir))
+  if name and name.name == HF_TOKENIZER_DIR and not name.is_dir():
+    raise FileNotFoundError(missing_tokenizer_message(
+        'the Hugging Face directory it was imported from', family, workdir))
   _check_recorded_tokenizer(name, workdir)
-  if not (name and paths.isdir(name)):
+  if not (name and name.is_dir()):
     return None
   tokenizer = tok_lib.load_tokenizer(name, family)
   if tokenizer is None:
-    found = sorted(paths.basename(p) for p in tok_lib.tokenizer_files(name))
+    found = sorted(paths.resolve(p).name for p in tok_lib.tokenizer_files(name))
     raise FileNotFoundError(f'{name} (config.data.tokenizer) holds no {family} tokenizer files '
                             f'(found {found or "none"}); expected '
                             f'{families.of(family).expected_files}')
   return tokenizer
 
 
-def _tokenizer_bytes(name: str) -> dict:
+def _moved_hf_tokenizer(name: str, workdir: str):
+  """`name` resolved (None: empty); an imported hf_tokenizer/ that is gone is the workdir's own
+  (the workdir moved)."""
+  if not name:
+    return None
+  name = paths.resolve(name)
+  if name.name == HF_TOKENIZER_DIR and not name.is_dir():
+    return paths.resolve(workdir) / HF_TOKENIZER_DIR
+  return name
+
+
+def _tokenizer_bytes(name) -> dict:
   """{file name: bytes} of a Hugging Face tokenizer directory, or of a sentencepiece model."""
-  if paths.isdir(name):
-    return {paths.basename(p): paths.read_bytes(p) for p in tok_lib.tokenizer_files(name)}
-  return {paths.basename(name): paths.read_bytes(name)} if paths.isfile(name) else {}
+  if name is not None and name.is_dir():
+    return {p.name: p.read_bytes() for p in map(paths.resolve, tok_lib.tokenizer_files(name))}
+  return {name.name: name.read_bytes()} if name is not None and name.is_file() else {}
 
 
 def _check_recorded_tokenizer(name: str, workdir: str) -> None:
@@ -161,14 +169,12 @@ def _check_recorded_tokenizer(name: str, workdir: str) -> None:
   imported with, or a switch between such a directory and a sentencepiece model: its ids mean
   other pieces to the trained embedding. Sentencepiece to sentencepiece is
   run.workdir.write_config's check (it compares the workdir's copy)."""
-  saved = train_workdir.read_config(workdir) if paths.isdir(workdir) else None
-  recorded = saved['data']['tokenizer'] if saved and 'data' in saved else ''
-  if paths.basename(recorded) == HF_TOKENIZER_DIR and not paths.isdir(recorded):
-    recorded = paths.join(workdir, HF_TOKENIZER_DIR)   # the workdir moved
-  if not recorded or not (paths.isdir(name) or paths.isdir(recorded)):
+  saved = train_workdir.read_config(workdir) if paths.resolve(workdir).is_dir() else None
+  recorded = _moved_hf_tokenizer(saved['data']['tokenizer'] if saved and 'data' in saved else '',
+                                 workdir)
+  if not recorded or not ((name and name.is_dir()) or recorded.is_dir()):
     return
-  if (name and paths.absolute(name) == paths.absolute(recorded)) or (
-      _tokenizer_bytes(name) == _tokenizer_bytes(recorded)):
+  if name == recorded or _tokenizer_bytes(name) == _tokenizer_bytes(recorded):
     return
   raise ValueError(f'tokenizer {name or "(none: data.tokenizer is empty)"} differs from the one '
                    f'this workdir was trained with ({recorded}); resume with that one or use a '
@@ -194,15 +200,15 @@ def workdir_tokenizer(workdir: str, config, local_dir: str):
   model gets the files its family's record makes of it (`from_sentencepiece`: T5's
   spiece.model, BERT / GPT-2's tokenizer.json), written to the local directory `local_dir`.
   """
-  hf_tok = paths.join(workdir, HF_TOKENIZER_DIR)
-  if paths.isdir(hf_tok):
+  hf_tok = paths.resolve(workdir) / HF_TOKENIZER_DIR
+  if hf_tok.is_dir():
     return tok_lib.load_tokenizer(hf_tok), tok_lib.tokenizer_files(hf_tok)
   sp_path = config.data.tokenizer
-  if not (sp_path.endswith('.model') and paths.isfile(sp_path)):
+  if not (sp_path.endswith('.model') and paths.resolve(sp_path).is_file()):
     return None, []
-  made = families.of(config.model.family).from_sentencepiece(paths.local_copy(sp_path))
+  made = families.of(config.model.family).from_sentencepiece(str(paths.local_copy(sp_path)))
   for name, data in made.items():
-    paths.write_bytes(paths.join(local_dir, name), data)
+    paths.write_atomic(paths.resolve(local_dir) / name, data)
   if not made:
     return None, []
   return (tok_lib.load_tokenizer(local_dir, config.model.family),
@@ -227,5 +233,5 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
   with tempfile.TemporaryDirectory() as local, io_lib.atomic_directory(hf_dir) as tmp:
     tokenizer, files = workdir_tokenizer(workdir, config, local)
     io_lib.write_hf(tmp, cfg, params, tokenizer=tokenizer, tokenizer_files=files)
-  return {'hf_dir': paths.absolute(hf_dir), 'family': cfg.family, 'step': int(step),
-          'tokenizer_files': sorted(paths.basename(p) for p in files)}
+  return {'hf_dir': str(paths.resolve(hf_dir)), 'family': cfg.family, 'step': int(step),
+          'tokenizer_files': sorted(paths.resolve(p).name for p in files)}

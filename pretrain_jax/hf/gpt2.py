@@ -88,7 +88,7 @@ def tokenizer(files: dict, settings: dict):
     tok = tokenizers.Tokenizer.from_file(files['tokenizer.json'])
   elif 'vocab.json' in files:
     if 'merges.txt' not in files:
-      raise FileNotFoundError(f'{paths.dirname(files["vocab.json"])} has vocab.json but no '
+      raise FileNotFoundError(f'{paths.resolve(files["vocab.json"]).parent} has vocab.json but no '
                               'merges.txt; a GPT-2 byte-level BPE tokenizer needs both (or a '
                               'tokenizer.json)')
     tok = tokenizers.ByteLevelBPETokenizer(files['vocab.json'], files['merges.txt'])

@@ -12,12 +12,13 @@ half-written. A gs:// directory is read from a local copy (paths.local_copy) and
 import contextlib
 import json
 import os
-import shutil
+import shutil  # noqa: TID251 (atomic_directory's local temporary folder)
 import struct
 import tempfile
 
 import ml_dtypes
 import numpy as np
+from etils import epath
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -31,8 +32,8 @@ WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_mo
 
 
 def read_config(hf_dir: str) -> dict:
-  path = paths.join(hf_dir, 'config.json')
-  if not paths.isfile(path):
+  path = paths.resolve(hf_dir) / 'config.json'
+  if not path.is_file():
     raise FileNotFoundError(f'{path} not found; expected a Hugging Face model directory')
   hf = paths.read_json(path)
   if not isinstance(hf, dict):
@@ -57,7 +58,8 @@ def _read_safetensors(path: str) -> dict:
 
 
 def _read_safetensors_file(path: str) -> dict:
-  with open(path, 'rb') as f:  # the header says each tensor's dtype; numpy has no bfloat16
+  # the header says each tensor's dtype; numpy has no bfloat16
+  with open(path, 'rb') as f:  # noqa: PTH123 (a local_copy file: safetensors reads local files)
     header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
   out = {}
   with safe_open(path, framework='numpy') as f:
@@ -71,7 +73,7 @@ def _read_safetensors_file(path: str) -> dict:
 
 def _read_bf16(path: str, header: dict, name: str) -> np.ndarray:
   start, end = header[name]['data_offsets']
-  with open(path, 'rb') as f:
+  with open(path, 'rb') as f:  # noqa: PTH123 (a local_copy file)
     f.seek(8 + struct.unpack('<Q', f.read(8))[0] + start)
     raw = f.read(end - start)
   return np.frombuffer(raw, ml_dtypes.bfloat16).reshape(header[name]['shape']).astype(np.float32)
@@ -94,27 +96,24 @@ def read_state_dict(hf_dir: str) -> dict:
   """All tensors of the checkpoint in `hf_dir`, name -> numpy array."""
   check_exists(hf_dir)
   hf_dir = paths.local_copy(hf_dir)  # below: local files only
-  def path(name):
-    return os.path.join(hf_dir, name)
-  found = [n for n in WEIGHT_FILES if os.path.isfile(path(n))]
+  found = [n for n in WEIGHT_FILES if (hf_dir / n).is_file()]
   if not found:
     raise FileNotFoundError(f'{hf_dir} has no weights: expected one of {list(WEIGHT_FILES)}; '
-                            f'it holds {sorted(os.listdir(hf_dir))}')
+                            f'it holds {sorted(f.name for f in hf_dir.iterdir())}')
   name = found[0]
   read = _read_safetensors if name.startswith('model.safetensors') else _read_torch
   if not name.endswith('.index.json'):
-    return read(path(name))
-  with open(path(name)) as f:
-    try:
-      shards = sorted(set(json.load(f)['weight_map'].values()))
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-      raise ValueError(f'{path(name)} is not a shard index ({type(e).__name__}: {e}); expected '
-                       'JSON with a "weight_map" of tensor name -> file') from None
+    return read(str(hf_dir / name))
+  try:
+    shards = sorted(set(json.loads((hf_dir / name).read_text())['weight_map'].values()))
+  except (ValueError, KeyError, AttributeError, TypeError) as e:
+    raise ValueError(f'{hf_dir / name} is not a shard index ({type(e).__name__}: {e}); expected '
+                     'JSON with a "weight_map" of tensor name -> file') from None
   out = {}
   for shard in shards:
-    if not os.path.isfile(path(shard)):
-      raise FileNotFoundError(f'{path(shard)} (listed in {name}) does not exist')
-    out.update(read(path(shard)))
+    if not (hf_dir / shard).is_file():
+      raise FileNotFoundError(f'{hf_dir / shard} (listed in {name}) does not exist')
+    out.update(read(str(hf_dir / shard)))
   return out
 
 
@@ -142,15 +141,15 @@ def load_hf(hf_dir: str, **overrides):
 
 def check_exists(hf_dir: str) -> None:
   """FileNotFoundError naming `hf_dir` unless it is a directory (local or gs://)."""
-  if not paths.isdir(hf_dir):
+  if not paths.resolve(hf_dir).is_dir():
     raise FileNotFoundError(f'{hf_dir} does not exist or is not a directory; expected a Hugging '
                             'Face model directory (config.json + model.safetensors)')
 
 
-def check_free(target: str) -> str:
-  """abspath of `target`; FileExistsError unless it is absent or an empty directory."""
-  target = paths.absolute(target)
-  if paths.exists(target) and (not paths.isdir(target) or paths.listdir(target)):
+def check_free(target: str) -> epath.Path:
+  """`target` resolved; FileExistsError unless it is absent or an empty directory."""
+  target = paths.resolve(target)
+  if target.exists() and (not target.is_dir() or any(target.iterdir())):
     raise FileExistsError(f'{target} already exists and is not an empty directory; '
                           'refusing to overwrite it')
   return target
@@ -168,30 +167,29 @@ def atomic_directory(target: str):
     try:
       yield target
     except BaseException:
-      paths.rmtree(target)
+      target.rmtree(missing_ok=True)
       raise
     return
-  parent = os.path.dirname(target)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.tmp-', dir=parent)
+  parent = paths.makedirs(target.parent)
+  tmp = epath.Path(tempfile.mkdtemp(prefix=f'.{target.name}.tmp-', dir=parent))
   try:
     yield tmp
     _default_permissions(tmp)  # mkdtemp (and safetensors) create owner-only files
-    if os.path.isdir(target):
-      os.rmdir(target)
-    os.rename(tmp, target)
+    if target.is_dir():
+      target.rmdir()
+    tmp.rename(target)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
 
 
-def _default_permissions(root: str) -> None:
+def _default_permissions(root: epath.Path) -> None:
   umask = os.umask(0)
   os.umask(umask)
-  for folder, _, files in os.walk(root):
+  for folder, _, files in root.walk():
     os.chmod(folder, 0o777 & ~umask)
     for name in files:
-      os.chmod(os.path.join(folder, name), 0o666 & ~umask)
+      os.chmod(folder / name, 0o666 & ~umask)
 
 
 def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> None:
@@ -201,19 +199,21 @@ def write_hf(out_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -
     pad_id, eos_id = _maybe(lambda: tokenizer.pad_id), _maybe(lambda: tokenizer.eos_id)
   hf = config_lib.hf_config_from_model(cfg, pad_id=pad_id, eos_id=eos_id)
   tensors = weights_lib.params_to_hf(cfg, params)
+  out_dir = paths.resolve(out_dir)
   with tempfile.TemporaryDirectory() as tmp:  # safetensors writes local files only
-    save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
-    paths.copy(os.path.join(tmp, 'model.safetensors'), paths.join(out_dir, 'model.safetensors'))
-  paths.write_text(paths.join(out_dir, 'config.json'), json.dumps(hf, indent=2, sort_keys=True))
-  for path in tokenizer_files:
-    paths.copy(path, paths.join(out_dir, paths.basename(path)))
+    local = epath.Path(tmp) / 'model.safetensors'
+    save_file(tensors, str(local), metadata={'format': 'pt'})
+    paths.copy(local, out_dir / 'model.safetensors')
+  paths.write_atomic(out_dir / 'config.json', json.dumps(hf, indent=2, sort_keys=True))
+  for path in map(paths.resolve, tokenizer_files):
+    paths.copy(path, out_dir / path.name)
 
 
 def save_hf(hf_dir: str, cfg, params, *, tokenizer=None, tokenizer_files=()) -> str:
   """Exports (cfg, params) as a Hugging Face directory `hf_dir` (must not exist yet)."""
   with atomic_directory(hf_dir) as tmp:
     write_hf(tmp, cfg, params, tokenizer=tokenizer, tokenizer_files=tokenizer_files)
-  return paths.absolute(hf_dir)
+  return str(paths.resolve(hf_dir))
 
 
 def _maybe(get):

@@ -31,7 +31,7 @@ def tokenizer_files(model_path: str, roles: dict, bert_template: bool = False) -
   encoding with special tokens gives BERT's [CLS] A [SEP] (B [SEP]) and token types 0 / 1, as
   the project's BERT inputs are laid out."""
   m = sp_model.ModelProto()
-  m.ParseFromString(paths.read_bytes(model_path))
+  m.ParseFromString(paths.resolve(model_path).read_bytes())
   if m.trainer_spec.model_type not in (UNIGRAM, CHAR) or m.trainer_spec.byte_fallback:
     return {}
   kinds = sp_model.ModelProto.SentencePiece

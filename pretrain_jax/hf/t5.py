@@ -142,7 +142,7 @@ def from_sentencepiece(model_path: str) -> dict:
   the ids the run trained with. A model with sentinel pieces anywhere else is not converted.
   """
   m = sp_model.ModelProto()
-  m.ParseFromString(paths.read_bytes(model_path))
+  m.ParseFromString(paths.resolve(model_path).read_bytes())
   pieces = [p.piece for p in m.pieces]
   sentinels = [data_tok.sentinel_piece(i) for i in reversed(range(T5_EXTRA_IDS))]
   if pieces[-len(sentinels):] == sentinels:

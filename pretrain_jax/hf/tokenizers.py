@@ -8,8 +8,6 @@ Which files make a family's tokenizer is its record's `tokenizer` (hf/bert.py, g
 
 `files` of a tokenizer lists the files it was read from (copied along on import and export).
 """
-import os
-
 from pretrain_jax import paths
 from pretrain_jax.hf import families
 from pretrain_jax.hf.adapters import T5_EXTRA_IDS, HFTokenizer, SentencePieceTokenizer
@@ -23,17 +21,15 @@ def _token_settings(hf_dir: str) -> dict:
   hf_dir = paths.local_copy(hf_dir)  # gs://: read from a local copy
   out = {}
   for name in ('special_tokens_map.json', 'tokenizer_config.json'):
-    path = os.path.join(hf_dir, name)
-    if os.path.isfile(path):
-      out.update(paths.read_json(path))
+    if (hf_dir / name).is_file():
+      out.update(paths.read_json(hf_dir / name))
   return {k: (v.get('content') if isinstance(v, dict) else v) for k, v in out.items()}
 
 
 def _present(hf_dir: str) -> dict:
   """{name: local path} of the tokenizer files in (a local copy of) `hf_dir`."""
   hf_dir = paths.local_copy(hf_dir)  # gs://: read from a local copy
-  return {n: os.path.join(hf_dir, n) for n in TOKENIZER_FILES
-          if os.path.isfile(os.path.join(hf_dir, n))}
+  return {n: str(hf_dir / n) for n in TOKENIZER_FILES if (hf_dir / n).is_file()}
 
 
 def infer_family(hf_dir: str):

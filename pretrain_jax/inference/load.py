@@ -253,11 +253,10 @@ class Pretrained:
 
 def _split_checkpoint_path(path: str):
   """'W/checkpoints/300' -> (W, 300); a workdir -> (W, None)."""
-  path = paths.absolute(path)
-  parent, name = paths.dirname(path), paths.basename(path)
-  if name.isdigit() and paths.basename(parent) == 'checkpoints':
-    return paths.dirname(parent), int(name)
-  return path, None
+  path = paths.resolve(path)
+  if path.name.isdigit() and path.parent.name == 'checkpoints':
+    return str(path.parent.parent), int(path.name)
+  return str(path), None
 
 
 def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pretrained:
@@ -265,14 +264,14 @@ def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pr
 
   `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
   """
-  if not paths.isdir(path):
+  if not paths.resolve(path).is_dir():
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '
                             'checkpoint directory or a Hugging Face model directory')
   if hf.is_hf_dir(path):
     cfg, params, tokenizer = hf.load_hf(path, **model_overrides)
     config = ml_collections.ConfigDict({'model': cfg.to_dict()})
     return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer,
-                      path=paths.absolute(path))
+                      path=str(paths.resolve(path)))
   from pretrain_jax.run import checkpoint  # noqa: PLC0415 (orbax: workdirs only)
   workdir, path_step = _split_checkpoint_path(path)
   if step is not None and path_step is not None and step != path_step:
@@ -283,7 +282,7 @@ def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pr
   cfg = ModelConfig.from_config(config.model).replace(**model_overrides)
   tokenizer = _workdir_tokenizer(workdir, config)
   hf_tokenizers.check_fits(tokenizer, cfg.vocab_size, workdir)
-  return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=paths.absolute(path))
+  return Pretrained(config, cfg, nn.unbox(params), tokenizer, step, path=str(paths.resolve(path)))
 
 
 def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
@@ -291,13 +290,12 @@ def copy_hf_tokenizer(folder: str, workdir: str, write: bool = True) -> str:
   (copied once, by the process that `write`s; an imported workdir keeps them there too);
   returns that directory."""
   from pretrain_jax.hf import convert as hf_convert  # noqa: PLC0415 (orbax: workdirs only)
-  target = paths.join(paths.absolute(workdir), hf_convert.HF_TOKENIZER_DIR)
-  if write and paths.absolute(folder) != target:
-    for path in hf_tokenizers.tokenizer_files(folder):
-      copy = paths.join(target, paths.basename(path))
-      if not paths.isfile(copy):
-        paths.copy(path, copy)
-  return target
+  target = paths.resolve(workdir) / hf_convert.HF_TOKENIZER_DIR
+  if write and paths.resolve(folder) != target:
+    for path in map(paths.resolve, hf_tokenizers.tokenizer_files(folder)):
+      if not (target / path.name).is_file():
+        paths.copy(path, target / path.name)
+  return str(target)
 
 
 def _workdir_tokenizer(workdir: str, config):

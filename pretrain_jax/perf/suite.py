@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ml_collections
+from etils import epath
 
-from pretrain_jax import paths
 from pretrain_jax.perf import benchmark
 
 
@@ -99,7 +99,7 @@ def run(entries: Iterable[tuple], variants: Iterable[str], *, steps: int | None 
         record.update(benchmark.benchmark_train_step(
             cfg, steps=steps or bench.steps, warmup=bench.warmup if warmup is None else warmup,
             peak_flops=peak_flops, feed=variant(v).feed, probe_size=bench.probe_size,
-            profile_dir=profile_dir and paths.join(profile_dir, f'{name}-{v}')))
+            profile_dir=profile_dir and str(epath.Path(profile_dir) / f'{name}-{v}')))
       except Exception as e:  # one model's failure, not all
         record['error'] = on_error(e) if on_error else f'{type(e).__name__}: {e}'
       record['xla_flags'] = xla_flags

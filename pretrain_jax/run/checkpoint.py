@@ -7,6 +7,7 @@ import time
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
@@ -18,8 +19,8 @@ from pretrain_jax.training import state as state_lib
 WEIGHTS_ONLY_STEP = 0   # an import's checkpoint (pretrain-jax convert_hf): weights, nothing trained
 
 
-def checkpoint_dir(workdir: str) -> str:
-  return paths.join(paths.absolute(workdir), 'checkpoints')
+def checkpoint_dir(workdir: str) -> epath.Path:
+  return paths.resolve(workdir) / 'checkpoints'
 
 
 class CheckpointSaveError(RuntimeError):
@@ -142,7 +143,7 @@ class Checkpointer:
     for s in sorted(set(self.all_steps()) - {WEIGHTS_ONLY_STEP}, reverse=True):
       restored = None
       try:
-        restored = _restore_verified(paths.join(self.directory, str(s)),
+        restored = _restore_verified(self.directory / str(s),
                                      state=ocp.args.StandardRestore(abstract_state),
                                      data=ocp.args.JsonRestore())
       except CheckpointError as e:
@@ -159,9 +160,9 @@ class Checkpointer:
       s = WEIGHTS_ONLY_STEP
     stamp = time.strftime('%Y%m%d-%H%M%S')
     for bad, why in failures:
-      aside = f'{paths.join(self.directory, str(bad))}.corrupt-{stamp}'
+      aside = self.directory / f'{bad}.corrupt-{stamp}'
       if jax.process_index() == 0:
-        paths.rename(paths.join(self.directory, str(bad)), aside)
+        (self.directory / str(bad)).rename(aside)
       _log(f'checkpoint {bad} is damaged and was moved aside to {aside}: {why}; '
            f'resuming from step {s}')
     if failures:
@@ -224,11 +225,11 @@ def _why(error) -> str:
   return f'{type(root).__name__}: {(str(root).strip().splitlines() or [repr(root)])[0][:400]}'
 
 
-def _restore_verified(path: str, **items) -> dict:
+def _restore_verified(path: epath.Path, **items) -> dict:
   """`items` (with the checksums when saved) of the checkpoint at `path`, its `state` verified;
   any failure is a CheckpointError naming the checkpoint. Read without a CheckpointManager: a
   read-only one warns on every load, and a saving one's handlers must stay the ones saves use."""
-  if paths.isdir(paths.join(path, 'checksums')):
+  if (path / 'checksums').is_dir():
     items['checksums'] = ocp.args.JsonRestore()
   try:
     with contextlib.closing(ocp.Checkpointer(ocp.CompositeCheckpointHandler())) as reader:
@@ -244,11 +245,11 @@ def complete_steps(workdir: str) -> list:
   return sorted(ocp.utils.checkpoint_steps(checkpoint_dir(workdir)))
 
 
-def read_params(directory: str, step: int, target):
+def read_params(directory: epath.Path, step: int, target):
   """The parameters of checkpoint `step` under `directory` (not the optimizer state), placed as
   `target` (abstract arrays with shardings) and verified."""
   item = {'params': target}
-  restored = _restore_verified(paths.join(directory, str(step)), state=ocp.args.PyTreeRestore(
+  restored = _restore_verified(directory / str(step), state=ocp.args.PyTreeRestore(
       item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
   return restored['state']['params']
 

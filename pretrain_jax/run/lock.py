@@ -41,7 +41,7 @@ class WorkdirLock:
 
   def __init__(self, workdir: str, *, heartbeat_sec: float = HEARTBEAT_SEC,
                stale_sec: float = STALE_SEC):
-    self.path = paths.join(paths.absolute(workdir), LOCK_FILE)
+    self.path = paths.resolve(workdir) / LOCK_FILE
     self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
     self.record, self._thread, self._stop = None, None, threading.Event()
 
@@ -54,7 +54,7 @@ class WorkdirLock:
       # (a takeover fails when another trainer's came first; a lock that vanished is created)
       if not reason or not (self._claim(version) or self._claim(None)):
         holder = (self._read()[0] if reason else holder) or {}
-        raise LockHeld(f'{paths.dirname(self.path)} is in use by pid {holder.get("pid")} on '
+        raise LockHeld(f'{self.path.parent} is in use by pid {holder.get("pid")} on '
                        f'{holder.get("host")} (started {_when(holder.get("start"))}, heartbeat '
                        f'{_when(holder.get("heartbeat"))}); wait for it to finish, stop it, or '
                        f'delete {self.path} if that trainer is certainly dead')
@@ -132,23 +132,21 @@ class LocalLock(WorkdirLock):
   one overwritten learns it at its next heartbeat or save check)."""
 
   @property
-  def _tmp(self) -> str:
+  def _tmp(self):
     """Per thread: the heartbeat thread and a save's check may write at once."""
-    return f'{self.path}.new-{os.getpid()}-{threading.get_native_id()}'
+    return self.path.with_name(f'{LOCK_FILE}.new-{os.getpid()}-{threading.get_native_id()}')
 
   def _read(self):
     try:
-      with open(self.path) as f:
-        text = f.read()
-      return parse(text), time.time() - os.path.getmtime(self.path), text
+      text = self.path.read_text()
+      return parse(text), time.time() - self.path.stat().mtime, text
     except FileNotFoundError:
       return None, 0.0, None
 
   def _write(self, record, version):
-    paths.makedirs(os.path.dirname(self.path))
+    paths.makedirs(self.path.parent)
     text = json.dumps(record)
-    with open(self._tmp, 'w') as f:
-      f.write(text)
+    self._tmp.write_text(text)
     try:
       if version is None:
         try:
@@ -156,30 +154,25 @@ class LocalLock(WorkdirLock):
         except FileExistsError:
           raise
         except OSError:  # no hard links here: an exclusive create, then the write
-          with open(self.path, 'x') as f:
+          with open(self.path, 'x') as f:  # noqa: PTH123 (O_EXCL: epath has no 'x' mode)
             f.write(text)
       elif self._read()[2] == version:
-        os.replace(self._tmp, self.path)
+        self._tmp.replace(self.path)
       else:
         return None
       return text
     except FileExistsError:
       return None
     finally:
-      self._remove_tmp()
-
-  def _remove_tmp(self):
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(self._tmp)
+      self._tmp.unlink(missing_ok=True)
 
   def _remove(self, version):
     del version  # (release() has just read it)
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(self.path)
+    self.path.unlink(missing_ok=True)
 
   def release(self) -> None:
     super().release()
-    self._remove_tmp()  # (a SIGTERM inside _write)
+    self._tmp.unlink(missing_ok=True)  # (a SIGTERM inside _write)
 
 
 class GcsLock(WorkdirLock):
@@ -193,12 +186,11 @@ class GcsLock(WorkdirLock):
     from google.api_core import exceptions  # noqa: PLC0415 (google-cloud-storage: gs:// only)
     from google.cloud import storage  # noqa: PLC0415 (google-cloud-storage: gs:// only)
     self.errors = exceptions
-    paths.check_bucket(self.path)
-    self.bucket = storage.Client().bucket(paths.bucket_of(self.path)[1])
+    self.bucket = storage.Client().bucket(str(self.path).split('/')[2])
 
   def _blob(self):
     """A Blob per call: the heartbeat thread and a save's check may write at once."""
-    return self.bucket.blob(self.path.split('/', 3)[3])
+    return self.bucket.blob(str(self.path).split('/', 3)[3])
 
   def _read(self):
     blob = self._blob()
@@ -245,13 +237,12 @@ def _when(t) -> str:
 
 
 def open_lock(workdir: str) -> WorkdirLock:
-  scheme, _ = paths.bucket_of(workdir)
-  if scheme is None:
+  if not paths.is_remote(workdir):
     return LocalLock(workdir)
-  if scheme == 'gs':
+  if str(workdir).startswith('gs://'):
     return GcsLock(workdir)
   raise ValueError(f'workdir {workdir!r}: the workdir lock is implemented for local paths and '
-                   f'gs:// only, not {scheme}://')
+                   f'gs:// only, not {str(workdir).split("://")[0]}://')
 
 
 @contextlib.contextmanager

@@ -180,7 +180,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     if datasets is None:
       check_objective(model_cfg, run.data.objective, run.data.nsp)
     newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
-    workdir_lib.check_config(config, paths.absolute(workdir),   # before any data are prepared
+    workdir_lib.check_config(config, paths.resolve(workdir),   # before any data are prepared
                              untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
     train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
     for it in (train_iter, eval_iter):   # a prefetch thread ends with its run, not the process

@@ -10,6 +10,7 @@ import time
 
 import jax
 import numpy as np
+from etils import epath
 
 from pretrain_jax import paths
 from pretrain_jax.training import task
@@ -33,8 +34,7 @@ def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
   if device.platform != 'cpu':
     return float('nan')
   try:
-    with open('/proc/cpuinfo') as f:
-      per_cycle = 64 if 'avx512f' in f.read() else 32
+    per_cycle = 64 if 'avx512f' in epath.Path('/proc/cpuinfo').read_text() else 32
   except OSError:
     per_cycle = 32
   return (os.cpu_count() or 1) * 3e9 * per_cycle / jax.local_device_count()
@@ -86,18 +86,17 @@ class MetricWriter:
     self.remote, self.flush_sec, self.flushed = paths.is_remote(workdir), flush_sec, 0.0
     if not self.enabled:
       return
-    workdir = paths.absolute(workdir)
-    paths.makedirs(workdir)
+    workdir = paths.makedirs(workdir)
     from tensorboardX import SummaryWriter  # noqa: PLC0415 (tensorboardX: slow, it loads torch)
-    self.path = paths.join(workdir, 'metrics.jsonl')
-    self.tb_dir = paths.join(workdir, 'tensorboard')
+    self.path, self.tb_dir = workdir / 'metrics.jsonl', workdir / 'tensorboard'
     # gs://: not tensorboardX's own writer, whose background uploads retry 120 s on a failure
-    self.tb_local = tempfile.mkdtemp(prefix='pretrain_jax-tb-') if self.remote else self.tb_dir
-    self.tb = SummaryWriter(self.tb_local, purge_step=resume_step + 1)
+    self.tb_local = (epath.Path(tempfile.mkdtemp(prefix='pretrain_jax-tb-')) if self.remote
+                     else self.tb_dir)
+    self.tb = SummaryWriter(str(self.tb_local), purge_step=resume_step + 1)
     self.lines = _records_up_to(self.path, resume_step)
     if not self.remote:   # a local file is appended to and flushed line by line
-      paths.write_text(self.path, ''.join(self.lines))
-      self.jsonl = open(self.path, 'a')
+      paths.write_atomic(self.path, ''.join(self.lines))
+      self.jsonl = self.path.open('a')
 
   def write(self, step: int, scalars: dict, prefix: str = 'train') -> None:
     if not self.enabled:
@@ -121,9 +120,9 @@ class MetricWriter:
       return
     self.tb.flush()
     if self.remote:
-      paths.write_text(self.path, ''.join(self.lines))
-      for name in paths.listdir(self.tb_local):
-        paths.copy(paths.join(self.tb_local, name), paths.join(self.tb_dir, name))
+      paths.write_atomic(self.path, ''.join(self.lines))
+      for events in self.tb_local.iterdir():
+        paths.copy(events, self.tb_dir / events.name)
     else:
       self.jsonl.flush()
     self.flushed = time.time()
@@ -137,16 +136,16 @@ class MetricWriter:
       self.tb.close()
       self.flush()
       if self.remote:
-        paths.rmtree(self.tb_local)
+        self.tb_local.rmtree()
       else:
         self.jsonl.close()
 
 
-def _records_up_to(path: str, step: int) -> list:
+def _records_up_to(path: epath.Path, step: int) -> list:
   """metrics.jsonl's lines of steps <= step, each ending in a newline (not a torn last line)."""
-  if not paths.isfile(path):
+  if not path.is_file():
     return []
-  return [line + '\n' for line in paths.read_text(path).splitlines()
+  return [line + '\n' for line in path.read_text().splitlines()
           if line.strip() and _step_of(line) <= step]
 
 

@@ -5,6 +5,7 @@ traces; on a gs:// workdir it traces locally and copies the trace there when it 
 import tempfile
 
 import jax
+from etils import epath
 
 from pretrain_jax import paths
 
@@ -16,7 +17,7 @@ class StepProfiler:
 
   def __init__(self, t, workdir: str, start: int, line):
     self.steps, self.after = t.profile_steps, max(t.profile_start_step, start + 1)
-    self.target = paths.join(paths.absolute(workdir), 'tensorboard')
+    self.target = paths.resolve(workdir) / 'tensorboard'
     self.local, self.last, self.line = None, self.after, line
     passed = t.profile_start_step and start >= t.profile_start_step + self.steps
     self.enabled = self.steps > 0 and jax.process_index() == 0 and not passed
@@ -34,10 +35,10 @@ class StepProfiler:
     if not self.enabled or step != self.after:
       return
     self.enabled = False
-    local = (tempfile.mkdtemp(prefix='pretrain_jax-profile-')
+    local = (epath.Path(tempfile.mkdtemp(prefix='pretrain_jax-profile-'))
              if paths.is_remote(self.target) else self.target)
     try:
-      jax.profiler.start_trace(local, create_perfetto_trace=True)
+      jax.profiler.start_trace(str(local), create_perfetto_trace=True)
       self.local = local
     except Exception as e:  # not worth a run
       self.line(f'warning: the profile could not start ({type(e).__name__}: {e}); training on')
@@ -62,10 +63,10 @@ class StepProfiler:
         jax.profiler.stop_trace()
       if local != self.target:
         paths.copy_tree(local, self.target)
-        paths.rmtree(local)
+        local.rmtree()
     except Exception as e:  # a trace is not worth a run
       self.line(f'warning: the profile of {steps} was not written to {self.target} '
                 f'({type(e).__name__}: {e}); anything written is in {local}')
       return
-    self.line(f'profile of {steps} written to {paths.join(self.target, "plugins", "profile")} '
+    self.line(f'profile of {steps} written to {self.target / "plugins" / "profile"} '
               '(TensorBoard\'s Profile tab, or perfetto_trace.json.gz at ui.perfetto.dev)')

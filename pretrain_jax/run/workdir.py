@@ -112,8 +112,8 @@ def resolved(config: dict) -> dict:
 
 def read_config(workdir: str):
   """The workdir's config.json as a dict; None when there is none."""
-  path = paths.join(workdir, CONFIG_FILE)
-  return paths.read_json(path) if paths.isfile(path) else None
+  path = paths.resolve(workdir) / CONFIG_FILE
+  return paths.read_json(path) if path.is_file() else None
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -121,12 +121,13 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   exists (the workdir was moved) is pointed at the workdir's copy."""
   saved = read_config(workdir)
   if saved is None:
-    raise FileNotFoundError(f'{paths.join(workdir, CONFIG_FILE)} not found; expected a workdir '
-                            'written by pretrain-jax train')
+    raise FileNotFoundError(f'{paths.resolve(workdir) / CONFIG_FILE} not found; expected a '
+                            'workdir written by pretrain-jax train')
   config = ml_collections.ConfigDict(saved)
-  copy = paths.join(paths.absolute(workdir), TOKENIZER_FILE)
-  if not paths.exists(config.data.tokenizer or '') and paths.isfile(copy):
-    config.data.tokenizer = copy
+  copy = paths.resolve(workdir) / TOKENIZER_FILE
+  moved = not (config.data.tokenizer and paths.resolve(config.data.tokenizer).exists())
+  if moved and copy.is_file():
+    config.data.tokenizer = str(copy)
   return config
 
 
@@ -147,7 +148,7 @@ def check_config(config, workdir: str, untrained: bool = False):
                          f'({", ".join(RUN_MODEL_KEYS)} may change), or import again '
                          '(pretrain-jax convert_hf import) into a new workdir')
     if lines:
-      raise ValueError(f'the config differs from {paths.join(workdir, CONFIG_FILE)} (the '
+      raise ValueError(f'the config differs from {paths.resolve(workdir) / CONFIG_FILE} (the '
                        f'checkpoints were trained with it): {"; ".join(lines)}. Resume with '
                        'the same settings, name safe keys in --config.train.allow_config_change, '
                        'or use a new workdir')
@@ -160,38 +161,38 @@ def write_config(config, workdir: str, tokenizer_path: str, start_step,
   0), with the tokenizer's copy; nothing is written when it is refused or unchanged. Returns the
   config as saved. `start_step`: the newest checkpoint's step (None: a fresh workdir)."""
   config = ml_collections.ConfigDict(config.to_dict())
-  root = paths.absolute(workdir)
-  copy = paths.join(root, TOKENIZER_FILE)
-  found = bool(tokenizer_path) and paths.isfile(tokenizer_path)
-  copy_needed = found and paths.absolute(tokenizer_path) != copy
-  if copy_needed and paths.isfile(copy) and _differ(tokenizer_path, copy):
+  root = paths.resolve(workdir)
+  copy = root / TOKENIZER_FILE
+  found = bool(tokenizer_path) and paths.resolve(tokenizer_path).is_file()
+  copy_needed = found and paths.resolve(tokenizer_path) != copy
+  if copy_needed and copy.is_file() and _differ(tokenizer_path, copy):
     raise ValueError(f'tokenizer {tokenizer_path} differs from the one this workdir was '
                      f'trained with ({copy}); resume with that one or use a new workdir')
   if found:
-    config.data.tokenizer = copy
+    config.data.tokenizer = str(copy)
   saved = check_config(config, root, untrained=start_step == 0)   # (an import's step 0)
   if saved is None and start_step is not None:
     raise ValueError(f'{root} holds checkpoints (newest step {start_step}) but no '
                      f'{CONFIG_FILE}; restore it or use a new workdir')
   if not is_writer:
     return config
-  if copy_needed and not paths.isfile(copy):
-    paths.copy(tokenizer_path, copy)   # atomic: a local temporary file renamed, or one object
+  if copy_needed and not copy.is_file():
+    paths.copy(tokenizer_path, copy)
   text = config.to_json(indent=2, sort_keys=True)
   if saved is None or json.loads(text) != saved:
-    history = paths.join(root, HISTORY_DIR)
-    n = len([f for f in paths.listdir(history) if f.endswith('.json')])
+    history = root / HISTORY_DIR
+    n = len(list(history.glob('*.json')))
     if saved is not None and not n:   # an import's config.json: kept as the first version
-      paths.write_text(paths.join(history, f'0_step{start_step or 0}.json'),
-                       json.dumps(saved, indent=2, sort_keys=True))
+      paths.write_atomic(history / f'0_step{start_step or 0}.json',
+                         json.dumps(saved, indent=2, sort_keys=True))
       n = 1
-    paths.write_text(paths.join(history, f'{n}_step{start_step or 0}.json'), text)
-    paths.write_text(paths.join(root, CONFIG_FILE), text)
+    paths.write_atomic(history / f'{n}_step{start_step or 0}.json', text)
+    paths.write_atomic(root / CONFIG_FILE, text)
   return config
 
 
-def _differ(a: str, b: str) -> bool:
-  return paths.read_bytes(a) != paths.read_bytes(b)
+def _differ(a, b) -> bool:
+  return paths.resolve(a).read_bytes() != paths.resolve(b).read_bytes()
 
 
 def shared_source(data_config, workdir: str):
@@ -212,13 +213,12 @@ def shared_tokenizer(data_config, workdir: str, source=None):
   others wait. Once config.json exists the copy is the run's."""
   if data_config.tokenizer:
     return data.load_tokenizer(data_config)
-  root = paths.absolute(workdir)
-  copy = paths.join(root, TOKENIZER_FILE)
+  copy = paths.resolve(workdir) / TOKENIZER_FILE
   # A copy without config.json is a refused first run's: it may come from other data.* settings,
   # so it is replaced by the one these settings make (the config check guards the rest).
-  if jax.process_index() == 0 and not (paths.isfile(copy) and read_config(root) is not None):
+  if jax.process_index() == 0 and not (copy.is_file() and read_config(workdir) is not None):
     made = data.load_tokenizer(data_config, source).path
-    if not paths.isfile(copy) or _differ(made, copy):
+    if not copy.is_file() or _differ(made, copy):
       paths.copy(made, copy)
   agreement.barrier('pretrain_jax: the workdir tokenizer is written')
-  return data.Tokenizer(copy)
+  return data.Tokenizer(str(copy))
