@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from pretrain_jax import hf, paths
 from pretrain_jax.data.config import TaskConfig
@@ -102,7 +103,7 @@ def import_hf(hf_dir: str, workdir: str, base_config, *, base: str = None,
     checkpointer.save(0, state, None)
     checkpointer.close()
   summary = {'workdir': str(final), 'family': cfg.family, 'base_config': f'configs/{base}.py',
-             'params': int(sum(np.size(x) for x in jax.tree.leaves(params))),
+             'params': optax.tree_utils.tree_size(params),
              'tokenizer': type(tokenizer).__name__ if tokenizer is not None else None,
              'train_flags': train_overrides(config, reference)}
   if tokenizer is None:

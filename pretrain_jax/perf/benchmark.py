@@ -16,6 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.models import ModelConfig, cost, family_of
@@ -24,7 +25,6 @@ from pretrain_jax.objectives import span_corruption
 from pretrain_jax.perf.config import BenchmarkConfig
 from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.training import mesh as mesh_lib
-from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 from pretrain_jax.training.synthetic import SyntheticDataset
@@ -150,7 +150,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   max_predictions = trainer.max_predictions
   batch_np = synthetic_batch(config)
   state = trainer.create_state(t.seed)
-  params = state_lib.count_params(state.params)
+  params = optax.tree_utils.tree_size(state.params)
   train_step = trainer.train_step
 
   def put():

@@ -9,6 +9,7 @@ import signal
 
 import jax
 import numpy as np
+import optax
 
 from pretrain_jax import data, paths
 from pretrain_jax.models import cost, family_of
@@ -22,7 +23,6 @@ from pretrain_jax.run import workdir as workdir_lib
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
-from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import RunConfig
 
@@ -221,7 +221,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
       notes.append(f'{workdir} is already at train.steps={t.steps}: nothing to train')
     old_steps = previous['train']['steps'] if previous else None
     notes += [start and opt_lib.schedule_change(t, old_steps, start), opt_lib.warmup_warning(t),
-              f'{model_cfg.family}: {state_lib.count_params(state.params):,} parameters, '
+              f'{model_cfg.family}: {optax.tree_utils.tree_size(state.params):,} parameters, '
               f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}',
               *implementation_notes(model_cfg)]   # attention paths other than the config says
     for note in filter(None, notes):
@@ -304,5 +304,5 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
           'tokens_per_sec': tokens_per_step / step_time if step_time else None,
           'non_padding_fraction': getattr(train_iter, 'real_fraction', None),
           'step_time_sec': step_time,
-          'params': state_lib.count_params(state.params),
+          'params': optax.tree_utils.tree_size(state.params),
           'checkpoint_steps': checkpointer.all_steps()}

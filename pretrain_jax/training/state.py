@@ -86,7 +86,3 @@ def run_once(fn, *args, out_shardings=None):
             else jax.devices()[0])
   options = backends.for_platform(device.platform).init_compiler_options
   return lowered.compile(compiler_options=dict(options) if options else None)(*args)
-
-
-def count_params(params) -> int:
-  return int(sum(x.size for x in jax.tree.leaves(params)))
