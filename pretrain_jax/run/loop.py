@@ -137,13 +137,10 @@ def check_same_config(config) -> None:
   compares them."""
   if jax.process_count() == 1:
     return
-  first, *others = [workdir_lib.flatten(c)
-                    for c in agreement.gather_json(json.loads(config.to_json()))]
-  missing = '<absent>'
+  first, *others = agreement.gather_json(json.loads(config.to_json()))
   for i, other in enumerate(others, 1):
-    shown = [f'{k}: {first.get(k, missing)!r} on process 0, {other.get(k, missing)!r} on '
-             f'process {i}' for k in sorted(first.keys() | other.keys())
-             if first.get(k, missing) != other.get(k, missing)]
+    shown = [f'{k}: {a!r} on process 0, {b!r} on process {i}'
+             for k, a, b in workdir_lib.differing(first, other)]
     if shown:
       raise ValueError(f'the processes of this run were given different configs '
                        f'({"; ".join(shown[:5])}); expected the same command, flags and config '

@@ -71,9 +71,12 @@ def check_not_foreign(workdir: str) -> None:
                      '--workdir NEW_DIR) and train there')
 
 
-def flatten(d: dict) -> dict:
-  """{'train.learning_rate': value} of a config's nested dict."""
-  return traverse_util.flatten_dict(d, sep='.')
+def differing(a: dict, b: dict) -> list:
+  """(key, a's value, b's value) of each flattened key ('train.learning_rate') where two nested
+  config dicts differ, sorted; a key one lacks has the value '<absent>'."""
+  a, b = traverse_util.flatten_dict(a, sep='.'), traverse_util.flatten_dict(b, sep='.')
+  return [(k, a.get(k, '<absent>'), b.get(k, '<absent>')) for k in sorted(a.keys() | b.keys())
+          if a.get(k, '<absent>') != b.get(k, '<absent>')]
 
 
 def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
@@ -85,14 +88,8 @@ def config_differences(saved: dict, requested: dict, allowed: str = '') -> list:
     raise ValueError(f'train.allow_config_change names {", ".join(bad)}; only these keys may '
                      f'change on resume: {", ".join(ALLOWABLE_KEYS)} (model and data-stream '
                      'keys never: train a new workdir instead)')
-  old, new = flatten(saved), flatten(requested)
-  missing = '<absent>'
-  lines = []
-  for key in sorted(set(old) | set(new)):
-    a, b = old.get(key, missing), new.get(key, missing)
-    if a != b and key not in FREE_KEYS and key not in allowed and not key.startswith('mesh.'):
-      lines.append(f'{key}: {a!r} -> {b!r}')
-  return lines
+  return [f'{k}: {a!r} -> {b!r}' for k, a, b in differing(saved, requested)
+          if k not in FREE_KEYS and k not in allowed and not k.startswith('mesh.')]
 
 
 def resolved(config: dict) -> dict:
