@@ -174,7 +174,7 @@ def parse_flags(argv):
                         'ml_collections.ConfigDict')
     except Exception as e:
       path = flag.config_filename
-      found = os.path.exists(path.split(':')[0])  # noqa: TID251 (config files: local modules)
+      found = os.path.exists(path.split(':')[0])  # noqa: TID251 (config files are local modules)
       reason = one_line(e.__cause__ or e)[7:] if found else 'no such file'
       _fail(f'error: --{name}={path}: {reason}; expected a config file such as '
             'configs/tiny_gpt.py (the configs/ directory lists them)')
@@ -322,7 +322,7 @@ def named_configs(argv: list) -> list:
       continue
     value = out[j].removeprefix(flag)
     name, colon, variant = value.partition(':')
-    if (os.path.exists(name)  # noqa: TID251 (config files are local Python modules)
+    if (os.path.exists(name)  # noqa: TID251 (config files are local modules)
         or not re.fullmatch(r'[A-Za-z_]\w*', name)):
       continue
     try:

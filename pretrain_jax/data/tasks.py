@@ -324,7 +324,7 @@ def load_task(name: str, *, tfds_data_dir: str = '', seed: int = 0) -> Task:
     return Task(name, title_examples(), (), SUMMARY_METRIC, SUMMARY_PREFIX)
   if name in TFDS_TASKS or name in TFDS_SUMMARIES:
     return _tfds_task(name, tfds_data_dir)
-  if '=' not in name and not paths.is_remote(name) and not paths.resolve(name).exists():
+  if '=' not in name and not paths.is_remote(name) and not (name and paths.resolve(name).exists()):
     raise ValueError(f'task {name!r} is not a directory and not a known task; expected '
                      f'{EMBEDDED!r}, {EMBEDDED_SUMMARIES!r}, a tfds task (one of '
                      f'{sorted(TFDS_TASKS) + sorted(TFDS_SUMMARIES)}), a directory '

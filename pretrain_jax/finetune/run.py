@@ -90,7 +90,8 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.train.freeze_backbone = ft.mode == 'linear_probe'
   if ft.mode == 'linear_probe' and ft.probe_learning_rate:
     config.train.learning_rate = ft.probe_learning_rate
-  config.init = str(paths.resolve(ft.init))   # a resume from another directory names it alike
+  # absolute: a resume from another directory names it alike
+  config.init = str(paths.resolve(ft.init)) if ft.init else ''
   config.task.name = task.name
   config.task.labels = list(task.labels)
   config.task.metric = task.metric
