@@ -182,7 +182,6 @@ class GcsLock(WorkdirLock):
 
   def __init__(self, workdir: str, **kwargs):
     super().__init__(workdir, **kwargs)
-    # google-cloud-storage loads for gs:// workdirs only
     from google.api_core import exceptions  # noqa: PLC0415 (google-cloud-storage: gs:// only)
     from google.cloud import storage  # noqa: PLC0415 (google-cloud-storage: gs:// only)
     self.errors = exceptions
