@@ -9,6 +9,7 @@ field's type from its annotation, then the section's own `validate()`; every err
 lives: configs/common.py builds its ConfigDicts from them (`to_dict`).
 """
 import dataclasses
+import types
 import typing
 from typing import ClassVar
 
@@ -25,9 +26,9 @@ def _fits(value, kind) -> bool:
 
 
 def _kind(annotation):
-  """(type, may be None) of a field annotation: `int`, `Optional[float]`, a Section class."""
+  """(type, may be None) of a field annotation: `int`, `float | None`, a Section class."""
   args = typing.get_args(annotation)
-  if typing.get_origin(annotation) is typing.Union and type(None) in args:
+  if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
     return next(a for a in args if a is not type(None)), True
   return annotation, False
 

@@ -77,6 +77,7 @@ def test_an_unknown_fine_tune_key_is_refused_naming_it():
     (TaskDataConfig, dict(seq_len=0), r'^data\.seq_len=0; expected a positive input length'),
     (ModelOverrides, dict(dropout_rate=1.5), r'^model\.dropout_rate=1\.5;'),
     (BenchmarkConfig, dict(steps=0), r'^benchmark\.steps=0; expected a positive number'),
+    (ModelOverrides, dict(dropout_rate='0.1'), r"^model\.dropout_rate='0\.1'; expected a number"),
 ])
 def test_a_bad_value_is_refused_naming_key_and_value(section, values, message):
   with pytest.raises(ValueError, match=message):
