@@ -1,5 +1,7 @@
-"""16-bit dropout masks (ops/cpu.py, the CPU tuning's): the realised rate, exact
-mean-preserving scale, flax.linen.Dropout API; the train step's dropout PRNG."""
+"""16-bit dropout masks (ops/cpu.py, the CPU form's): the realised rate, exact mean-preserving
+scale; ops.Dropout (flax.linen.Dropout's API and key, the form's mask); the train step's
+dropout PRNG."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,7 @@ import optax
 import pytest
 from modeling import init
 
+from pretrain_jax import ops
 from pretrain_jax.models import ModelConfig, build
 from pretrain_jax.ops import backends, cpu
 from pretrain_jax.training import state as state_lib
@@ -34,27 +37,34 @@ def test_dropout_values_gradient_and_determinism():
   assert not np.array_equal(cpu.dropout(x, jax.random.key(4), 0.25), y)
 
 
-def test_dropout_module_matches_function_and_is_identity_when_deterministic():
+def test_dropout_module_draws_the_forms_mask_and_is_identity_when_deterministic():
   x = jnp.ones((8, 16))
-  module = cpu.Dropout(0.1)
+  module = ops.Dropout(0.1)
   rng = jax.random.key(5)
-  out = module.apply({}, x, deterministic=False, rngs={'dropout': rng})
-  # flax hands the module make_rng('dropout'), a key derived from `rng`
-  values = np.unique(np.asarray(out))
-  np.testing.assert_allclose(values, [0.0, 65536 / round(0.9 * 65536)], rtol=1e-6)
-  np.testing.assert_array_equal(module.apply({}, x, deterministic=True), x)
-  np.testing.assert_array_equal(cpu.Dropout(0.0).apply({}, x, deterministic=False), x)
+  def run(**kw):
+    return np.asarray(module.apply({}, x, rngs={'dropout': rng}, **kw))
+  with ops.using(backends.CPU):
+    out = run(deterministic=False)
+    # flax hands the module make_rng('dropout'), a key derived from `rng`: the same key as
+    # flax.linen.Dropout's, so the plain form is flax's mask exactly
+    values = np.unique(out)
+    np.testing.assert_allclose(values, [0.0, 65536 / round(0.9 * 65536)], rtol=1e-6)
+    np.testing.assert_array_equal(run(deterministic=True), x)
+    np.testing.assert_array_equal(ops.Dropout(0.0).apply({}, x, deterministic=False), x)
+  flax = nn.Dropout(0.1).apply({}, x, deterministic=False, rngs={'dropout': rng})
+  np.testing.assert_array_equal(run(deterministic=False), flax)
+  assert not np.array_equal(out, flax)
   with pytest.raises(ValueError, match='keep_prob=0'):
     cpu.keep_mask(rng, 0.0, (2,))
 
 
-@pytest.mark.parametrize('tuning', [backends.CPU, backends.PLAIN], ids=['cpu', 'plain'])
-def test_train_step_dropout_prng_impl(tuning):
+@pytest.mark.parametrize('form', [backends.CPU, backends.PLAIN], ids=['cpu', 'plain'])
+def test_train_step_dropout_prng_impl(form):
   """The dropout key's PRNG is a train-step argument: repeatable per step, and it takes effect
-  (the CPU tuning's 16-bit masks and flax's)."""
+  (the CPU form's 16-bit masks and flax's)."""
   cfg = ModelConfig(family='gpt', vocab_size=7, num_layers=1, emb_dim=16, num_heads=2,
                     head_dim=8, mlp_dim=32, max_len=6, dropout_rate=0.5,
-                    attention_dropout_rate=0.5, deterministic=False, tuning=tuning)
+                    attention_dropout_rate=0.5, deterministic=False)
   tx = optax.sgd(0.1)
   params = init(cfg, length=6)
   state = state_lib.TrainState(step=np.int32(3), params=params, opt_state=tx.init(params))
@@ -62,8 +72,8 @@ def test_train_step_dropout_prng_impl(tuning):
   batch = {'inputs': ids[:, :-1], 'targets': ids[:, 1:], 'loss_weights': np.ones((4, 6))}
 
   def loss(impl):
-    step = jax.jit(step_lib.make_train_step(build(cfg), tx, lambda s: 0.1, seed=0,
-                                            prng_impl=impl))
+    step = jax.jit(ops.bind(form, step_lib.make_train_step(build(cfg), tx, lambda s: 0.1,
+                                                           seed=0, prng_impl=impl)))
     # LLVM level 0 compiles faster; what is compared is which masks a key draws, the same
     # at any level (every step here is compiled alike)
     step = step.lower(state, batch).compile({'xla_backend_optimization_level': 0})

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from pretrain_jax import data, hf, paths
+from pretrain_jax import data, hf, ops, paths
 from pretrain_jax.data import tasks
 from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.hf import tokenizers as hf_tokenizers
@@ -242,10 +242,10 @@ class Pretrained:
     params = self.params if params is None else params
     leaf = jax.tree.leaves(params)[0]
     device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
-    eval_step = jax.jit(step_lib.make_eval_step(   # tuned for its devices, as make_steps does
-        build(self.model_config.replace(deterministic=True, decode=False,
-                                        tuning=backends.for_platform(device.platform))),
-        t.loss_chunk_len if t else 0, max_predictions))
+    eval_step = jax.jit(ops.bind(   # in its devices' ops form, as make_steps's
+        backends.for_platform(device.platform), step_lib.make_eval_step(
+            build(self.model_config.replace(deterministic=True, decode=False)),
+            t.loss_chunk_len if t else 0, max_predictions)))
     keys = set(family_of(self.model_config).batch_keys)   # (drops e.g. ids the model never reads)
     return eval_lib.evaluate(eval_step, params, ({k: v for k, v in b.items() if k in keys}
                                                  for b in batches), max_batches, progress)

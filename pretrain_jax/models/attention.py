@@ -17,8 +17,8 @@ packed, padded, cross, relative-position and prefix-LM attention, on whichever p
 import jax
 import jax.numpy as jnp
 
+from pretrain_jax import ops
 from pretrain_jax.models import masks
-from pretrain_jax.ops import backends
 
 IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash')
 HALF = (jnp.bfloat16, jnp.float16)
@@ -29,8 +29,7 @@ CPU_AUTO = 'reference'
 
 def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=None, scale=None,
                           dropout_rng=None, dropout_rate=0.0, deterministic=True,
-                          implementation='auto', dropout_fn=backends.dropout,
-                          backend: str = ''):
+                          implementation='auto'):
   """softmax(scale * q.k + bias, masked) . v
 
   Args:
@@ -44,11 +43,10 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
       assumes causality: callers that want it say so.
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
     dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities
-      ('reference' only: 'auto' picks it while dropout is on), drawn by
-      dropout_fn(probs, dropout_rng, dropout_rate) (default flax.linen.Dropout's).
+      ('reference' only: 'auto' picks it while dropout is on), drawn by ops.dropout.
     implementation: one of IMPLEMENTATIONS; what runs is runnable_implementation's answer for
-      `backend` ('' = JAX's default backend).
-    Layers pass their ModelConfig's tuning.dropout and tuning.platform (ops/backends.py).
+      the platform of the ops form in effect (ops.current().platform: the step's devices, or
+      JAX's default backend).
 
   Returns:
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
@@ -58,6 +56,7 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
   mask.check()
   t, s = query.shape[1], key.shape[1]
   use_dropout = not deterministic and dropout_rate > 0.0
+  backend = ops.current().platform
   if implementation == 'cudnn' and query.dtype not in HALF:
     # Checked on every backend, so a CPU smoke test of a GPU config finds it too.
     raise ValueError(f"attention implementation 'cudnn' needs bfloat16 or float16 queries, "
@@ -74,8 +73,8 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
                                  backend=backend)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   if path == 'reference':
-    out = _reference(query, key, value, mask.dense(t, s), mask.bias, scale, dropout_rng,
-                     dropout_rate, use_dropout, dropout_fn)
+    out = _reference(query, key, value, mask.dense(t, s), mask.bias, scale,
+                     dropout_rng if use_dropout else None, dropout_rate)
   elif path == 'splash':
     from pretrain_jax.models import splash  # noqa: PLC0415 (Pallas TPU ops: only where asked for)
     out = splash.attention(query, key, value, mask, scale,
@@ -221,8 +220,7 @@ def document_lengths(segment_ids):
   return n, jnp.all(segment_ids == one_document)
 
 
-def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, use_dropout,
-               dropout_fn):
+def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate):
   logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
                       preferred_element_type=jnp.float32) * scale  # (B, N, T, S)
   if bias is not None:
@@ -230,6 +228,6 @@ def _reference(query, key, value, mask, bias, scale, dropout_rng, dropout_rate, 
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
-  if use_dropout:
-    probs = dropout_fn(probs, dropout_rng, dropout_rate)
+  if dropout_rng is not None:
+    probs = ops.dropout(probs, dropout_rng, dropout_rate)
   return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)

@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax import ops
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.family import Family, Head, TaskLayout
@@ -20,7 +21,7 @@ class BertBlock(nn.Module):
   def __call__(self, x, mask):                                # (B, T, E)
     cfg = self.cfg
     def drop(y):
-      return cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+      return ops.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     x = layers.norm(cfg, 'attention_norm')(
         x + drop(layers.MultiHeadAttention(cfg, name='attention')(x, x, mask)))
     x = layers.norm(cfg, 'output_norm')(x + drop(layers.MLP(cfg, name='mlp')(x)))
@@ -65,7 +66,7 @@ class BERT(nn.Module):
       self.nsp = layers.dense(cfg, 2, ['mlp'], ['classes'], 'nsp')
     if cfg.num_classes:
       self.classifier = layers.dense(cfg, cfg.num_classes, ['mlp'], ['classes'], 'classifier')
-      self.pooled_dropout = cfg.tuning.Dropout(cfg.dropout_rate)
+      self.pooled_dropout = ops.Dropout(cfg.dropout_rate)
 
   @nn.compact
   def hidden(self, inputs, *, token_type_ids=None, segment_ids=None, positions=None):
@@ -89,7 +90,7 @@ class BERT(nn.Module):
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)
     if cfg.embedding_dropout:
-      x = cfg.tuning.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+      x = ops.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     mask = masks.AttentionMask(q_segment_ids=segment_ids, bias=bias)
     return layers.apply_stack(BertBlock, cfg, cfg.num_layers, 'layer', x, mask)  # (B, T, E)
 

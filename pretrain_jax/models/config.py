@@ -6,7 +6,6 @@ from typing import Any
 import jax.numpy as jnp
 
 from pretrain_jax.models.attention import IMPLEMENTATIONS
-from pretrain_jax.ops.backends import PLAIN, Tuning
 
 FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
@@ -81,8 +80,6 @@ class ModelConfig:
   remat: str = 'none'                    # rematerialisation of each layer
   deterministic: bool = True             # no dropout (eval); training uses .replace(False)
   decode: bool = False                   # key/value cache, one new token per call
-  tuning: Tuning = PLAIN                 # how the backend computes (ops/backends.py): chosen
-                                         # by the step builder, not a config key
 
   def __post_init__(self):
     for name, value in FAMILY_LAYER_DEFAULTS.get(self.family, {}).items():
@@ -141,7 +138,7 @@ class ModelConfig:
     """The inverse of from_config: a plain config.model dict (dtypes by name, no eval/decode
     switches)."""
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-           if f.name not in ('deterministic', 'decode', 'tuning')}
+           if f.name not in ('deterministic', 'decode')}
     for key in ('dtype', 'param_dtype'):
       out[key] = jnp.dtype(out[key]).name
     return out
@@ -150,7 +147,7 @@ class ModelConfig:
   def from_config(cls, model_config) -> 'ModelConfig':
     """ml_collections `config.model` -> ModelConfig; unknown keys are an error."""
     kw = dict(model_config.to_dict() if hasattr(model_config, 'to_dict') else model_config)
-    names = {f.name for f in dataclasses.fields(cls)} - {'tuning'}
+    names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(kw) - names)
     if unknown:
       raise ValueError(f'unknown config.model keys {unknown}; expected a subset of '

@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax import ops
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.family import Family, Head
@@ -17,7 +18,7 @@ class GPTBlock(nn.Module):
     cfg = self.cfg
     residual_scale = (2 * cfg.num_layers) ** -0.5             # GPT-2's init of residual outputs
     def drop(y):
-      return cfg.tuning.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+      return ops.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
     h = layers.norm(cfg, 'ln_1')(x)
     attn = layers.MultiHeadAttention(cfg, residual_scale, name='attn')
     x = x + drop(attn(h, h, mask, decode_index))
@@ -79,7 +80,7 @@ class GPT(nn.Module):
     else:
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
     if cfg.embedding_dropout:
-      x = cfg.tuning.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+      x = ops.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
     x = layers.apply_stack(GPTBlock, cfg, cfg.num_layers, 'h', x, mask, decode_index)
     return layers.norm(cfg, 'ln_f')(x)                                    # (B, T, E)
 

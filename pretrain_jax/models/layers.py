@@ -1,12 +1,12 @@
 """Layers shared by the three families. Every parameter carries logical axis names."""
 import functools
-from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax import ops
 from pretrain_jax.models import masks
 from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
 from pretrain_jax.models.config import ModelConfig
@@ -51,7 +51,7 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, sca
     bias_init = _uniform(fan_in ** -0.5)
   return Dense2D(
       features=features, axis=axis, use_bias=use_bias, dtype=cfg.dtype,
-      param_dtype=cfg.param_dtype, name=name, matmul=cfg.tuning.matmul,
+      param_dtype=cfg.param_dtype, name=name,
       kernel_init=partitioned(init or param_init(cfg, fan_in, scale),
                               tuple(in_names) + tuple(out_names)),
       bias_init=partitioned(bias_init, tuple(out_names)))
@@ -59,9 +59,8 @@ def dense(cfg, features, in_names, out_names, name, *, axis=-1, fan_in=None, sca
 
 class Dense2D(nn.DenseGeneral):
   """nn.DenseGeneral (same parameters, names and shapes) computed as ONE 2-D matmul:
-  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out).
-  `matmul` computes it (dense() passes cfg.tuning.matmul)."""
-  matmul: Callable = jnp.dot
+  (..., *in) -> (prod(...), prod(in)) @ kernel (prod(in), prod(out)) -> (..., *out), by
+  ops.matmul (the backend's form of its weight gradient)."""
 
   @nn.compact
   def __call__(self, inputs):
@@ -74,7 +73,7 @@ class Dense2D(nn.DenseGeneral):
     kernel = self.param('kernel', self.kernel_init, in_shape + features, self.param_dtype)
     k_in, k_out = int(np.prod(in_shape)), int(np.prod(features))
     x = inputs.astype(self.dtype).reshape(-1, k_in)                          # (M, K)
-    y = self.matmul(x, kernel.astype(self.dtype).reshape(k_in, k_out))       # (M, F)
+    y = ops.matmul(x, kernel.astype(self.dtype).reshape(k_in, k_out))        # (M, F)
     if self.use_bias:
       bias = self.param('bias', self.bias_init, features, self.param_dtype)
       y = y + bias.astype(self.dtype).reshape(k_out)
@@ -198,7 +197,7 @@ class MLP(nn.Module):
       h = act(wi('wi_0')(x)) * wi('wi_1')(x)
     else:
       h = act(wi('wi')(x))                                  # (B, T, F)
-    h = cfg.tuning.Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
+    h = ops.Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
         h, deterministic=cfg.deterministic)
     return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo', fan_in=cfg.mlp_dim,
                  scale=self.out_scale)(h)                   # (B, T, E)
@@ -234,8 +233,7 @@ class MultiHeadAttention(nn.Module):
     out = dot_product_attention(
         q, k, v, mask=mask, scale=1.0 if cfg.fold_query_scale else None,
         dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
-        deterministic=cfg.deterministic, implementation=cfg.attention_impl,
-        dropout_fn=cfg.tuning.dropout, backend=cfg.tuning.platform)              # (B, T, N, H)
+        deterministic=cfg.deterministic, implementation=cfg.attention_impl)   # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
                  fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
 
@@ -282,11 +280,12 @@ def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *arg
 
 def attention_path(cfg: ModelConfig, *, bias: bool = False) -> str:
   """The attention path (attention.runnable_implementation) cfg's training-shaped attentions
-  run on; `bias`: those with an additive bias (T5's relative one, ALiBi)."""
+  run on, on the platform of the ops form in effect; `bias`: those with an additive bias (T5's
+  relative one, ALiBi)."""
   return runnable_implementation(
       cfg.attention_impl, dtype=cfg.dtype, bias=bias,
       dropout=not cfg.deterministic and cfg.attention_dropout_rate > 0,
-      backend=cfg.tuning.platform)
+      backend=ops.current().platform)
 
 
 class DecodeCache(nn.Module):

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax import ops
 from pretrain_jax.models import flops, layers, masks
 from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.family import Family, TaskLayout
@@ -56,7 +57,7 @@ class RelativePositionBias(nn.Module):
 
 
 def _dropout(cfg, x):
-  return cfg.tuning.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+  return ops.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
 class EncoderBlock(nn.Module):
@@ -105,9 +106,10 @@ class Encoder(nn.Module):
 
 
 def _per_row(cfg: ModelConfig, bias, batch: int):
-  """With cfg.tuning.bias_per_row on the reference attention path: (1, N, T, S) -> (B, N, T, S),
-  once for the whole stack (ops/backends.py says why); otherwise the bias as it is."""
-  if not cfg.tuning.bias_per_row or layers.attention_path(cfg, bias=True) != 'reference':
+  """With the ops form's bias_per_row on the reference attention path: (1, N, T, S) ->
+  (B, N, T, S), once for the whole stack (ops/backends.py says why); otherwise the bias as it
+  is."""
+  if not ops.current().bias_per_row or layers.attention_path(cfg, bias=True) != 'reference':
     return bias
   return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 

@@ -1,14 +1,14 @@
 """What the model and the train step compute differently on one backend: one `Tuning` record,
-chosen once per step by `for_platform` (training.step.make_steps puts it in the model config;
-state.run_once asks it for programs that run once).
+chosen once per step by `for_device` (training.step.make_steps binds its steps to it: the ops
+package docstring says how; state.run_once asks `for_platform` for programs that run once).
 
-PLAIN is the default of every ModelConfig: jnp.dot, flax.linen.Dropout, one (1, N, T, S) bias
-for all rows, a whole-row maximum in the loss, all(isfinite) for the state check, and attention
-paths for JAX's default backend (`platform` ''). for_platform gives GPUs and TPUs the same with
-their platform named, so the attention core picks its path for the step's devices. CPU swaps in
-XLA:CPU's faster forms (ops/cpu.py). Every CPU form computes the plain form's values except
-dropout, whose 16-bit masks are another random stream (the CPU runs in docs/ were made with
-it, so on CPU it stays).
+PLAIN is the form outside any binding: jnp.dot, flax.linen.Dropout's masks, one (1, N, T, S)
+bias for all rows, a whole-row maximum in the loss, all(isfinite) for the state check, and
+attention paths for JAX's default backend (`platform` ''). for_platform gives GPUs and TPUs the
+same with their platform named, so the attention core picks its path for the step's devices.
+CPU swaps in XLA:CPU's faster forms (ops/cpu.py). Every CPU form computes the plain form's
+values except dropout, whose 16-bit masks are another random stream (the CPU runs in docs/ were
+made with it, so on CPU it stays).
 
 `bias_per_row` (T5's relative position bias on the reference attention path): broadcast the
 (1, N, T, S) bias to (B, N, T, S) once per stack. Every layer adds the same bias; broadcast
@@ -31,16 +31,20 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from pretrain_jax.ops import cpu, fp8
 
 
-def dropout(x, rng, rate: float):
-  """flax.linen.Dropout(rate) on x with the key `rng` (the attention core's dropout)."""
-  return nn.Dropout(rate, deterministic=False, parent=None).apply({}, x, rng=rng)
+def flax_dropout(x, rng, rate: float):
+  """PLAIN's dropout: flax.linen.Dropout(rate)'s mask and scale with the key `rng`, as its
+  __call__ draws them (a function, so no module is made inside the caller's)."""
+  if rate == 1.0:
+    return jnp.zeros_like(x)
+  keep_prob = 1.0 - rate
+  keep = jax.random.bernoulli(rng, p=keep_prob, shape=x.shape)
+  return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))
 
 
 def float_leaves(tree) -> list:
@@ -73,8 +77,7 @@ class Tuning:
   name: str
   platform: str                # the attention core's backend ('' = JAX's default backend)
   matmul: Callable             # (M, K) @ (K, F): the dense layers (layers.Dense2D)
-  dropout: Callable            # dropout(x, rng, rate): the attention probabilities
-  Dropout: type                # a module with flax.linen.Dropout's fields and call
+  dropout: Callable            # dropout(x, rng, rate): every dropout (ops.dropout, ops.Dropout)
   bias_per_row: bool           # T5, reference attention: the bias broadcast once per stack
   blockwise_max: bool          # losses: the row maximum found block by block
   all_finite: Callable         # tree -> () bool: the train step's state_finite
@@ -84,10 +87,10 @@ class Tuning:
     return f'Tuning({self.name!r})'
 
 
-PLAIN = Tuning('plain', platform='', matmul=jnp.dot, dropout=dropout, Dropout=nn.Dropout,
+PLAIN = Tuning('plain', platform='', matmul=jnp.dot, dropout=flax_dropout,
                bias_per_row=False, blockwise_max=False, all_finite=all_finite,
                init_compiler_options=None)
-CPU = Tuning('cpu', platform='cpu', matmul=cpu.matmul, dropout=cpu.dropout, Dropout=cpu.Dropout,
+CPU = Tuning('cpu', platform='cpu', matmul=cpu.matmul, dropout=cpu.dropout,
              bias_per_row=True, blockwise_max=True, all_finite=cpu_all_finite,
              init_compiler_options=cpu.INIT_COMPILER_OPTIONS)
 

@@ -11,7 +11,7 @@ elements, with optimization barriers so XLA does not fold a transpose back into 
 The activation gradient dy @ w^T is the usual one. A tied LM head (embedding.attend) gains
 nothing from it, so it stays jnp.dot. Other backends fuse transposes into their GEMMs for free.
 
-`dropout` / `Dropout`: a 16-bit keep threshold, mean-preserving exactly. Each element is kept
+`dropout`: a 16-bit keep threshold, mean-preserving exactly. Each element is kept
 when its 16 random bits (`jax.random.bits(..., uint16)`) fall below round(keep_prob * 2**16).
 The kept values are scaled by 2**16 / threshold, the exact inverse of the realised keep
 probability, so the output's expectation equals the input exactly; the realised rate differs
@@ -37,7 +37,6 @@ bit-identical (tests/test_state_init.py checks all three families). Level 0 woul
 import functools
 import types
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,21 +85,6 @@ def dropout(x, rng, rate: float):
     return x
   keep, scale = keep_mask(rng, 1.0 - rate, x.shape)
   return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype))
-
-
-class Dropout(nn.Dropout):
-  """flax.linen.Dropout (same fields and call) drawing its mask with `keep_mask`."""
-
-  @nn.compact
-  def __call__(self, inputs, deterministic=None, rng=None):
-    deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
-    if self.rate == 0.0 or deterministic:
-      return inputs
-    if self.broadcast_dims:
-      raise ValueError(f'broadcast_dims={self.broadcast_dims}; this Dropout draws one mask '
-                       'element per input element')
-    return dropout(inputs, self.make_rng(self.rng_collection) if rng is None else rng,
-                   self.rate)
 
 
 def finite_by_subtraction(leaves) -> jax.Array:

@@ -14,6 +14,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from pretrain_jax import ops
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.ops import backends
 from pretrain_jax.training import mesh as mesh_lib
@@ -91,7 +92,7 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
     metrics.update({k: v for k, v in sums.items() if k.endswith('_confusion')})
     # state_finite is of the UPDATED state, so the loop never saves one a finite loss hides.
     metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
-                   state_finite=model.cfg.tuning.all_finite((params, opt_state)))
+                   state_finite=ops.all_finite((params, opt_state)))
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -137,9 +138,10 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
   """The one path from a model and a `config.train` section to jitted, sharded steps.
 
   `init_length`: the length of the batch that sizes the parameters (they do not depend on it).
-  The model's tuning is chosen here, once, from the mesh's devices (ops/backends.py).
+  The ops form (ops/__init__.py) is chosen here, once, from the mesh's devices: every program
+  the steps trace, the state's init included, computes it.
   """
-  model_cfg = model_cfg.replace(tuning=backends.for_device(mesh.devices.flat[0], t.fp8))
+  form = backends.for_device(mesh.devices.flat[0], t.fp8)
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
   if t.freeze_backbone:                 # a linear probe: only the active heads' parameters
     heads = family_of(model_cfg).active_heads(model_cfg)
@@ -149,15 +151,16 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
                        'head to train; expected model.num_classes > 0 (bert/gpt)')
     tx = opt_lib.train_only(tx, names)
   eval_model = build(model_cfg.replace(deterministic=True, decode=False))
-  abstract, init_state = state_lib.abstract_state(
-      eval_model, tx, mesh, family_of(model_cfg).init_batch(init_length, model_cfg.nsp))
+  with ops.using(form):
+    abstract, init_state = state_lib.abstract_state(
+        eval_model, tx, mesh, family_of(model_cfg).init_batch(init_length, model_cfg.nsp))
   shardings = state_lib.shardings_of(abstract)
-  train_step = make_train_step(
+  train_step = ops.bind(form, make_train_step(
       build(model_cfg.replace(deterministic=False, decode=False)), tx, schedule, seed=t.seed,
       microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh, prng_impl=t.prng_impl or None,
       loss_chunk_len=t.loss_chunk_len, max_predictions=max_predictions,
-      freeze_backbone=t.freeze_backbone)
-  eval_step = make_eval_step(eval_model, t.loss_chunk_len, max_predictions)
+      freeze_backbone=t.freeze_backbone))
+  eval_step = ops.bind(form, make_eval_step(eval_model, t.loss_chunk_len, max_predictions))
 
   def jit(fn, first, rows, **kw):     # every batch array is split over the batch axes
     return jax.jit(mesh_lib.traced_in(mesh, fn), in_shardings=(first, NamedSharding(mesh, rows)),
@@ -166,6 +169,6 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
   train = dict(out_shardings=(shardings, replicated), donate_argnums=(0,))  # updated in place
   return Steps(jit(train_step, shardings, rows, **train),
                jit(eval_step, shardings.params, rows, out_shardings=replicated), abstract,
-               init_state, NamedSharding(mesh, rows), max_predictions,
+               ops.bind(form, init_state), NamedSharding(mesh, rows), max_predictions,
                jit(lambda state, b: jax.lax.scan(train_step, state, b), shardings,
                    P(None, mesh_lib.BATCH_AXES), **train))

@@ -6,6 +6,7 @@ microbatches and hosts add sums.
 import jax
 import jax.numpy as jnp
 
+from pretrain_jax import ops
 from pretrain_jax.models import family_of
 from pretrain_jax.training import losses
 
@@ -71,7 +72,7 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
 
   def lm_sums(h, t, w):
     return losses.chunked_cross_entropy_sums(head, h, t, w, z_loss, loss_chunk_len, top5,
-                                             model.cfg.tuning.blockwise_max)
+                                             ops.current().blockwise_max)
   if 0 < max_predictions < targets.shape[1]:
     overflow = jnp.any(jnp.sum(weights != 0, axis=1) > max_predictions)
     lm = jax.lax.cond(overflow, lm_sums,

@@ -1,6 +1,8 @@
-"""The backend tuning seam (ops/backends.py): chosen once, by make_steps, from the mesh's
-devices; the model and the step read it from the ModelConfig and never ask JAX's default
-backend while tracing. CPU and plain compute the same forward values and gradients."""
+"""The backend's form of the operations (pretrain_jax/ops): chosen once, by make_steps, from the
+mesh's devices and bound to the programs it traces; layers call ops.* and never ask JAX's
+default backend while tracing. CPU and plain compute the same forward values and gradients; a
+form never leaks into a program traced under another."""
+import dataclasses
 import os
 import re
 
@@ -12,34 +14,37 @@ import optax
 import pytest
 from modeling import init, tiny, tokens
 
+from pretrain_jax import ops
 from pretrain_jax.models import ModelConfig, build, family_of
-from pretrain_jax.ops import backends
+from pretrain_jax.ops import backends, cpu
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 from tests.test_train import batches, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The plain form on a CPU mesh: what the step computes without XLA:CPU's forms.
+PLAIN_CPU = dataclasses.replace(backends.PLAIN, name='plain-cpu', platform='cpu')
 
 
-def test_platforms_choose_their_tuning():
+def test_platforms_choose_their_form():
   assert backends.for_platform('cpu') is backends.CPU
   for platform in ('gpu', 'tpu'):
-    tuning = backends.for_platform(platform)
-    assert tuning is backends.for_platform(platform)            # one record per platform
-    assert tuning.platform == platform and backends.PLAIN.platform == ''
-    assert (tuning.matmul, tuning.Dropout, tuning.all_finite, tuning.bias_per_row) == (
-        jnp.dot, nn.Dropout, backends.all_finite, False)
-  assert ModelConfig(family='gpt', vocab_size=8, num_layers=1, emb_dim=8, num_heads=1,
-                     head_dim=8, mlp_dim=8).tuning is backends.PLAIN
+    form = backends.for_platform(platform)
+    assert form is backends.for_platform(platform)            # one record per platform
+    assert form.platform == platform and backends.PLAIN.platform == ''
+    assert (form.matmul, form.dropout, form.all_finite, form.bias_per_row) == (
+        jnp.dot, backends.flax_dropout, backends.all_finite, False)
+  assert ops.current() is backends.PLAIN                       # outside any binding
+  with ops.using(backends.CPU):
+    assert ops.current() is backends.CPU
+  assert ops.current() is backends.PLAIN
 
 
-def test_tuning_is_no_config_key():
-  cfg = tiny('gpt', tuning=backends.CPU)
-  assert 'tuning' not in cfg.to_dict()
-  assert ModelConfig.from_config(cfg.to_dict()).tuning is backends.PLAIN
+def test_the_form_is_no_config_key():
+  assert 'tuning' not in {f.name for f in dataclasses.fields(ModelConfig)}
   with pytest.raises(ValueError, match=r"unknown config.model keys \['tuning'\]"):
-    ModelConfig.from_config({**cfg.to_dict(), 'tuning': 'cpu'})
+    ModelConfig.from_config({**tiny('gpt').to_dict(), 'tuning': 'cpu'})
 
 
 @pytest.mark.parametrize('family', ['gpt', 'bert', 't5'])
@@ -52,18 +57,58 @@ def test_cpu_and_plain_compute_the_same_model(family):
   batch = family_rec.example_batch(np.asarray(tokens((2, 9))))
   args, kwargs = family_rec.model_inputs(batch)
 
-  def loss(tuning, p):
-    out = build(cfg.replace(tuning=tuning)).apply({'params': p}, *args, **kwargs)
+  def loss(p):
+    out = build(cfg).apply({'params': p}, *args, **kwargs)
     out = out[0] if isinstance(out, tuple) else out
     return jnp.sum(jnp.tanh(out)), out
 
-  def run(tuning):
-    return jax.jit(jax.value_and_grad(lambda p: loss(tuning, p), has_aux=True))(params)
+  def run(form):
+    return jax.jit(ops.bind(form, jax.value_and_grad(loss, has_aux=True)))(params)
   (_, out_cpu), g_cpu = run(backends.CPU)
   (_, out_plain), g_plain = run(backends.PLAIN)
   np.testing.assert_array_equal(np.asarray(out_cpu), np.asarray(out_plain))
   for a, b in zip(jax.tree.leaves(g_cpu), jax.tree.leaves(g_plain), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_one_jitted_function_computes_the_form_it_is_called_in():
+  """A program traced in one form is never reused in another: the form is in jit's cache key
+  (a function jitted once and called in both forms, as a cached apply or a static model
+  argument would be, computes each form's dropout masks)."""
+  x, rng = jnp.linspace(1.0, 2.0, 256).reshape(16, 16), jax.random.key(3)
+  drop = jax.jit(lambda x, rng: ops.dropout(x, rng, 0.5))
+  want = {'cpu': cpu.dropout(x, rng, 0.5),
+          'plain': nn.Dropout(0.5, deterministic=False).apply({}, x, rng=rng)}   # flax's
+  assert not np.array_equal(want['cpu'], want['plain'])        # the forms' masks differ
+  for form in ('cpu', 'plain', 'cpu', 'plain'):
+    with ops.using(backends.CPU if form == 'cpu' else backends.PLAIN):
+      np.testing.assert_array_equal(drop(x, rng), want[form])
+
+
+def test_steps_of_two_forms_in_one_process_each_compute_their_own(monkeypatch):
+  """Two make_steps in one process (two meshes: here a CPU-form one and a plain-form one)
+  each trace their steps in their own form, whichever is built or called last: each step's
+  metrics are the ones it gives alone, and the forms' dropout masks make them differ."""
+  config = tiny_config('gpt')
+  config.model.update(dropout_rate=0.3, attention_dropout_rate=0.3)
+  cfg, t = ModelConfig.from_config(config.model), TrainConfig.from_config(config.train)
+  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
+  batch = batches(config, 1)[0]
+
+  def steps_of(form):
+    monkeypatch.setattr(backends, 'for_device', lambda device, fp8_dense=False: form)
+    return step_lib.make_steps(cfg, t, mesh)
+
+  def losses(steps):     # an eval step and a train step from one fresh state
+    state = steps.create_state(0)
+    evaluated = float(steps.eval_step(state.params, batch)[0]['lm'])
+    return float(steps.train_step(state, batch)[1]['loss']), evaluated
+  alone = {form.name: losses(steps_of(form)) for form in (backends.CPU, PLAIN_CPU)}
+  steps = {form.name: steps_of(form) for form in (backends.CPU, PLAIN_CPU)}
+  for name in ('plain-cpu', 'cpu', 'plain-cpu'):
+    assert losses(steps[name]) == alone[name], name
+  assert alone['cpu'][0] != alone['plain-cpu'][0]              # train: dropout masks differ
+  assert alone['cpu'][1] == alone['plain-cpu'][1]              # eval: no dropout, same values
 
 
 def test_make_steps_chooses_once_from_the_mesh_and_tracing_never_asks_the_backend(monkeypatch):
@@ -87,8 +132,8 @@ def test_make_steps_chooses_once_from_the_mesh_and_tracing_never_asks_the_backen
 
 
 def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
-  """make_steps on CPU puts ops/cpu.py's matmul in the dense layers: its weight gradient's
-  optimization barriers are in the step, and not in the step of a plain model."""
+  """make_steps on CPU binds its step to ops/cpu.py's matmul: its weight gradient's
+  optimization barriers are in the step, and not in the step of a model traced plain."""
   config = tiny_config('gpt')
   cfg = ModelConfig.from_config(config.model)
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
@@ -104,9 +149,8 @@ def test_the_cpu_train_step_computes_weight_gradients_the_cpu_way():
 
 
 def test_model_and_step_code_never_ask_the_default_backend():
-  """Backends differ only through the seam: no `default_backend` in models/, ops/ or the
-  step's training modules, but in attention.py where a direct call names no backend (the
-  layers pass cfg.tuning.platform)."""
+  """Backends differ only through the ops form: no `default_backend` in models/, ops/ or the
+  step's training modules, but in attention.py where the form names no platform (PLAIN)."""
   folders = [os.path.join(ROOT, 'pretrain_jax', d) for d in ('models', 'ops')]
   files = [os.path.join(f, n) for f in folders for n in sorted(os.listdir(f)) if n.endswith('.py')]
   files += [os.path.join(ROOT, 'pretrain_jax', 'training', f'{n}.py')
