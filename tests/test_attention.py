@@ -12,10 +12,10 @@ from pretrain_jax.models.attention import (
   by_segments,
   document_lengths,
   dot_product_attention,
-  implementation_notes,
   runnable_implementation,
 )
 from pretrain_jax.run import loop
+from pretrain_jax.run.notes import implementation_notes
 from pretrain_jax.training import synthetic
 
 B, T, N, H = 2, 6, 3, 8
@@ -27,63 +27,77 @@ def _qkv(seed=0):
 
 
 SEGMENTS = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+EVERYWHERE = masks.AttentionMask()
 CASES = {
-    'none': (None, None),
-    'causal': (masks.causal_mask(T), None),
-    'padded': (masks.segment_mask(jnp.array([[1] * 4 + [0] * 2, [1] * 6])), None),
-    'packed_causal': (masks.combine_masks(masks.causal_mask(T), masks.segment_mask(SEGMENTS)),
-                      None),
-    'biased': (masks.segment_mask(SEGMENTS),
-               jax.random.normal(jax.random.key(9), (1, N, T, T))),
+    'none': EVERYWHERE,
+    'causal': masks.AttentionMask(causal=True),
+    'padded': masks.AttentionMask(q_segment_ids=jnp.array([[1] * 4 + [0] * 2, [1] * 6])),
+    'packed_causal': masks.AttentionMask(q_segment_ids=SEGMENTS, causal=True),
+    'biased': masks.AttentionMask(q_segment_ids=SEGMENTS,
+                                  bias=jax.random.normal(jax.random.key(9), (1, N, T, T))),
+    'matrix': masks.AttentionMask(dense_mask=masks.combine_masks(
+        masks.causal_mask(T), masks.segment_mask(SEGMENTS))),
 }
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_reference_and_xla_agree(case):
-  mask, bias = CASES[case]
   q, k, v = _qkv()
-  ref = dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='reference')
-  xla = dot_product_attention(q, k, v, mask=mask, bias=bias, implementation='xla')
+  ref = dot_product_attention(q, k, v, CASES[case], implementation='reference')
+  xla = dot_product_attention(q, k, v, CASES[case], implementation='xla')
   np.testing.assert_allclose(ref, xla, atol=1e-5, rtol=0)
+
+
+def test_the_mask_is_an_attention_mask():
+  """One way to pass a mask: a bool matrix is refused, naming its type and the wrapper."""
+  q, k, v = _qkv()
+  with pytest.raises(TypeError, match=r'mask of type ArrayImpl; .*AttentionMask\(dense_mask='):
+    dot_product_attention(q, k, v, masks.causal_mask(T))
+  with pytest.raises(TypeError, match='mask of type NoneType'):
+    dot_product_attention(q, k, v, None)
 
 
 def test_reference_matches_numpy_softmax():
   q, k, v = _qkv(1)
-  mask = masks.causal_mask(T)
   logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(H)
-  logits = np.where(np.asarray(mask), logits, -np.inf)
+  logits = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   expected = np.einsum('bnts,bsnh->btnh', p, v)
-  np.testing.assert_allclose(dot_product_attention(q, k, v, mask=mask), expected, atol=1e-5)
+  np.testing.assert_allclose(dot_product_attention(q, k, v, CASES['causal']), expected,
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize('impl', ['reference', 'xla'])
 def test_row_that_sees_nothing_is_zero_with_finite_gradients(impl):
   q, k, v = _qkv(2)
-  mask = masks.segment_mask(SEGMENTS)   # last token of row 0 and two of row 1 are padding
-  out = dot_product_attention(q, k, v, mask=mask, implementation=impl)
+  mask = masks.AttentionMask(q_segment_ids=SEGMENTS)  # row 0's last token, row 1's last two:
+  out = dot_product_attention(q, k, v, mask, implementation=impl)   # padding
   assert np.all(np.isfinite(out))
   np.testing.assert_array_equal(out[0, 5], 0.0)
   np.testing.assert_array_equal(out[1, 4:], 0.0)
-  grads = jax.grad(lambda q: dot_product_attention(q, k, v, mask=mask,
+  grads = jax.grad(lambda q: dot_product_attention(q, k, v, mask,
                                                    implementation=impl).sum())(q)
   assert np.all(np.isfinite(grads))
 
 
 def test_scale_and_dropout_arguments():
   q, k, v = _qkv(3)
-  a = dot_product_attention(q * H ** -0.5, k, v, scale=1.0)
-  b = dot_product_attention(q, k, v)
+  a = dot_product_attention(q * H ** -0.5, k, v, EVERYWHERE, scale=1.0)
+  b = dot_product_attention(q, k, v, EVERYWHERE)
   np.testing.assert_allclose(a, b, atol=1e-5)
-  dropped = dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
-                                  deterministic=False)
-  assert not np.allclose(dropped, dot_product_attention(q, k, v))
+  dropped = dot_product_attention(q, k, v, EVERYWHERE, dropout_rng=jax.random.key(0),
+                                  dropout_rate=0.5)
+  assert not np.allclose(dropped, b)
+  # no key or no rate: no dropout
+  np.testing.assert_array_equal(dot_product_attention(q, k, v, EVERYWHERE, dropout_rate=0.5), b)
+  np.testing.assert_array_equal(
+      dot_product_attention(q, k, v, EVERYWHERE, dropout_rng=jax.random.key(0)), b)
   with pytest.raises(ValueError, match='no attention dropout'):
-    dot_product_attention(q, k, v, dropout_rng=jax.random.key(0), dropout_rate=0.5,
-                          deterministic=False, implementation='xla')
+    dot_product_attention(q, k, v, EVERYWHERE, dropout_rng=jax.random.key(0), dropout_rate=0.5,
+                          implementation='xla')
   with pytest.raises(ValueError, match="'flash'"):
-    dot_product_attention(q, k, v, implementation='flash')
+    dot_product_attention(q, k, v, EVERYWHERE, implementation='flash')
 
 
 @pytest.mark.parametrize('impl', ['reference', 'xla'])
@@ -91,16 +105,18 @@ def test_scale_and_dropout_arguments():
 def test_factored_causal_equals_the_materialized_causal_mask(impl, segments):
   """causal=True is exactly `mask AND causal_mask`: the same output and gradients."""
   q, k, v = _qkv(4)
-  seg = None if segments == 'none' else masks.segment_mask(SEGMENTS)
-  full = masks.combine_masks(seg, masks.causal_mask(T))
+  seg = None if segments == 'none' else SEGMENTS
+  flag = masks.AttentionMask(q_segment_ids=seg, causal=True)
+  full = masks.AttentionMask(dense_mask=masks.combine_masks(
+      None if seg is None else masks.segment_mask(seg), masks.causal_mask(T)))
 
-  def run(q, **kw):
-    return dot_product_attention(q, k, v, implementation=impl, **kw)
-  np.testing.assert_array_equal(run(q, mask=seg, causal=True), run(q, mask=full))
-  np.testing.assert_array_equal(jax.grad(lambda q: run(q, mask=seg, causal=True).sum())(q),
-                                jax.grad(lambda q: run(q, mask=full).sum())(q))
+  def run(q, mask):
+    return dot_product_attention(q, k, v, mask, implementation=impl)
+  np.testing.assert_array_equal(run(q, flag), run(q, full))
+  np.testing.assert_array_equal(jax.grad(lambda q: run(q, flag).sum())(q),
+                                jax.grad(lambda q: run(q, full).sum())(q))
   # and causal=True really hides the future: it differs from the mask alone
-  assert not np.allclose(run(q, mask=seg, causal=True), run(q, mask=seg))
+  assert not np.allclose(run(q, flag), run(q, masks.AttentionMask(q_segment_ids=seg)))
 
 
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
@@ -111,16 +127,18 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
   with pytest.raises(ValueError, match=r"attention implementation 'flash'; expected one of"):
     runnable_implementation('flash')
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 6, 2, 4), jnp.bfloat16) for i in range(3))
-  mask = masks.segment_mask(jnp.array([[1, 1, 1, 2, 2, 0], [1] * 6]))
-  got = dot_product_attention(q, k, v, mask=mask, causal=True, implementation='cudnn')
-  want = dot_product_attention(q, k, v, mask=mask, causal=True, implementation='xla')
+  mask = masks.AttentionMask(q_segment_ids=jnp.array([[1, 1, 1, 2, 2, 0], [1] * 6]),
+                             causal=True)
+  got = dot_product_attention(q, k, v, mask, implementation='cudnn')
+  want = dot_product_attention(q, k, v, mask, implementation='xla')
   np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
   # What cuDNN would refuse on a GPU is refused here too (float32), naming the fix.
   with pytest.raises(ValueError, match=r"'cudnn' .*float32"):
-    dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), implementation='cudnn')
+    dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), EVERYWHERE,
+                          implementation='cudnn')
   with pytest.raises(ValueError, match=r"'cudnn' .*dropout \(rate 0\.1\)"):
-    dot_product_attention(q, k, v, implementation='cudnn', deterministic=False,
-                          dropout_rate=0.1, dropout_rng=jax.random.key(0))
+    dot_product_attention(q, k, v, EVERYWHERE, implementation='cudnn', dropout_rate=0.1,
+                          dropout_rng=jax.random.key(0))
 
 
 @pytest.mark.skipif(jax.default_backend() == 'gpu', reason='cuDNN runs there')
@@ -155,7 +173,7 @@ def test_segments_as_sequence_lengths_give_the_reference(rows, causal):
          'packed': SEGMENTS, 'cross': jnp.array([[1] * 4 + [0] * 2, [1] * 6])}[rows]
   kv = jnp.array([[1] * 3 + [0] * 3, [1] * 5 + [0]]) if rows == 'cross' else None
   mask = masks.AttentionMask(q_segment_ids=seg, kv_segment_ids=kv, causal=causal)
-  want = dot_product_attention(q, k, v, mask=mask, implementation='reference')
+  want = dot_product_attention(q, k, v, mask, implementation='reference')
   got = by_segments(q, k, v, None, mask, H ** -0.5, causal, 'xla')
   sees = np.asarray(mask.rows_that_see(T, T))[..., None]        # rows the core zeroes after
   np.testing.assert_allclose(np.where(sees, got, 0), want, atol=1e-5, rtol=0)

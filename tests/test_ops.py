@@ -162,7 +162,7 @@ def test_model_and_step_code_never_ask_the_default_backend():
       function = re.findall(r'^def (\w+)', source[:match.start()], re.M)
       hits.append((os.path.basename(path), function[-1] if function else None))
   assert set(hits) == {('attention.py', f) for f in (
-      'dot_product_attention', 'runnable_implementation', 'implementation_notes')}, hits
+      'dot_product_attention', 'runnable_implementation')}, hits
   for line in open(os.path.join(ROOT, 'pretrain_jax', 'models', 'attention.py')):
     if 'default_backend' in line:
       assert 'backend or jax.default_backend()' in line, line

@@ -27,23 +27,21 @@ HALF = (jnp.bfloat16, jnp.float16)
 CPU_AUTO = 'reference'
 
 
-def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=None, scale=None,
-                          dropout_rng=None, dropout_rate=0.0, deterministic=True,
-                          implementation='auto'):
-  """softmax(scale * q.k + bias, masked) . v
+def dot_product_attention(query, key, value, mask: masks.AttentionMask, *, scale=None,
+                          dropout_rate: float = 0.0, dropout_rng=None,
+                          implementation: str = 'auto'):
+  """softmax(scale * q.k + mask's bias, where mask's parts allow) . v
 
   Args:
     query: (B, T, N, H) queries.
     key: (B, S, N, H) keys.
     value: (B, S, N, H) values.
-    mask: a masks.AttentionMask (what the models pass: the value kernels read), or a bool
-      array broadcastable to (B, N, T, S), True = attend, or None = attend everywhere.
-    causal, bias: with an array mask (or none), the mask's causal flag and its additive bias
-      (float, broadcastable to (B, N, T, S)); an AttentionMask carries its own. The core never
-      assumes causality: callers that want it say so.
+    mask: who sees whom, a masks.AttentionMask (causal flag, segment ids, prefix, bias, a dense
+      matrix); AttentionMask() sees everything. The core never assumes causality: callers
+      that want it say so in the mask.
     scale: logit scale; None = 1/sqrt(H). T5 passes 1.0 (its init folds the scale in).
-    dropout_rng, dropout_rate, deterministic: dropout on the attention probabilities
-      ('reference' only: 'auto' picks it while dropout is on), drawn by ops.dropout.
+    dropout_rate, dropout_rng: dropout on the attention probabilities when both are given
+      (a rate > 0 and a key): 'reference' only ('auto' picks it then), drawn by ops.dropout.
     implementation: one of IMPLEMENTATIONS; what runs is runnable_implementation's answer for
       the platform of the ops form in effect (ops.current().platform: the step's devices, or
       JAX's default backend).
@@ -52,10 +50,12 @@ def dot_product_attention(query, key, value, *, mask=None, causal=False, bias=No
     (B, T, N, H) in the query's dtype. A query row whose mask sees no key returns zeros.
   """
   _check_name(implementation)
-  mask = _as_value(mask, causal, bias)
+  if not isinstance(mask, masks.AttentionMask):
+    raise TypeError(f'dot_product_attention: mask of type {type(mask).__name__}; expected a '
+                    'masks.AttentionMask (a bool matrix goes in as AttentionMask(dense_mask=...))')
   mask.check()
   t, s = query.shape[1], key.shape[1]
-  use_dropout = not deterministic and dropout_rate > 0.0
+  use_dropout = dropout_rng is not None and dropout_rate > 0.0
   backend = ops.current().platform
   if implementation == 'cudnn' and query.dtype not in HALF:
     # Checked on every backend, so a CPU smoke test of a GPU config finds it too.
@@ -99,7 +99,7 @@ def runnable_implementation(implementation: str, *, dtype=jnp.float32, bias: boo
   on CPU CPU_AUTO. An explicit choice that cannot run here falls back, with the same result:
   'cudnn' off GPUs runs as 'xla' (so a GPU config smoke-tests on a laptop and its checkpoints
   evaluate anywhere); 'splash' with a bias or dense part runs as 'xla', on a GPU as 'auto'
-  picks, and on CPU in Pallas's interpreter. `implementation_notes` words each fallback.
+  picks, and on CPU in Pallas's interpreter. run/notes.py words each fallback for users.
   """
   _check_name(implementation)
   backend = backend or jax.default_backend()
@@ -128,47 +128,10 @@ def kernel_readable(mask: masks.AttentionMask, q_len: int, kv_len: int) -> bool:
   return mask.dense_mask is None and not (mask.causal and q_len != kv_len)
 
 
-def implementation_notes(cfg, backend: str = '') -> list:
-  """One line per way a ModelConfig's `attention_impl` runs other than it says, on this
-  backend (or `backend`; the training loop prints them at start)."""
-  impl, backend = cfg.attention_impl, backend or jax.default_backend()
-  biased = {'t5': "T5's relative position bias", 'alibi': 'the ALiBi bias'}.get(
-      'alibi' if cfg.position_embedding == 'alibi' else cfg.family)
-  notes = []
-  if impl == 'cudnn' and backend != 'gpu':
-    notes.append(f"note: model.attention_impl='cudnn' needs a GPU with cuDNN; on {backend} "
-                 "attention runs as 'xla' (the same computation)")
-  if impl == 'splash' and backend == 'gpu':
-    runs = runnable_implementation('auto', dtype=cfg.dtype, backend=backend)
-    notes.append(f"note: model.attention_impl='splash' is a TPU kernel; on gpu attention runs "
-                 f'as {runs!r} (the same computation)')
-  elif impl == 'splash':
-    if backend != 'tpu':
-      notes.append(f"note: model.attention_impl='splash' is a TPU kernel; on {backend} it runs "
-                   "in Pallas's interpreter (exact, slow: for tests)")
-    if biased:
-      notes.append(f"note: splash attention takes no additive bias: the attentions with "
-                   f"{biased} run as 'xla'")
-  if impl == 'auto' and cfg.attention_dropout_rate > 0 and backend != 'cpu':
-    notes.append(f"note: model.attention_dropout_rate={cfg.attention_dropout_rate}: training "
-                 "attention runs as 'reference' (no kernel has attention dropout); set it to 0 "
-                 f"for {runnable_implementation('auto', dtype=cfg.dtype, backend=backend)!r}")
-  return notes
-
-
 def _check_name(implementation: str) -> None:
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f'attention implementation {implementation!r}; expected one of '
                      f'{IMPLEMENTATIONS}')
-
-
-def _as_value(mask, causal, bias) -> masks.AttentionMask:
-  if isinstance(mask, masks.AttentionMask):
-    if causal or bias is not None:
-      raise ValueError('dot_product_attention: with an AttentionMask, give causal and bias '
-                       'inside it (AttentionMask(causal=..., bias=...)), not as arguments')
-    return mask
-  return masks.AttentionMask(dense_mask=mask, bias=bias, causal=bool(causal))
 
 
 def _jax_nn(query, key, value, mask, scale, implementation):

@@ -231,9 +231,9 @@ class MultiHeadAttention(nn.Module):
     if not cfg.deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
     out = dot_product_attention(
-        q, k, v, mask=mask, scale=1.0 if cfg.fold_query_scale else None,
-        dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
-        deterministic=cfg.deterministic, implementation=cfg.attention_impl)   # (B, T, N, H)
+        q, k, v, mask, scale=1.0 if cfg.fold_query_scale else None,
+        dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
+        implementation=cfg.attention_impl)                                   # (B, T, N, H)
     return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
                  fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
 

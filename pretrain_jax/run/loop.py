@@ -13,13 +13,13 @@ import optax
 
 from pretrain_jax import data, paths
 from pretrain_jax.models import cost, family_of
-from pretrain_jax.models.attention import implementation_notes
 from pretrain_jax.run import agreement
 from pretrain_jax.run import checkpoint as ckpt_lib
 from pretrain_jax.run import lock as lock_lib
 from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.run import profiler as profiler_lib
 from pretrain_jax.run import workdir as workdir_lib
+from pretrain_jax.run.notes import implementation_notes
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
