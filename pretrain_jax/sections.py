@@ -1,7 +1,6 @@
 """A config section as a frozen dataclass: the one boundary between a ConfigDict and the code.
 
-models/config.py's ModelConfig is the pattern; `Section` gives the other sections (train, mesh,
-data, a fine-tune's task, a benchmark's) the same shape without repeating it. `from_config`
+Every section is one (model, train, mesh, data, a fine-tune's task, a benchmark's). `from_config`
 refuses a key the dataclass lacks, naming it, and gives a key the ConfigDict lacks its field
 default, so a config.json written before a field existed still loads. Construction checks each
 field's type from its annotation, then the section's own `validate()`; every error is one line,

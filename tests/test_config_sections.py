@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 
+import jax.numpy as jnp
 import ml_collections
 import pytest
 
@@ -11,9 +12,16 @@ from configs import bench_common, common, tiny_gpt
 from configs import finetune as finetune_config
 from pretrain_jax.data.config import DataConfig, TaskConfig, TaskDataConfig
 from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
+from pretrain_jax.models import ModelConfig
 from pretrain_jax.perf.config import BenchmarkConfig
 from pretrain_jax.run import workdir as workdir_lib
 from pretrain_jax.training.config import MeshConfig, RunConfig, TrainConfig
+
+
+def model(**changes) -> dict:
+  m = tiny_gpt.get_config().model.to_dict()
+  m.update(changes)
+  return m
 
 
 def train(**changes) -> dict:
@@ -29,6 +37,8 @@ def train(**changes) -> dict:
     (TaskConfig, dict(nmae='x'), 'nmae'),
     (TaskDataConfig, dict(target_length=4), 'target_length'),
     (BenchmarkConfig, dict(step=3), 'step'),
+    (ModelConfig, model(hidden=8), 'hidden'),
+    (ModelConfig, model(tuning='cpu'), 'tuning'),      # the ops form is no config key
 ])
 def test_an_unknown_key_is_refused_naming_it(section, values, key):
   with pytest.raises(ValueError, match=rf"^unknown config\.{section.SECTION} keys \['{key}'\]; "
@@ -78,6 +88,14 @@ def test_an_unknown_fine_tune_key_is_refused_naming_it():
     (ModelOverrides, dict(dropout_rate=1.5), r'^model\.dropout_rate=1\.5;'),
     (BenchmarkConfig, dict(steps=0), r'^benchmark\.steps=0; expected a positive number'),
     (ModelOverrides, dict(dropout_rate='0.1'), r"^model\.dropout_rate='0\.1'; expected a number"),
+    (ModelConfig, model(num_layers=0), r'^model\.num_layers=0; expected a positive integer'),
+    (ModelConfig, model(num_layers='2'), r"^model\.num_layers='2'; expected an integer"),
+    (ModelConfig, model(dense_bias='yes'), r"^model\.dense_bias='yes'; expected True or False"),
+    (ModelConfig, model(dtype='fp8'), r"^model\.dtype='fp8'; expected one of \['bfloat16'"),
+    (ModelConfig, model(activation='swish'), r"^model\.activation='swish'; expected one of"),
+    (ModelConfig, model(dropout_rate=1.0), r'^model\.dropout_rate=1\.0; expected in \[0, 1\)'),
+    (ModelConfig, model(family='t5', position_embedding='learned'),
+     r"^model\.position_embedding='learned'; expected one of \('relative',\) for t5"),
 ])
 def test_a_bad_value_is_refused_naming_key_and_value(section, values, message):
   with pytest.raises(ValueError, match=message):
@@ -159,6 +177,24 @@ def test_an_old_config_json_without_a_newer_key_loads_with_its_default(tmp_path)
   config.train.prng_impl = 'rbg'
   with pytest.raises(ValueError, match=r"train\.prng_impl: 'threefry2x32' -> 'rbg'"):
     workdir_lib.check_config(config, str(work))
+
+
+def test_an_old_model_section_loads_with_the_defaults_of_newer_keys():
+  """A config.json model section written before the layer switches, ALiBi and the prefix LM
+  existed: the missing keys take their defaults (the family's layer choices for those left
+  None), and the section round-trips through to_dict."""
+  old = model()
+  for key in ('norm', 'dense_bias', 'kernel_init', 'fold_query_scale', 'mlp_dropout',
+              'embedding_dropout', 'alibi_bias_max', 'prefix_lm', 'head_bias', 'num_classes'):
+    old.pop(key, None)
+  cfg = ModelConfig.from_config(old)
+  assert (cfg.norm, cfg.dense_bias, cfg.kernel_init, cfg.prefix_lm, cfg.alibi_bias_max) == (
+      'layernorm', True, 'normal', False, 8.0)
+  assert cfg.dtype == jnp.float32 and cfg.to_dict()['dtype'] == 'float32'
+  assert ModelConfig.from_config(cfg.to_dict()) == cfg
+  assert 'deterministic' not in cfg.to_dict() and 'decode' not in cfg.to_dict()
+  with pytest.raises(ValueError, match=r"^config\.model lacks \['vocab_size'\]"):
+    ModelConfig.from_config({k: v for k, v in old.items() if k != 'vocab_size'})
 
 
 def test_an_old_fine_tune_config_reads_its_task_without_pairs():

@@ -1,11 +1,11 @@
 """The frozen model dataclass: the one boundary between ml_collections configs and modules."""
 import dataclasses
-import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
 from pretrain_jax.models.attention import IMPLEMENTATIONS
+from pretrain_jax.sections import Section
 
 FAMILIES = ('bert', 'gpt', 't5')
 ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
@@ -30,7 +30,9 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Section):
+  """config.model: one family's sizes and layer choices (sections.Section: unknown keys are
+  refused, missing ones take these defaults, so older config.json files load)."""
   family: str
   vocab_size: int
   num_layers: int
@@ -81,80 +83,64 @@ class ModelConfig:
   deterministic: bool = True             # no dropout (eval); training uses .replace(False)
   decode: bool = False                   # key/value cache, one new token per call
 
+  SECTION: ClassVar[str] = 'model'
+
   def __post_init__(self):
     for name, value in FAMILY_LAYER_DEFAULTS.get(self.family, {}).items():
       if getattr(self, name) is None:
         object.__setattr__(self, name, value)
-    def check(ok, what, value, expected):
-      if not ok:
-        raise ValueError(f'model.{what}={value!r}; expected {expected}')
-    check(self.family in FAMILIES, 'family', self.family, f'one of {FAMILIES}')
-    check(self.activation in ACTIVATIONS, 'activation', self.activation, f'one of {ACTIVATIONS}')
+    for name in ('dtype', 'param_dtype'):   # a name (config.json, the command line) or a type
+      value = getattr(self, name)
+      if isinstance(value, str):
+        self.check(value in DTYPES, name, f'one of {sorted(DTYPES)}')
+        object.__setattr__(self, name, DTYPES[value])
+    super().__post_init__()
+
+  def validate(self):
+    check = self.check
+    check(self.family in FAMILIES, 'family', f'one of {FAMILIES}')
+    check(self.activation in ACTIVATIONS, 'activation', f'one of {ACTIVATIONS}')
     check(self.position_embedding in POSITION_EMBEDDINGS, 'position_embedding',
-          self.position_embedding, f'one of {POSITION_EMBEDDINGS}')
-    check(self.kernel_init in KERNEL_INITS, 'kernel_init', self.kernel_init,
-          f'one of {KERNEL_INITS}')
-    check(self.norm in NORMS, 'norm', self.norm, f'one of {NORMS}')
-    check(self.attention_impl in IMPLEMENTATIONS, 'attention_impl', self.attention_impl,
-          f'one of {IMPLEMENTATIONS}')
-    check(self.remat in REMAT_POLICIES, 'remat', self.remat, f'one of {REMAT_POLICIES}')
+          f'one of {POSITION_EMBEDDINGS}')
+    check(self.kernel_init in KERNEL_INITS, 'kernel_init', f'one of {KERNEL_INITS}')
+    check(self.norm in NORMS, 'norm', f'one of {NORMS}')
+    check(self.attention_impl in IMPLEMENTATIONS, 'attention_impl', f'one of {IMPLEMENTATIONS}')
+    check(self.remat in REMAT_POLICIES, 'remat', f'one of {REMAT_POLICIES}')
     for name in ('vocab_size', 'num_layers', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
                  'max_len'):
-      value = getattr(self, name)
-      check(isinstance(value, int) and value > 0, name, value, 'a positive integer')
-    check(isinstance(self.num_classes, int) and self.num_classes >= 0, 'num_classes',
-          self.num_classes, 'a non-negative integer (0 = no classification head)')
-    check(not self.num_classes or self.family != 't5', 'num_classes', self.num_classes,
+      check(getattr(self, name) > 0, name, 'a positive integer')
+    check(self.num_classes >= 0, 'num_classes',
+          'a non-negative integer (0 = no classification head)')
+    check(not self.num_classes or self.family != 't5', 'num_classes',
           '0 for t5 (it classifies text-to-text, by decoding the label)')
-    check(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', self.dropout_rate, 'in [0, 1)')
-    check(0.0 <= self.attention_dropout_rate < 1.0, 'attention_dropout_rate',
-          self.attention_dropout_rate, 'in [0, 1)')
+    check(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', 'in [0, 1)')
+    check(0.0 <= self.attention_dropout_rate < 1.0, 'attention_dropout_rate', 'in [0, 1)')
     check(self.kernel_init != 'torch_default' or self.family == 'gpt', 'kernel_init',
-          self.kernel_init, "'normal' or 'fan_in' for bert/t5 ('torch_default' is the gpt "
-          "stack's, for the chapter-41 experiment)")
-    check(self.causal or self.family == 'gpt', 'causal', self.causal,
+          "'normal' or 'fan_in' for bert/t5 ('torch_default' is the gpt stack's, for the "
+          'chapter-41 experiment)')
+    check(self.causal or self.family == 'gpt', 'causal',
           'True for bert/t5 (bert is bidirectional by design; a bidirectional gpt stack is '
           'family=gpt, causal=False)')
     check(not self.prefix_lm or (self.family == 'gpt' and self.causal), 'prefix_lm',
-          self.prefix_lm, 'False except for a causal gpt (family=gpt, causal=True)')
-    check(self.causal or not self.decode, 'causal', self.causal,
+          'False except for a causal gpt (family=gpt, causal=True)')
+    check(self.causal or not self.decode, 'causal',
           'True to decode with a key/value cache (a bidirectional stack has no left-to-right '
           'generation)')
     check(self.position_embedding in FAMILY_POSITIONS[self.family], 'position_embedding',
-          self.position_embedding, f'one of {FAMILY_POSITIONS[self.family]} for {self.family}')
-    check(isinstance(self.alibi_bias_max, numbers.Real) and not isinstance(
-        self.alibi_bias_max, bool) and 0 < self.alibi_bias_max <= 64, 'alibi_bias_max',
-          self.alibi_bias_max, 'a number in (0, 64] (the steepest slope is 2**-(it / N); '
-          'beyond 64 every slope is ~0: no position signal)')
+          f'one of {FAMILY_POSITIONS[self.family]} for {self.family}')
+    check(0 < self.alibi_bias_max <= 64, 'alibi_bias_max',
+          'a number in (0, 64] (the steepest slope is 2**-(it / N); beyond 64 every slope is '
+          '~0: no position signal)')
 
   @property
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
 
-  def replace(self, **kw) -> 'ModelConfig':
-    return dataclasses.replace(self, **kw)
-
   def to_dict(self) -> dict:
-    """The inverse of from_config: a plain config.model dict (dtypes by name, no eval/decode
-    switches)."""
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-           if f.name not in ('deterministic', 'decode')}
+    """The config.model dict from_config reads back: dtypes by name, no eval/decode switches."""
+    out = super().to_dict()
+    for key in ('deterministic', 'decode'):
+      del out[key]
     for key in ('dtype', 'param_dtype'):
       out[key] = jnp.dtype(out[key]).name
     return out
-
-  @classmethod
-  def from_config(cls, model_config) -> 'ModelConfig':
-    """ml_collections `config.model` -> ModelConfig; unknown keys are an error."""
-    kw = dict(model_config.to_dict() if hasattr(model_config, 'to_dict') else model_config)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(kw) - names)
-    if unknown:
-      raise ValueError(f'unknown config.model keys {unknown}; expected a subset of '
-                       f'{sorted(names)}')
-    for key in ('dtype', 'param_dtype'):
-      if key in kw and isinstance(kw[key], str):
-        if kw[key] not in DTYPES:
-          raise ValueError(f'model.{key}={kw[key]!r}; expected one of {sorted(DTYPES)}')
-        kw[key] = DTYPES[kw[key]]
-    return cls(**kw)
