@@ -14,8 +14,8 @@ The form is a jax user context (jax.make_user_context), entered while a bound fu
     caller's, so a program traced under one form is never reused under another;
   - two meshes in one process (a CPU mesh beside an accelerator's) each bind their own steps,
     where a module attribute would hold one form for the whole process;
-  - no layer carries it: a config field threaded through every layer's config (and every
-    ModelConfig.replace) is gone, and a model built anywhere computes the plain form.
+  - no layer carries it: a field in every layer's config would thread it through every
+    ModelConfig.replace and make equal models unequal; unbound, a model computes PLAIN.
 
   backends.py  the Tuning records (PLAIN, CPU, an fp8 one) and for_device, which picks one
   cpu.py       the XLA:CPU forms CPU swaps in (dense-layer weight gradients, 16-bit dropout
