@@ -8,8 +8,10 @@ they share) above everything. Only the commands and cli/ import configs/ (the li
 ConfigDicts from its caller), nothing imports scripts/ (comparison tools outside the package),
 and cloud/ (the TPU launcher) is the standard library only. paths.py, sections.py and ops/
 (the operations whose form depends on the backend) are the bottom layer: every package but
-cloud/ may import them, and they import no other pretrain_jax package. No module imports
-itself back through others (no import cycles, lazy imports included).
+cloud/ may import them, and they import no other pretrain_jax package. chips.py (the table of
+accelerator facts) is the bottom too and the standard library only, so cloud/ may import it as
+well: the launcher, the MFU and the TPU plans read one table. No module imports itself back
+through others (no import cycles, lazy imports included).
 """
 import ast
 import os
@@ -22,6 +24,7 @@ PACKAGE = os.path.join(ROOT, 'pretrain_jax')
 ALLOWED = {
     'paths': set(),      # the bottom: every user path (local or gs://) goes through it
     'sections': set(),   # the bottom: a config section as a frozen, checked dataclass
+    'chips': set(),      # the bottom: the accelerator table (standard library only)
     'ops': set(),        # the bottom too: the operations whose form depends on the backend
     'models': set(),
     'objectives': set(),
@@ -41,6 +44,7 @@ ALLOWED = {
     '__main__': {'commands'},
 }
 BOTTOM = ('paths', 'sections', 'ops')   # importable by every package but cloud/
+STDLIB_BOTTOM = ('chips',)   # importable by every package, cloud/ included
 
 
 
@@ -87,10 +91,17 @@ def test_imports_run_down_the_data_flow(package):
         bad.append((os.path.relpath(path, ROOT), name))
       elif name.startswith('pretrain_jax.'):
         target = name.split('.')[1]
-        if target != pkg and target not in ALLOWED[pkg] and (
+        if target != pkg and target not in ALLOWED[pkg] and target not in STDLIB_BOTTOM and (
             target not in BOTTOM or pkg == 'cloud'):
           bad.append((os.path.relpath(path, ROOT), name))
   assert not bad, f'{package} may import only {sorted(ALLOWED[package])}: {bad}'
+
+
+def test_the_stdlib_bottom_imports_only_the_standard_library():
+  import sys  # noqa: PLC0415
+  for name in STDLIB_BOTTOM:
+    found = imports_of(os.path.join(PACKAGE, f'{name}.py'))
+    assert all(m in sys.stdlib_module_names for m in found), (name, found)
 
 
 def test_the_checker_sees_lazy_and_from_imports(tmp_path):

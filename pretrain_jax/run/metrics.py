@@ -12,25 +12,21 @@ import jax
 import numpy as np
 from etils import epath
 
-from pretrain_jax import paths
+from pretrain_jax import chips, paths
 from pretrain_jax.training import task
 from pretrain_jax.training.evaluate import format_eta
 
-# Dense bf16 peak FLOP/s per device, for the MFU estimate (config.train.peak_tflops overrides).
-PEAK_TFLOPS = {'tpu v2': 45.0, 'tpu v3': 123.0, 'tpu v4': 275.0, 'tpu v5 lite': 197.0,
-               'tpu v5e': 197.0, 'tpu v5p': 459.0, 'tpu v6 lite': 918.0, 'tpu v6e': 918.0,
-               'h100': 989.0, 'h200': 989.0, 'a100': 312.0, 'v100': 125.0, 'l4': 121.0}
-
 
 def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
-  """Configured value, else a table lookup by device kind. CPUs: cores * 3 GHz * fp32
-  FLOP/cycle of two FMA units (32 with AVX2, 64 with AVX-512), shared by simulated devices."""
+  """Configured value (config.train.peak_tflops), else the dense bf16 peak of the device's kind
+  in pretrain_jax/chips.py. CPUs: cores * 3 GHz * fp32 FLOP/cycle of two FMA units (32 with
+  AVX2, 64 with AVX-512), shared by simulated devices."""
   if configured_tflops > 0:
     return configured_tflops * 1e12
   device = jax.devices()[0]
-  for name, tflops in PEAK_TFLOPS.items():
-    if name in device.device_kind.lower():
-      return tflops * 1e12
+  peak = chips.peak_flops_per_device(device.device_kind)
+  if peak is not None:
+    return peak
   if device.platform != 'cpu':
     return float('nan')
   try:
