@@ -1,8 +1,11 @@
 """The device mesh and the ONE table mapping logical axis names onto it.
 
-Mesh axes: `data` (pure data parallelism), `fsdp` (ZeRO-3: parameters and optimizer state
-sharded too) and `tensor` (Megatron: heads, mlp and vocab split); the batch splits over both
-`data` and `fsdp`.
+Mesh axes: `dcn` (the slices of a multislice run: pure data parallelism over the data-center
+network, size 1 on one slice), then config.mesh's within a slice: `data` (pure data
+parallelism), `fsdp` (ZeRO-3: parameters and optimizer state sharded too) and `tensor`
+(Megatron: heads, mlp and vocab split). The batch splits over `dcn`, `data` and `fsdp`; no
+parameter is sharded over `dcn`, so across slices only gradients (and the step's scalars) are
+reduced.
 """
 import math
 from collections.abc import Sequence
@@ -15,7 +18,8 @@ from jax.sharding import Mesh
 
 from pretrain_jax.training.config import MESH_AXES, MeshConfig, TrainConfig
 
-BATCH_AXES = ('data', 'fsdp')
+AXES = ('dcn',) + MESH_AXES
+BATCH_AXES = ('dcn', 'data', 'fsdp')
 
 # Logical name (pretrain_jax.models.layers, DESIGN.md) -> mesh axis. The names not listed
 # (kv, position, type_vocab, relpos_buckets, classes, layers, length) are replicated.
@@ -28,25 +32,38 @@ LOGICAL_RULES = (
 )
 
 
-def mesh_shape(mesh_config: MeshConfig, num_devices: int) -> tuple:
-  """config.mesh -> (data, fsdp, tensor) sizes; one -1 takes the devices left over."""
+def mesh_shape(mesh_config: MeshConfig, num_devices: int, slices: int = 1) -> tuple:
+  """config.mesh -> (data, fsdp, tensor) sizes of one slice of `num_devices`; one -1 takes the
+  devices left over."""
   sizes = list(mesh_config.sizes.values())
   if -1 in sizes:
     sizes[sizes.index(-1)] = num_devices // math.prod(s for s in sizes if s != -1)
   if math.prod(sizes) != num_devices:
+    where = f' in each of {slices} slices' if slices > 1 else ''
     raise ValueError(f'config.mesh {mesh_config.sizes} makes a mesh of {math.prod(sizes)} '
-                     f'devices; expected the {num_devices} available')
+                     f'devices; expected the {num_devices} available{where}')
   return tuple(sizes)
 
 
+def slice_count(devices: Sequence) -> int:
+  """The slices `devices` come from (jax.Device.slice_index; 1 where devices have none)."""
+  return len({getattr(d, 'slice_index', 0) for d in devices})
+
+
 def make_mesh(mesh_config: MeshConfig, devices: Sequence = None) -> Mesh:
+  """The mesh over AXES: `dcn` spans the slices, config.mesh's axes the devices of a slice."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_config, len(devices))
+  slices = slice_count(devices)
+  shape = (1,) + mesh_shape(mesh_config, len(devices) // slices, slices)
+  if slices > 1:   # each slice's devices in a topology-aware layout, slices side by side
+    grid = mesh_utils.create_hybrid_device_mesh(shape, (slices, 1, 1, 1), devices,
+                                                allow_split_physical_axes=True)
+    return Mesh(grid, AXES)
   try:  # a topology-aware layout on TPU/GPU; plain order elsewhere
     grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
   except (ValueError, NotImplementedError, AssertionError):
     grid = np.asarray(devices).reshape(shape)
-  return Mesh(grid, MESH_AXES)
+  return Mesh(grid, AXES)
 
 
 def traced_in(mesh: Mesh, fn):
@@ -72,6 +89,7 @@ def check_config(t: TrainConfig, m, mesh: Mesh, process_count: int = 1) -> None:
   """Errors for a batch (config.train) or model (ModelConfig `m`) sizes the mesh does not
   split, before any compilation."""
   shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  axes = '*'.join(a for a in BATCH_AXES if a != 'dcn' or mesh.shape[a] > 1)
   if t.batch_size % t.microbatches:
     raise ValueError(f'train.batch_size={t.batch_size} is not divisible by '
                      f'train.microbatches={t.microbatches}')
@@ -80,9 +98,9 @@ def check_config(t: TrainConfig, m, mesh: Mesh, process_count: int = 1) -> None:
     raise ValueError(
         f'train.batch_size={t.batch_size} / train.microbatches={t.microbatches} = {micro} '
         f'sequences per microbatch is not divisible by the data-parallel mesh axes '
-        f'data*fsdp={shards} (mesh {dict(mesh.shape)})')
+        f'{axes}={shards} (mesh {dict(mesh.shape)})')
   if shards % process_count:
-    raise ValueError(f'the data-parallel mesh axes data*fsdp={shards} (mesh {dict(mesh.shape)}) '
+    raise ValueError(f'the data-parallel mesh axes {axes}={shards} (mesh {dict(mesh.shape)}) '
                      f'are not a multiple of the {process_count} processes (hosts); expected a '
                      'multiple: each process feeds batch shards of its own (tensor parallelism '
                      'stays within a host)')
