@@ -10,6 +10,7 @@ import pytest
 import configs.tiny_gpt
 from configs import common
 from pretrain_jax import data
+from pretrain_jax.cli import process
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.run import loop
 
@@ -25,7 +26,8 @@ def pytest_configure(config):
   the commands they start: its tests check what tiny programs compute and print, where XLA:CPU's
   optimizing build costs more than it saves. The slow set (`-m slow`: the README's commands, the
   main job's models end to end) compiles as users' runs do. Flags already in XLA_FLAGS come
-  after, so they win."""
+  after, so they win. JAX's platform is chosen as the commands choose it (cli/process.py)."""
+  process.choose_platform()   # as every command does: with libtpu installed, a CPU-only host
   if config.getoption('markexpr') == 'not slow':
     os.environ['XLA_FLAGS'] = ' '.join(
         filter(None, [commands.FAST_COMPILE_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))

@@ -1,7 +1,9 @@
-"""Process set-up for the commands: glibc malloc tuned for XLA:CPU's step buffers, and
-TensorFlow's C++ log settings. The standard library only: `start` runs before anything else is
-imported (pretrain_jax/cli/__init__.py)."""
+"""Process set-up for the commands: glibc malloc tuned for XLA:CPU's step buffers, TensorFlow's
+C++ log settings, and JAX's platform on a host without an accelerator. The standard library
+only: `start` runs before anything else is imported (pretrain_jax/cli/__init__.py)."""
 import ctypes
+import glob
+import importlib.util
 import os
 import re
 import sys
@@ -18,7 +20,50 @@ def start() -> None:
   # on" through absl before TF_CPP_MIN_LOG_LEVEL applies, on CPUs where oneDNN is on by
   # default. oneDNN only changes TF's float kernels.
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+  choose_platform()
   keep_freed_memory(forced_cpu_devices())
+
+
+# Where a host shows its accelerators: TPU chips (/dev/accel* on v2-v4, VFIO groups on v5e and
+# later), NVIDIA GPUs (also under WSL2), AMD GPUs.
+ACCELERATOR_DEVICES = ('/dev/accel*', '/dev/vfio/[0-9]*', '/dev/nvidia0', '/dev/nvidiactl',
+                       '/dev/dxg', '/dev/kfd')
+GOOGLE_PCI_VENDOR = '0x1ae0'   # TPU chips are Google PCI devices (so are some virtual NICs)
+
+
+def host_files(root: str, pattern: str) -> list[str]:
+  """The files under `root` that match an absolute `pattern` (the host's own device files: a
+  local glob, since this module runs before epath may load)."""
+  return glob.glob(root.rstrip('/') + pattern)  # noqa: TID251 (local /dev and /sys only)
+
+
+def has_accelerator(root: str = '/') -> bool:
+  """Whether the host under `root` may have a TPU or GPU: a device file of one, or any Google
+  PCI device (a TPU VM's chips; an unknown one counts, so a new TPU is never missed)."""
+  if any(host_files(root, pattern) for pattern in ACCELERATOR_DEVICES):
+    return True
+  for vendor in host_files(root, '/sys/bus/pci/devices/*/vendor'):
+    try:
+      with open(vendor) as f:  # noqa: PTH123 (a local sysfs file)
+        if f.read().strip() == GOOGLE_PCI_VENDOR:
+          return True
+    except OSError:
+      continue
+  return False
+
+
+def libtpu_installed() -> bool:
+  return importlib.util.find_spec('libtpu') is not None
+
+
+def choose_platform(root: str = '/') -> str:
+  """JAX_PLATFORMS=cpu where libtpu is installed (the `tpu` extra, the tests' TPU compiler) on
+  a host with no accelerator, unless JAX_PLATFORMS is set: JAX would try the TPU backend first,
+  and libtpu's start-up prints warnings about the TPU runtime it cannot find. `pretrain-jax
+  plan` still compiles for a TPU (its topology needs no backend). Returns JAX_PLATFORMS."""
+  if 'JAX_PLATFORMS' not in os.environ and libtpu_installed() and not has_accelerator(root):
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+  return os.environ.get('JAX_PLATFORMS', '')
 
 
 def _glibc():
