@@ -22,6 +22,7 @@ COMMANDS = {   # name: what it does (one line of `pretrain-jax --help`)
     'fewshot': 'zero- and few-shot classification by a GPT: the labels ranked by likelihood',
     'convert_hf': 'Hugging Face model directory <-> training workdir',
     'train_tokenizer': 'train a sentencepiece tokenizer (T5 sentinels, BERT specials)',
+    'plan': "will a config fit a TPU slice, at what batch, how fast at best (the TPU compiler)",
     'tpu': 'Cloud TPU VM slices: create, set up, run, watch, recover, delete',
     'benchmark': "time a config's real train step (tokens/s, MFU)",
     'benchmark_data': 'time the input pipeline alone',

@@ -21,7 +21,7 @@ import optax
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.models import ModelConfig, cost, family_of
 from pretrain_jax.models.layers import attention_path
-from pretrain_jax.objectives import span_corruption
+from pretrain_jax.objectives import prefix_lm, span_corruption
 from pretrain_jax.perf.config import BenchmarkConfig
 from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.training import mesh as mesh_lib
@@ -89,7 +89,7 @@ def target_length(data: DataConfig, bench: BenchmarkConfig) -> int:
 
 def synthetic_batch(config) -> dict:
   """One global batch of the shapes a whole config names (numpy), as the data pipeline lays
-  it out.
+  it out (a prefix LM's with its prefix).
 
   Token ids follow Zipf(1.1) as natural text's do: uniform ids never repeat enough to show what
   a repeated id costs (e.g. a bf16 embedding-gradient scatter-add on a GPU).
@@ -100,7 +100,11 @@ def synthetic_batch(config) -> dict:
                 else 0)
   data = SyntheticDataset(m.family, vocab_size=m.vocab_size, seq_len=d.seq_len,
                           batch_size=t.batch_size, nsp=m.nsp, zipf=1.1, target_len=target_len)
-  return data.batch(0)
+  batch = data.batch(0)
+  if d.objective == 'prefix_lm':   # the objective's prefix and loss weights over the CLM rows
+    batch.update(prefix_lm.features(batch['segment_ids'], batch['positions'],
+                                    np.random.default_rng(0)))
+  return batch
 
 
 FEEDS = ('device', 'host', 'prefetch')

@@ -1,0 +1,342 @@
+"""A config's train and eval steps compiled by the TPU compiler for a Cloud TPU accelerator
+type, on any machine, and what the compiled program needs per chip.
+
+libtpu (the `tpu` extra, or the test requirements) holds the compiler; libtpu's topology
+description gives the devices of a slice without its chips (jax.experimental.topologies), and
+`jit(...).lower(...).compile()` on a mesh of them runs the real TPU compiler: the same
+`training.step.make_steps` the trainer runs, with the config's mesh, attention path, remat,
+microbatches and loss chunking. Per chip it reads:
+
+  memory      compiled.memory_analysis(): arguments (parameters, optimizer state, the batch),
+              outputs not aliased to the donated state, temporaries, generated code; the
+              compiler refuses (RESOURCE_EXHAUSTED) a program that does not fit, which is
+              `fits: False` with its message, not an error
+  kernels     the Mosaic custom calls in the compiled program (`tpu_custom_call`): the
+              attention kernels (splash) that lowered for the chip
+  FLOPs       compiled.cost_analysis()'s `flops` and `bytes accessed` of one device's program
+              (a Mosaic kernel counts 0 there; `model_flops_per_chip` is the analytic count)
+  floor       max(FLOPs / datasheet peak, bytes accessed / datasheet HBM bandwidth): no step
+              is faster (pretrain_jax/chips.py has the numbers)
+
+`largest_batch` finds the largest global batch that compiles (a multiple of the data-parallel
+shards times the microbatches) from a few compiles, each guided by the memory of the last.
+"""
+import contextlib
+import copy
+import importlib.util
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from pretrain_jax import chips as chips_lib
+from pretrain_jax.models import cost
+from pretrain_jax.models.layers import attention_path
+from pretrain_jax.ops import backends
+from pretrain_jax.perf import benchmark
+from pretrain_jax.training import mesh as mesh_lib
+from pretrain_jax.training import step as step_lib
+from pretrain_jax.training.config import RunConfig
+
+INSTALL = "pip install 'pretrain_jax[tpu]' (or libtpu==0.0.42.1, the TPU compiler)"
+MOSAIC_CALL = 'custom_call_target="tpu_custom_call"'
+
+
+def _require_libtpu() -> None:
+  if importlib.util.find_spec('libtpu') is None:
+    raise ValueError(f'the TPU compiler (libtpu) is not installed; expected {INSTALL}')
+
+
+@contextlib.contextmanager
+def _quiet_stderr(keep: bool = False):
+  """File descriptor 2 into a scratch file: libtpu's C++ start-up warns about the TPU runtime
+  it does not start here (no accelerator type, no worker hostnames)."""
+  if keep:
+    yield
+    return
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as scratch:
+    os.dup2(scratch.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+def topology_devices(tpu_type: str, slices: int = 1, verbose: bool = False) -> list:
+  """The devices of `slices` slices of accelerator type `tpu_type` (no chips needed)."""
+  topo = chips_lib.topology(tpu_type)
+  if not topo.chip.plans:
+    planned = ', '.join(c.family for c in chips_lib.CHIPS if c.plans)
+    raise ValueError(f'accelerator type {tpu_type!r}: plan compiles for {planned} (one JAX '
+                     f'device per chip); expected one of those')
+  if slices < 1:
+    raise ValueError(f'slices={slices}; expected 1 or more')
+  _require_libtpu()
+  # Compiling starts no TPU runtime: several planning processes may share the machine, and a
+  # TPU VM's own chips stay with its trainer.
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  from jax.experimental import topologies  # noqa: PLC0415  (loads libtpu)
+  with _quiet_stderr(verbose):
+    desc = topologies.get_topology_desc(
+        platform='tpu', topology_name=topo.name, chip_config_name=topo.chip.chip_config,
+        chips_per_host_bounds=topo.host_bounds, num_slices=slices)
+  return list(desc.devices)
+
+
+def batch_shapes(config, batch_size: int, sharding) -> dict:
+  """ShapeDtypeStructs of one global batch of `batch_size` rows, as the data pipeline lays it
+  out for `config` (benchmark.synthetic_batch's keys and dtypes)."""
+  one = copy.deepcopy(config)
+  one.train.batch_size = 1
+  import jax  # noqa: PLC0415  (after topology_devices set libtpu's environment)
+  return {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype, sharding=sharding)
+          for k, v in benchmark.synthetic_batch(one).items()}
+
+
+def compiler_message(error: Exception) -> str:
+  """The compiler's refusal in one line (its first lines, without the buffer listing)."""
+  text = ' '.join(str(error).split('\n')[:3]).split('Largest program allocations')[0]
+  return ' '.join(text.split())[:400]
+
+
+def _compile(fn, *args):
+  """(compiled or None, seconds, the compiler's message when memory ran out)."""
+  start = time.perf_counter()
+  try:
+    compiled = fn.lower(*args).compile()
+  except Exception as e:   # jax.errors.JaxRuntimeError; the type moved between releases
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    return None, time.perf_counter() - start, compiler_message(e)
+  return compiled, time.perf_counter() - start, ''
+
+
+def memory(compiled) -> dict:
+  """Bytes per chip of a compiled program (memory_analysis is of one device's program)."""
+  m = compiled.memory_analysis()
+  out = dict(argument_bytes=int(m.argument_size_in_bytes), output_bytes=int(m.output_size_in_bytes),
+             alias_bytes=int(m.alias_size_in_bytes), temp_bytes=int(m.temp_size_in_bytes),
+             code_bytes=int(m.generated_code_size_in_bytes))
+  out['hbm_bytes_per_chip'] = (out['argument_bytes'] + out['output_bytes'] - out['alias_bytes']
+                               + out['temp_bytes'] + out['code_bytes'])
+  return out
+
+
+def costs(compiled) -> dict:
+  analysis = compiled.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  return {'flops_per_chip': float(analysis.get('flops', 0.0)),
+          'bytes_accessed_per_chip': float(analysis.get('bytes accessed', 0.0))}
+
+
+def mosaic_kernels(compiled) -> int:
+  """The Mosaic (Pallas TPU) custom calls in the compiled program."""
+  return compiled.as_text().count(MOSAIC_CALL)
+
+
+class Planner:
+  """One config on one topology: compiles its steps at any global batch size."""
+
+  def __init__(self, config, tpu_type: str, slices: int = 1, verbose: bool = False):
+    self.config, self.topology = config, chips_lib.topology(tpu_type)
+    self.slices = slices
+    self.devices = topology_devices(tpu_type, slices, verbose)
+    self.run = RunConfig.from_config(config)
+    self.mesh = mesh_lib.make_mesh(self.run.mesh, self.devices)
+    self.hosts = len({d.process_index for d in self.devices})
+    mesh_lib.check_config(self.run.train, self.run.model, self.mesh, self.hosts)
+    t, data = self.run.train, self.run.data
+    self.max_predictions = step_lib.max_predictions(t, data)
+    self.steps = step_lib.make_steps(self.run.model, t, self.mesh,
+                                     max_predictions=self.max_predictions,
+                                     init_length=data.seq_len)
+
+  @property
+  def unit(self) -> int:
+    """Global batches are multiples of this: data-parallel shards x microbatches."""
+    shards = int(np.prod([self.mesh.shape[a] for a in mesh_lib.BATCH_AXES]))
+    return shards * self.run.train.microbatches
+
+  def check_batch(self, batch_size: int) -> None:
+    t = self.run.train.replace(batch_size=batch_size)
+    mesh_lib.check_config(t, self.run.model, self.mesh, self.hosts)
+
+  def train(self, batch_size: int):
+    """(compiled train step or None, seconds, the compiler's message if it ran out)."""
+    self.check_batch(batch_size)
+    shapes = batch_shapes(self.config, batch_size, self.steps.batch_sharding)
+    return _compile(self.steps.train_step, self.steps.abstract_state, shapes)
+
+  def eval(self, batch_size: int):
+    shapes = batch_shapes(self.config, batch_size, self.steps.batch_sharding)
+    return _compile(self.steps.eval_step, self.steps.abstract_state.params, shapes)
+
+  def describe(self, batch_size: int) -> dict:
+    """The numbers of a plan that do not need a compile."""
+    chip, m = self.topology.chip, self.run.model
+    one = batch_shapes(self.config, 1, None)
+    rows = {k: np.broadcast_to(np.zeros((1,) + s.shape[1:], s.dtype),
+                               (batch_size,) + s.shape[1:]) for k, s in one.items()}
+    tokens, model_flops = cost.batch_cost(m, rows, self.max_predictions)
+    chips = self.topology.chips * self.slices
+    trained = m.replace(tuning=backends.for_device(self.devices[0], self.run.train.fp8),
+                        deterministic=False)
+    return {'topology': self.topology.tpu_type, 'topology_name': self.topology.name,
+            'chips': chips, 'slices': self.slices, 'hosts': self.hosts,
+            'mesh': {k: int(v) for k, v in self.mesh.shape.items()},
+            'batch_size': batch_size, 'tokens_per_step': int(tokens),
+            'model_flops_per_chip': model_flops / chips,
+            'attention_impl': attention_path(trained),
+            'hbm_capacity_bytes': chip.hbm_bytes, 'peak_flops_per_chip': chip.peak_flops,
+            'hbm_bytes_per_s': chip.hbm_bytes_per_s}
+
+
+def floor_s(flops: float, bytes_accessed: float, chip) -> float:
+  """No step is faster than its FLOPs at peak or its bytes at full HBM bandwidth."""
+  return max(flops / chip.peak_flops, bytes_accessed / chip.hbm_bytes_per_s)
+
+
+def plan(planner: Planner, batch_size: int = 0, with_eval: bool = True) -> dict:
+  """The plan of one global batch (default the config's): the train step's memory, kernels,
+  FLOPs and floor, and whether it and the eval step fit."""
+  batch_size = batch_size or planner.run.train.batch_size
+  out = planner.describe(batch_size)
+  compiled, seconds, message = planner.train(batch_size)
+  out.update(fits=compiled is not None, compile_s=round(seconds, 1))
+  if compiled is None:
+    out['compiler_message'] = message
+    return out
+  out.update(**memory(compiled), **costs(compiled), attention_kernels=mosaic_kernels(compiled))
+  floor = floor_s(out['flops_per_chip'], out['bytes_accessed_per_chip'], planner.topology.chip)
+  out.update(step_time_floor_s=floor, tokens_per_s_ceiling=out['tokens_per_step'] / floor
+             if floor else None)
+  if with_eval:
+    _add_eval(planner, batch_size, out)
+  return out
+
+
+def _add_eval(planner: Planner, batch_size: int, out: dict) -> None:
+  """The eval step's compile at `batch_size` into the plan `out`."""
+  evaluated, seconds, message = planner.eval(batch_size)
+  out.update(eval_fits=evaluated is not None, eval_compile_s=round(seconds, 1))
+  if evaluated is None:
+    out.update(fits=False, compiler_message=message)
+  else:
+    out['eval_hbm_bytes_per_chip'] = memory(evaluated)['hbm_bytes_per_chip']
+
+
+def largest_batch(probe: Callable, unit: int, capacity: float, start: int = 1) -> tuple:
+  """(the largest multiple of `unit` that fits, its probe's bytes, the probes made).
+
+  `probe(batch)` compiles and returns the bytes per chip, or None when the batch does not fit.
+  It grows from `start` units until a batch does not fit, then narrows the gap; each guess
+  extrapolates the bytes of the two largest fitting batches to `capacity`, and every other
+  guess is the midpoint, so the search ends within twice the probes of a bisection.
+  """
+  seen = {}
+
+  def fits(n):
+    if n not in seen:
+      seen[n] = probe(n * unit)
+    return seen[n] is not None
+
+  n = max(start, 1)
+  while not fits(n):
+    if n == 1:
+      return 0, None, seen
+    n = max(1, n // 4)
+  lo, hi, midpoint = n, None, False
+  while hi is None or hi - lo > 1:
+    ok = sorted(k for k, v in seen.items() if v is not None)
+    guess = lo * 2 if hi is None else (lo + hi) // 2
+    if len(ok) >= 2 and not midpoint:
+      a, b = ok[-2], ok[-1]
+      per_unit = (seen[b] - seen[a]) / (b - a)
+      if per_unit > 0:
+        guess = b + int((capacity - seen[b]) // per_unit)
+    midpoint = not midpoint
+    guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
+    if fits(guess):
+      lo = guess
+    else:
+      hi = guess
+  return lo * unit, seen[lo], seen
+
+
+def fit(planner: Planner, with_eval: bool = True, head: dict = None) -> dict:
+  """The plan of the configured batch, plus `max_batch_size` (the largest that fits) and
+  `next_batch_size` (the next multiple, which does not), with the plan of the largest.
+  `head`: the configured batch's plan, if made already."""
+  configured = planner.run.train.batch_size
+  records = {configured: head} if head else {}
+
+  def probe(batch_size):
+    if batch_size not in records:
+      records[batch_size] = plan(planner, batch_size, with_eval=False)
+    return records[batch_size].get('hbm_bytes_per_chip') if records[batch_size]['fits'] else None
+
+  unit = planner.unit
+  best, _, _ = largest_batch(probe, unit, planner.topology.chip.hbm_bytes,
+                             start=max(configured // unit, 1))
+  head = dict(records.get(configured) or plan(planner, configured, with_eval=False))
+  out = dict(records[best] if best else head)
+  if best and with_eval:
+    _add_eval(planner, best, out)
+  out.update(planned_batch_size=best, batch_size=configured, fits=head['fits'],
+             max_batch_size=best,
+             next_batch_size=best + unit, fit_compiles=len(records),
+             fit_compile_s=round(sum(r['compile_s'] for r in records.values()), 1))
+  if not head['fits']:
+    out['compiler_message'] = head.get('compiler_message', '')
+  return out
+
+
+def gib(n) -> str:
+  return '-' if n is None else f'{n / chips_lib.GIB:.2f} GiB'
+
+
+def summary(out: dict) -> list:
+  """A few lines for a person (stderr)."""
+  where = (f"{out['topology']} ({out['topology_name']}, {out['chips']} chips"
+           f"{', ' + str(out['slices']) + ' slices' if out['slices'] > 1 else ''}), mesh "
+           + ' x '.join(f'{k} {v}' for k, v in out['mesh'].items() if v > 1 or k != 'dcn'))
+  lines = [where]
+  verdict = 'fits' if out['fits'] else 'does NOT fit'
+  lines.append(f"batch {out['batch_size']}: {verdict}"
+               + (f"; the compiler: {out['compiler_message']}" if out.get('compiler_message')
+                  else ''))
+  if 'max_batch_size' in out:
+    lines.append(f"largest batch that fits: {out['max_batch_size']} (the next multiple, "
+                 f"{out['next_batch_size']}, does not); {out['fit_compiles']} compiles, "
+                 f"{out['fit_compile_s']:.0f} s")
+  if 'hbm_bytes_per_chip' in out:
+    lines.append(
+        f"per chip at batch {out.get('planned_batch_size', out['batch_size'])}: "
+        f"{gib(out['hbm_bytes_per_chip'])} of {gib(out['hbm_capacity_bytes'])} "
+        f"(arguments {gib(out['argument_bytes'])}, temporaries {gib(out['temp_bytes'])}, "
+        f"code {gib(out['code_bytes'])}); eval step {gib(out.get('eval_hbm_bytes_per_chip'))}")
+    lines.append(
+        f"attention: {out['attention_impl']}, {out['attention_kernels']} Mosaic kernels; "
+        f"{out['flops_per_chip'] / 1e12:.3f} TFLOP per chip per step (analytic "
+        f"{out['model_flops_per_chip'] / 1e12:.3f}); floor {out['step_time_floor_s'] * 1e3:.1f}"
+        f" ms/step, at most {out['tokens_per_s_ceiling']:,.0f} tokens/s")
+  lines.append(f"compile: {out['compile_s']:.1f} s (train)"
+               + (f", {out['eval_compile_s']:.1f} s (eval)" if 'eval_compile_s' in out else ''))
+  return lines
+
+
+def run_plan(config, tpu_type: str, slices: int = 1, find_max: bool = False,
+             with_eval: bool = True, fit_if_refused: bool = False,
+             verbose: bool = False) -> dict:
+  """What `pretrain-jax plan` computes (commands/plan.py): the plan of the configured batch;
+  `find_max` adds the largest batch that fits, `fit_if_refused` only when it does not fit."""
+  planner = Planner(config, tpu_type, slices, verbose)
+  if find_max:
+    return fit(planner, with_eval)
+  out = plan(planner, with_eval=with_eval)
+  return fit(planner, with_eval, head=out) if fit_if_refused and not out['fits'] else out

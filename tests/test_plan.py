@@ -1,0 +1,224 @@
+"""pretrain-jax plan: the TPU compiler (libtpu) compiling the real train step for Cloud TPU
+topologies on this CPU machine, the chip table and the batch search.
+
+The compiles are tiny configs (seconds each), made once per module (`plans`); the published
+sizes are in docs/performance.md. The test requirements pin libtpu, so the compiler is here.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import commands
+import jax
+import pytest
+
+import configs.tiny_bert
+import configs.tiny_gpt
+import configs.tiny_prefix_lm
+import configs.tiny_t5
+from pretrain_jax import chips
+from pretrain_jax.perf import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(dtype='bfloat16', num_layers=1, attention_impl='splash')
+
+
+def tiny(module, **changes):
+  """A tiny config, one layer (T5: one per stack), bf16, splash attention."""
+  config = module.get_config()
+  config.model.update(TINY, **({'num_decoder_layers': 1} if 'num_decoder_layers' in
+                               config.model else {}))
+  for section, values in changes.items():
+    config[section].update(values)
+  return config
+
+
+# -- the chip table ------------------------------------------------------------------------
+
+
+def test_accelerator_types_map_to_topologies():
+  expected = {   # type: (libtpu topology, chips, chips per host along each axis, hosts)
+      'v4-8': ('v4:2x2x1', 4, (2, 2, 1), 1), 'v4-32': ('v4:2x2x4', 16, (2, 2, 1), 4),
+      'v4-128': ('v4:4x4x4', 64, (2, 2, 1), 16), 'v5litepod-1': ('v5e:1x1', 1, (1, 1, 1), 1),
+      'v5e-8': ('v5e:2x4', 8, (2, 4, 1), 1), 'v5litepod-16': ('v5e:4x4', 16, (2, 2, 1), 4),
+      'v5litepod-128': ('v5e:8x16', 128, (2, 2, 1), 32), 'v5p-8': ('v5:2x2x1', 4, (2, 2, 1), 1),
+      'v5p-12288': ('v5:16x16x24', 6144, (2, 2, 1), 1536),
+      'v6e-8': ('v6e:2x4', 8, (2, 4, 1), 1), 'v6e-256': ('v6e:16x16', 256, (2, 2, 1), 64)}
+  for tpu_type, (name, count, bounds, hosts) in expected.items():
+    topo = chips.topology(tpu_type)
+    assert (topo.name, topo.chips, topo.host_bounds, topo.hosts) == (name, count, bounds, hosts)
+  assert chips.canonical_type('v5e-16') == 'v5litepod-16'
+  for bad in ('v5e-2', 'v7-8', 'v4-12', 'tpu', ''):
+    with pytest.raises(ValueError, match=f"unknown accelerator type '{bad}'"):
+      chips.topology(bad)
+
+
+def test_peaks_per_device_come_from_the_chip_table():
+  # v2 / v3: a JAX device is one of a chip's two TensorCores; v4 on: one megacore chip.
+  assert chips.peak_flops_per_device('TPU v3') == 123e12 / 2
+  assert chips.peak_flops_per_device('TPU v4') == 275e12
+  assert chips.peak_flops_per_device('TPU v5') == 459e12          # v5p's device kind
+  assert chips.peak_flops_per_device('TPU v5 lite') == 197e12
+  assert chips.peak_flops_per_device('NVIDIA H100 80GB HBM3') == 989e12
+  assert chips.peak_flops_per_device('cpu') is None
+
+
+@pytest.mark.parametrize('tpu_type', ['v4-16', 'v5litepod-8', 'v5p-16', 'v6e-4'])
+def test_libtpu_describes_each_family_s_topology(tpu_type):
+  devices = plan.topology_devices(tpu_type)
+  topo = chips.topology(tpu_type)
+  assert len(devices) == topo.chips
+  assert len({d.process_index for d in devices}) == topo.hosts
+  assert chips.chip_of_device_kind(devices[0].device_kind) is topo.chip
+
+
+# -- the batch search ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('limit, fixed, per_row, curve, start', [
+    (37, 1.0, 1.0, 1.0, 64), (37, 5.0, 0.3, 1.3, 1), (1, 2.0, 3.0, 1.0, 4), (0, 99.0, 1.0, 1.0, 8),
+    (500, 0.0, 0.01, 0.8, 2)])
+def test_largest_batch_is_the_largest_multiple_that_fits(limit, fixed, per_row, curve, start):
+  """Against a probe whose batches fit up to `limit` units, whatever its bytes' curve: the
+  answer fits, the next multiple does not, in at most about twice a bisection's probes."""
+  unit, capacity = 8, fixed + per_row * max(limit, 1) ** curve + 0.5
+
+  def probe(batch):
+    n = batch // unit
+    return fixed + per_row * n ** curve if n <= limit else None
+  best, _, seen = plan.largest_batch(probe, unit, capacity, start=start)
+  assert best == limit * unit
+  assert (limit + 1) in seen and seen[limit + 1] is None
+  assert limit == 0 or seen[limit] is not None
+  assert len(seen) <= 2 * math.ceil(math.log2(max(limit, start) + 2)) + 3
+
+
+# -- the TPU compiler ----------------------------------------------------------------------
+
+
+def _plan(config, tpu_type, slices=1, with_eval=False):
+  planner = plan.Planner(config, tpu_type, slices)
+  return planner, plan.plan(planner, with_eval=with_eval)
+
+
+@pytest.fixture(scope='module')
+def plans():
+  """Each case compiled once: (planner, plan)."""
+  mesh3 = {'data': 2, 'fsdp': 2, 'tensor': 2}
+  return {
+      'gpt_v5e_3d': _plan(tiny(configs.tiny_gpt, mesh=mesh3), 'v5litepod-8', with_eval=True),
+      'bert_v4': _plan(tiny(configs.tiny_bert, model={'position_embedding': 'learned'}), 'v4-8'),
+      'prefix_lm_v4': _plan(tiny(configs.tiny_prefix_lm), 'v4-8'),
+      't5_v5e': _plan(tiny(configs.tiny_t5), 'v5litepod-4'),
+  }
+
+
+@pytest.mark.parametrize('case, kernels_per_layer', [
+    ('gpt_v5e_3d', 3),      # causal with packed segment ids: forward, dq, dkv
+    ('bert_v4', 3),         # full with padding (segment id 0)
+    ('prefix_lm_v4', 6),    # two calls: causal, and full over the prefixes
+    ('t5_v5e', 3),          # cross-attention only (the self-attentions have the bias)
+])
+def test_splash_lowers_through_mosaic_for_each_mask(plans, case, kernels_per_layer):
+  planner, out = plans[case]
+  assert out['fits'] and out['attention_impl'] == 'splash'
+  # one layer; Pallas's interpreter (the CPU's splash) would lower to no Mosaic call at all
+  assert out['attention_kernels'] == kernels_per_layer
+  assert planner.devices[0].platform == 'tpu'
+  assert out['hbm_bytes_per_chip'] == (out['argument_bytes'] + out['output_bytes']
+                                       - out['alias_bytes'] + out['temp_bytes']
+                                       + out['code_bytes'])
+  assert 0 < out['hbm_bytes_per_chip'] < out['hbm_capacity_bytes']
+  chip = chips.topology(out['topology']).chip
+  assert out['step_time_floor_s'] == max(out['flops_per_chip'] / chip.peak_flops,
+                                         out['bytes_accessed_per_chip'] / chip.hbm_bytes_per_s)
+  # The compiler's FLOPs (Mosaic kernels count none) against the analytic matmul count.
+  assert 0.5 < out['flops_per_chip'] / out['model_flops_per_chip'] < 2
+
+
+def test_a_data_fsdp_tensor_mesh_compiles_sharded(plans):
+  planner, out = plans['gpt_v5e_3d']
+  assert out['mesh'] == {'dcn': 1, 'data': 2, 'fsdp': 2, 'tensor': 2}
+  assert out['eval_fits'] and 0 < out['eval_hbm_bytes_per_chip'] < out['hbm_bytes_per_chip']
+  wte = planner.steps.abstract_state.params['wte']['embedding']
+  assert wte.sharding.shard_shape(wte.shape) == (wte.shape[0] // 2, wte.shape[1] // 2)
+  # 8 chips hold one copy of the state between them 4 ways (fsdp x tensor), twice (data):
+  # each chip's arguments are about a quarter of the state, not all of it.
+  state = sum(math.prod(x.shape) * x.dtype.itemsize
+              for x in jax.tree.leaves(planner.steps.abstract_state))
+  assert out['argument_bytes'] < state / 2
+
+
+def megascale_transfers(hlo: str) -> list:
+  """(kind, elements) of each transfer between slices in a compiled TPU program: XLA sends
+  them to the megascale runtime (the data-center network), the slices' own collectives stay
+  in the program."""
+  found = []
+  for m in re.finditer(r'= \((\w+)\[([\d,]*)\][^\n]*? send\([^\n]*'
+                       r'_xla_megascale_transfer_type="(\w+)"', hlo):
+    dims = [int(d) for d in m.group(2).split(',') if d]
+    found.append((m.group(3), math.prod(dims)))
+  return found
+
+
+def test_across_slices_only_gradients_and_scalars_are_reduced():
+  """Two v5e-4 slices, fsdp 2 x data 2 in each: the batch splits over the slices (`dcn`), the
+  parameters do not, so what crosses the data-center network is the gradients' all-reduce and
+  the step's scalar metrics: all-reduces, of no more elements than the parameters (a
+  parameter gather or an activation would be another kind, or more)."""
+  config = tiny(configs.tiny_gpt, mesh={'data': 2, 'fsdp': 2, 'tensor': 1})
+  planner = plan.Planner(config, 'v5litepod-4', slices=2)
+  assert dict(planner.mesh.shape) == {'dcn': 2, 'data': 2, 'fsdp': 2, 'tensor': 1}
+  assert {d.slice_index for d in planner.mesh.devices[0].flat} == {0}
+  assert {d.slice_index for d in planner.mesh.devices[1].flat} == {1}
+  compiled, _, message = planner.train(16)
+  assert compiled is not None, message
+  transfers = megascale_transfers(compiled.as_text())
+  params = sum(math.prod(x.shape) for x in
+               jax.tree.leaves(planner.steps.abstract_state.params))
+  assert transfers and {kind for kind, _ in transfers} == {'ALL_REDUCE'}
+  # each device reduces its fsdp half of the gradients (tiled, so padded) with its twin
+  assert params / 2 <= sum(n for _, n in transfers) <= params
+
+
+def test_plan_command_reports_a_config_too_large_as_a_result():
+  """A batch the chip cannot hold (8 rows of 2048 tokens with a million-word vocabulary:
+  4 GiB of float32 logits per row alone): `fits: false` on the JSON line and the compiler's own
+  message in the summary, exit 0, no traceback."""
+  done = commands.run('plan', '--config', 'tiny_gpt', '--topology', 'v5e-1',
+                      '--config.model.num_layers=1', '--config.model.vocab_size=1000000',
+                      '--config.data.seq_len=2048', '--config.model.max_len=2048',
+                      '--config.train.batch_size=8', timeout=600)
+  assert done.returncode == 0, done.stderr
+  line = json.loads(done.stdout.strip().splitlines()[-1])
+  assert line['fits'] is False and line['batch_size'] == 8
+  assert (line['topology'], line['chips'], line['slices']) == ('v5litepod-1', 1, 1)
+  assert line['hbm_capacity_bytes'] == 16 * 2**30
+  assert 'RESOURCE_EXHAUSTED' in done.stderr and 'HBM' in done.stderr
+  assert 'Traceback' not in done.stderr
+
+
+def test_without_libtpu_plan_is_one_error_line_naming_the_extra():
+  hide = ('import importlib.util as u, runpy, sys; real = u.find_spec; '
+          "u.find_spec = lambda name, *a: None if name == 'libtpu' else real(name, *a); "
+          "sys.argv = ['plan', '--config', 'tiny_gpt', '--topology', 'v4-8']; "
+          "runpy.run_module('pretrain_jax.commands.plan', run_name='__main__')")
+  done = subprocess.run([sys.executable, '-c', hide], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert done.returncode == 2 and done.stdout == ''
+  assert done.stderr.strip().splitlines() == [
+      f'error: the TPU compiler (libtpu) is not installed; expected {plan.INSTALL}']
+
+
+@pytest.mark.parametrize('args, named', [
+    (['--topology', 'v3-8'], "'v3-8': plan compiles for v4, v5litepod, v5p, v6e"),
+    (['--topology', 'v5e-3'], "unknown accelerator type 'v5e-3'"),
+    (['--topology', 'v5litepod-8', '--config.mesh.tensor=3'], 'config.mesh'),
+])
+def test_plan_refuses_bad_input_in_one_line(args, named):
+  done = commands.run('plan', '--config', 'tiny_gpt', *args)
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+  assert done.stderr.startswith('error: ') and named in done.stderr
