@@ -268,7 +268,9 @@ def test_stop_signals_the_trainer_and_its_wrapper_records_the_exit(tmp_path):
                  env=env, check=True, timeout=30)
   logs = home / gcloud.LOG_DIR
   for _ in range(600):   # (a loaded machine can take many seconds to start Python)
-    if 'training' in (logs / 'worker.log').read_text() if (logs / 'worker.log').exists() else '':
+    # the trainer's own line, not the wrapper's "training starts" written before it starts
+    if 'training' in ((logs / 'worker.log').read_text().splitlines()
+                      if (logs / 'worker.log').exists() else ()):
       break
     time.sleep(0.1)
   def probe():
@@ -303,10 +305,12 @@ def test_package_imports_only_the_standard_library():
       for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
           modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module])
-          for module in modules:
+                     else [f'{node.module}.{a.name}' if node.module == 'pretrain_jax'
+                           else node.module for a in node.names])
+          for module in modules:   # and the chip table, which is the standard library only
             assert (module.split('.')[0] in sys.stdlib_module_names
-                    or module.startswith('pretrain_jax.cloud')), (name, module)
+                    or module.startswith('pretrain_jax.cloud')
+                    or module == 'pretrain_jax.chips'), (name, module)
 
 
 # -- a slice's life against the fake gcloud ----------------------------------------------------
@@ -382,7 +386,8 @@ def test_watch_gives_up_after_max_retries(fake):
 def test_cli_watch_gives_up_with_one_line_and_nonzero_exit(fake):
   fake.play(preempt_lives=100)
   flags = ['--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5litepod-16', '--spot',
-           '--poll_interval_s', '0', '--watch_interval_s', '0', '--backoff_s', '0']
+           '--poll_interval_s', '0', '--watch_interval_s', '0', '--backoff_s', '0',
+           '--nopreflight']
   assert tpu_py(['create'] + flags, fake.env).returncode == 0
   done = tpu_py(['run', '--watch', '--max_retries', '1'] + flags + ['--'] + TRAIN_ARGS,
                 fake.env)
@@ -591,3 +596,95 @@ def test_run_refuses_a_committed_config_with_uncommitted_edits(tmp_path, monkeyp
       if argv[0] == sys.executable else real_run(argv, **kw))
   tpu_command.check_train_args(args)
   assert ran and ran[0][-2:] == ['--multihost', '--check_args']
+
+
+# -- multislice and the preflight ------------------------------------------------------------
+
+MS = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot', queued=True, slices=2)
+
+
+def test_multislice_is_one_queued_resource_of_n_nodes():
+  assert gcloud.create_argv(MS) == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'create', 'ptj', '--node-count=2',
+      '--node-prefix=ptj', '--zone=us-west4-a', '--accelerator-type=v5litepod-16',
+      '--runtime-version=v2-alpha-tpuv5-lite', '--spot']
+  assert gcloud.node_describe_argv(MS)[5] == 'ptj-0'     # every slice has as many workers
+  assert gcloud.ssh_argv(MS, 'true') == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'ssh', 'ptj', '--zone=us-west4-a',
+      '--node=all', '--worker=all', '--quiet', '--command=true']
+  assert gcloud.ssh_argv(MS, 'tail x', worker=1, node=0)[7:9] == ['--node=0', '--worker=1']
+  assert gcloud.scp_argv(MS, '/t.tgz', 'p.tgz') == [
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'scp', '/t.tgz', 'ptj:p.tgz',
+      '--zone=us-west4-a', '--node=all', '--worker=all', '--quiet']
+  assert gcloud.delete_argv(MS) == gcloud.delete_argv(QR)   # --force takes every node
+  # each slice numbers its workers from 0: their logs in the bucket go by host name
+  assert '/worker_$(hostname).log' in gcloud.train_command(TRAIN_ARGS, multislice=True)
+  with pytest.raises(ValueError, match='--slices=2; expected 1, or several with --queued'):
+    gcloud.check_slice(gcloud.Slice('ptj', ZONE, 'v4-32', slices=2))
+  assert gcloud.accelerator_type({'acceleratorType': 'v4-8'}) == 'v4-8'
+  assert gcloud.accelerator_type(
+      {'tpu': {'nodeSpec': [{'node': {'acceleratorType': 'v6e-16'}}]}}) == 'v6e-16'
+  assert gcloud.accelerator_type({}) == ''
+
+
+def test_multislice_dry_run_shows_the_gcloud_lines_for_n_slices(fake):
+  flags = ['--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5litepod-16', '--spot', '--queued',
+           '--slices', '2', '--dry_run']
+  def lines(done):
+    return done.stdout.strip().splitlines()[:-1]
+  done = tpu_py(['create'] + flags, fake.env)
+  assert done.returncode == 0, done.stderr
+  assert lines(done) == [launcher.shlex.join(gcloud.create_argv(MS)),
+                         launcher.shlex.join(gcloud.describe_argv(MS)),
+                         launcher.shlex.join(gcloud.node_describe_argv(MS))]
+  done = tpu_py(['run', '--nopreflight'] + flags + ['--'] + TRAIN_ARGS, fake.env)
+  assert done.returncode == 0, done.stderr
+  assert lines(done)[-2:] == [
+      launcher.shlex.join(gcloud.ssh_argv(MS, gcloud.stop_command())),
+      launcher.shlex.join(gcloud.ssh_argv(MS, gcloud.train_command(TRAIN_ARGS, True)))]
+  assert fake.calls() == []
+
+
+def test_plan_reads_the_train_arguments_that_shape_the_step():
+  from pretrain_jax.commands import tpu  # noqa: PLC0415  (absl flags, as the test above)
+  assert tpu.plan_args(['--config', 'gpt2_small', '--workdir', 'gs://b/r', '--multihost',
+                        '--config.model.dtype=bfloat16', '--config.train.batch_size', '64',
+                        '--config=x']) == [
+      '--config', 'gpt2_small', '--config.model.dtype=bfloat16', '--config.train.batch_size',
+      '64', '--config=x']
+
+
+def test_preflight_refuses_a_run_that_fits_no_batch_before_any_gcloud_command(fake):
+  """A model whose state alone outgrows a v5e chip's HBM: the dry run stops at the preflight
+  (one compile) with one line, and no gcloud command is printed or run."""
+  too_big = ['--config', 'tiny_gpt', '--workdir', 'gs://bkt/r', '--config.model.num_layers=1',
+             '--config.model.vocab_size=2000000', '--config.model.emb_dim=1024',
+             '--config.train.batch_size=1']
+  done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5litepod-1',
+                 '--dry_run', '--'] + too_big, fake.env, timeout=600)
+  assert done.returncode == 2, done.stderr
+  errors = [line for line in done.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and 'Traceback' not in done.stderr
+  assert errors[0].startswith('error: train.batch_size=1 does not fit 1 x v5litepod-1')
+  assert 'no batch fits' in errors[0] and '--nopreflight' in errors[0]
+  assert done.stdout == '' and fake.calls() == []
+
+
+@pytest.mark.slow
+def test_preflight_names_the_largest_batch_that_fits_and_it_fits(fake):
+  """The refusal names --fit's batch; the plan of that batch fits and of the next does not."""
+  big = ['--config', 'tiny_gpt', '--config.model.num_layers=1',
+         '--config.model.vocab_size=1200000', '--config.data.seq_len=1536',
+         '--config.model.max_len=1536']
+  done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5litepod-1',
+                 '--dry_run', '--'] + big + ['--workdir', 'gs://bkt/r',
+                                             '--config.train.batch_size=2'],
+                fake.env, timeout=900)
+  assert done.returncode == 2 and fake.calls() == [], done.stderr
+  line = done.stderr.strip().splitlines()[-1]
+  best = int(re.search(r'the largest that fits is (\d+) ', line).group(1))
+  assert line.startswith('error: train.batch_size=2 does not fit 1 x v5litepod-1') and best == 1
+  for batch, fits in ((best, True), (best + 1, False)):
+    done = commands.run('plan', *big, '--topology', 'v5e-1', '--noeval',
+                        f'--config.train.batch_size={batch}', timeout=900)
+    assert json.loads(done.stdout.strip().splitlines()[-1])['fits'] is fits, done.stderr

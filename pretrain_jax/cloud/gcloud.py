@@ -11,21 +11,20 @@ Worked example (a queued, spot v5e-16 in us-west4-a):
   == ['gcloud', 'compute', 'tpus', 'queued-resources', 'create', 'ptj', '--node-id=ptj',
       '--zone=us-west4-a', '--accelerator-type=v5litepod-16',
       '--runtime-version=v2-alpha-tpuv5-lite', '--spot']
+
+Several slices (multislice, over the data-center network) are one queued resource whose nodes
+are NAME-0 .. NAME-<N-1> (`--node-count`, `--node-prefix`), as the Cloud TPU multislice guide
+makes them; ssh and scp then go through `queued-resources ssh|scp --node=all --worker=all`.
 """
 import dataclasses
 import re
 import shlex
 
+from pretrain_jax import chips
+
 # Accelerator types by family: the sizes (TensorCores for v2-v4 and v5p, chips for v5e/v6e)
-# that Cloud TPU sells as one slice.
-KNOWN_TYPES = {
-    'v2': (8, 32, 128, 256, 512),
-    'v3': (8, 32, 64, 128, 256, 512, 1024, 2048),
-    'v4': tuple(2**i for i in range(3, 13)),  # 8 .. 4096
-    'v5litepod': (1, 4, 8, 16, 32, 64, 128, 256),
-    'v5p': tuple(2**i for i in range(3, 14)) + (12288,),  # 8 .. 8192, 12288
-    'v6e': (1, 4, 8, 16, 32, 64, 128, 256),
-}
+# that Cloud TPU sells as one slice (pretrain_jax/chips.py, the one table of chip facts).
+KNOWN_TYPES = {c.family: c.sizes for c in chips.CHIPS}
 # The TPU VM image each family boots by default (--runtime_version overrides it).
 DEFAULT_RUNTIME = {
     'v2': 'tpu-ubuntu2204-base', 'v3': 'tpu-ubuntu2204-base', 'v4': 'tpu-ubuntu2204-base',
@@ -59,15 +58,20 @@ class Slice:
   provisioning: str = 'on_demand'  # one of PROVISIONING
   queued: bool = False  # a queued resource rather than a plain TPU VM
   project: str = ''  # '' = gcloud's configured project
+  slices: int = 1  # > 1: a multislice queued resource of that many nodes of tpu_type
+
+  @property
+  def multislice(self) -> bool:
+    return self.slices > 1
 
 
 def known_types_text() -> str:
-  return ', '.join(f'{family}-{{{",".join(map(str, sizes))}}}'
-                   for family, sizes in KNOWN_TYPES.items())
+  return chips.known_types_text()
 
 
 def tpu_family(tpu_type: str) -> str:
-  """'v5litepod-16' -> 'v5litepod'; ValueError naming the known types for anything else."""
+  """'v5litepod-16' -> 'v5litepod' (gcloud's spelling only); ValueError naming the known types
+  for anything else."""
   match = re.fullmatch(r'(v\w+?)-(\d+)', tpu_type or '')
   if not match or int(match.group(2)) not in KNOWN_TYPES.get(match.group(1), ()):
     hint = ' (v5e is spelled v5litepod)' if tpu_type.startswith('v5e') else ''
@@ -95,6 +99,9 @@ def check_slice(s: Slice) -> None:
     raise ValueError('--preemptible is for plain TPU VMs; a queued resource takes --spot')
   if not s.queued and s.provisioning in ('reserved', 'best_effort'):
     raise ValueError(f'--{s.provisioning} needs --queued (a queued resource)')
+  if s.slices < 1 or (s.multislice and not s.queued):
+    raise ValueError(f'--slices={s.slices}; expected 1, or several with --queued (multislice '
+                     'runs on one queued resource)')
 
 
 def _tail(s: Slice) -> list:
@@ -108,8 +115,9 @@ def create_argv(s: Slice) -> list:
     track = ['gcloud', 'alpha'] if s.provisioning == 'best_effort' else ['gcloud']
     flag = {'spot': ['--spot'], 'reserved': ['--reserved'],
             'best_effort': ['--best-effort']}.get(s.provisioning, [])
-    return (track + ['compute', 'tpus', 'queued-resources', 'create', s.name,
-                     f'--node-id={s.name}'] + _tail(s) +
+    nodes = ([f'--node-count={s.slices}', f'--node-prefix={s.name}'] if s.multislice
+             else [f'--node-id={s.name}'])
+    return (track + ['compute', 'tpus', 'queued-resources', 'create', s.name] + nodes + _tail(s) +
             [f'--accelerator-type={s.tpu_type}', f'--runtime-version={runtime}'] + flag)
   flag = {'spot': ['--spot'], 'preemptible': ['--preemptible']}.get(s.provisioning, [])
   return (['gcloud', 'compute', 'tpus', 'tpu-vm', 'create', s.name] + _tail(s) +
@@ -123,9 +131,19 @@ def describe_argv(s: Slice) -> list:
 
 
 def node_describe_argv(s: Slice) -> list:
-  """The TPU VM record (networkEndpoints: one per worker), also for a queued resource's node."""
-  return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'describe', s.name] + _tail(s) + [
-      '--format=json']
+  """The TPU VM record (networkEndpoints: one per worker), also for a queued resource's node
+  (the first slice's, NAME-0, of a multislice one: every slice has as many workers)."""
+  node = f'{s.name}-0' if s.multislice else s.name
+  return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'describe', node] + _tail(s) + ['--format=json']
+
+
+def accelerator_type(description: dict) -> str:
+  """The accelerator type in a TPU VM's or a queued resource's record ('' when absent)."""
+  if isinstance(description.get('acceleratorType'), str):
+    return description['acceleratorType']
+  specs = (description.get('tpu') or {}).get('nodeSpec') or [{}]
+  node = (specs[0] or {}).get('node') or {}
+  return node.get('acceleratorType', '') if isinstance(node, dict) else ''
 
 
 LOCK_FILE = 'LOCK'   # the workdir lock's object (pretrain_jax.run.lock.LOCK_FILE)
@@ -149,14 +167,23 @@ def delete_argv(s: Slice) -> list:
 
 # --quiet: no prompts (the first ssh makes a key without a passphrase), since launcher.py
 # captures gcloud's output and a prompt there would hang unseen.
+def _on(s: Slice, verb: str, worker, node) -> tuple:
+  """(the command's words, its target flags): a TPU VM's, or every node's of a multislice."""
+  if s.multislice:
+    return (['gcloud', 'compute', 'tpus', 'queued-resources', verb],
+            [f'--node={node}', f'--worker={worker}'])
+  return ['gcloud', 'compute', 'tpus', 'tpu-vm', verb], [f'--worker={worker}']
+
+
 def scp_argv(s: Slice, local: str, remote: str, worker='all') -> list:
-  return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', local, f'{s.name}:{remote}'] + _tail(
-      s) + [f'--worker={worker}', '--quiet']
+  words, target = _on(s, 'scp', worker, 'all')
+  return words + [local, f'{s.name}:{remote}'] + _tail(s) + target + ['--quiet']
 
 
-def ssh_argv(s: Slice, command: str, worker='all') -> list:
-  return ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', s.name] + _tail(s) + [
-      f'--worker={worker}', '--quiet', f'--command={command}']
+def ssh_argv(s: Slice, command: str, worker='all', node='all') -> list:
+  """`command` on `worker` (of `node`, the slice's index, in a multislice) or all of them."""
+  words, target = _on(s, 'ssh', worker, node)
+  return words + [s.name] + _tail(s) + target + ['--quiet', f'--command={command}']
 
 
 def archive_argv(repo_root: str, tarball: str) -> list:
@@ -237,18 +264,20 @@ def flag_of(train_args, name: str) -> str:
   return ''
 
 
-def train_command(train_args) -> str:
+def train_command(train_args, multislice: bool = False) -> str:
   """Start `pretrain-jax train --multihost` detached (nohup: survives the ssh session).
 
   Its output goes to ~/pretrain_jax_logs/worker.log, its exit code to .../EXIT. With a gs://
-  --workdir, the log is also copied to <workdir>/logs/worker_<i>.log every minute and at exit.
+  --workdir, the log is also copied to <workdir>/logs/worker_<i>.log every minute and at exit
+  (`multislice`: worker_<hostname>.log, as every slice numbers its workers from 0).
   """
   args = list(train_args) + ([] if '--multihost' in train_args else ['--multihost'])
   log, exit_file = f'$HOME/{LOG_DIR}/worker.log', f'$HOME/{LOG_DIR}/EXIT'
   workdir = workdir_of(train_args)
   ship = ''
   if workdir.startswith('gs://'):
-    dest = shlex.quote(workdir.rstrip('/') + '/logs') + '/worker_$W.log'
+    who = '$(hostname)' if multislice else '$W'
+    dest = shlex.quote(workdir.rstrip('/') + '/logs') + f'/worker_{who}.log'
     copy = f'gcloud storage cp "{log}" {dest} > /dev/null 2>&1'
     ship = f'( while sleep 60; do {copy}; done ) & SHIP=$!; '
   script = (

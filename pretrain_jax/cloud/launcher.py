@@ -79,6 +79,9 @@ class Launcher:
   repo_root: str = REPO_ROOT
   tarball_dir: str = ''  # where setup writes the tarball ('' = the system temp dir)
   log: callable = lambda msg: print(msg, file=sys.stderr, flush=True)
+  # run: preflight(accelerator type) before anything starts; raises to refuse the run
+  # (commands/tpu.py compiles the run for that type with `pretrain-jax plan`).
+  preflight: callable = None
 
   # -- one gcloud call ---------------------------------------------------------------------
 
@@ -106,7 +109,7 @@ class Launcher:
     if self.dry_run:
       return None
     try:
-      return gcloud.worker_count(description)
+      return gcloud.worker_count(description) * self.tpu.slices
     except ValueError as e:
       raise LaunchError(str(e)) from None
 
@@ -164,7 +167,8 @@ class Launcher:
   def launch(self, train_args):
     """Frees the TPU on every worker, then starts training (--multihost) detached on each."""
     self._call(gcloud.ssh_argv(self.tpu, gcloud.stop_command()))
-    self._call(gcloud.ssh_argv(self.tpu, gcloud.train_command(train_args)))
+    self._call(gcloud.ssh_argv(self.tpu, gcloud.train_command(train_args,
+                                                              self.tpu.multislice)))
 
   def probe(self) -> list:
     return gcloud.parse_probe(self._call(gcloud.ssh_argv(self.tpu, gcloud.probe_command())))
@@ -174,11 +178,15 @@ class Launcher:
     if not train_args:
       raise LaunchError('run needs the arguments of pretrain-jax train after --, e.g. -- --config '
                         'configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
+    if self.preflight is not None and self.tpu.tpu_type:
+      self.preflight(self.tpu.tpu_type)
     state, description = self.describe()
     if not self.dry_run and state not in gcloud.READY_STATES and not (
         watch and state in gcloud.LOST_STATES):
       raise LaunchError(f'slice {self.tpu.name} is {state}; expected READY or ACTIVE '
                         '(create it first)')
+    if self.preflight is not None and not self.tpu.tpu_type:
+      self.preflight(gcloud.accelerator_type(description))   # the running slice's type
     result = {'name': self.tpu.name, 'args': list(train_args), 'recreations': 0}
     if state in gcloud.READY_STATES or self.dry_run:
       result['workers'] = self.workers(description)
@@ -285,8 +293,8 @@ class Launcher:
     return {'name': self.tpu.name, 'deleted': True, 'was_missing': gone}
 
   def logs(self, worker=0, follow=False, lines=100) -> dict:
-    self._call(gcloud.ssh_argv(self.tpu, gcloud.logs_command(follow, lines), worker=worker),
-               capture=False)
+    self._call(gcloud.ssh_argv(self.tpu, gcloud.logs_command(follow, lines), worker=worker,
+                               node=0), capture=False)
     return {'name': self.tpu.name, 'worker': worker}
 
 

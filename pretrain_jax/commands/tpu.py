@@ -16,6 +16,13 @@ run --watch then polls the slice: when it is preempted (or gone) it deletes it, 
 again, reruns setup and the identical command (train resumes from the workdir's latest
 checkpoint), at most --max_retries times with exponential backoff; it returns when training has
 exited 0 on every worker. --dry_run prints the commands (one per line) and runs none of them.
+
+Before run starts anything it compiles the run for its accelerator type (--tpu_type, else the
+slice's own) with the TPU compiler, on this machine (`pretrain-jax plan`, which needs libtpu:
+pip install 'pretrain_jax[tpu]'): a config that does not fit is refused in one line naming the
+largest batch that does. --nopreflight skips it. --slices N (with --queued) makes and runs N
+slices of --tpu_type as one multislice queued resource (nodes NAME-0 .. NAME-<N-1>), joined
+over the data-center network: the batch splits over the slices (the mesh's `dcn` axis).
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
@@ -63,6 +70,10 @@ _WORKER = flags.DEFINE_integer('worker', 0, 'logs: which worker', lower_bound=0)
 _FOLLOW = flags.DEFINE_bool('follow', False, 'logs: keep streaming (tail -F)')
 _LINES = flags.DEFINE_integer('lines', 100, 'logs: lines of history', lower_bound=0)
 _PYTHON = flags.DEFINE_string('python', 'python3', 'setup: the workers\' python for the venv')
+_SLICES = flags.DEFINE_integer('slices', 1, 'with --queued: slices of --tpu_type in one '
+                               'multislice queued resource', lower_bound=1)
+_PREFLIGHT = flags.DEFINE_bool('preflight', True, 'run: compile the run for the accelerator '
+                               'type first and refuse a config that does not fit')
 
 TRAIN_ARGS = []  # what follows `--` on the command line
 
@@ -86,11 +97,14 @@ def run_command(command: str, argv) -> dict:
   if TRAIN_ARGS and command != 'run':
     raise ValueError(f'only run takes arguments after --; got {TRAIN_ARGS} for {command}')
   tpu = gcloud.Slice(_NAME.value, _ZONE.value, _TPU_TYPE.value, _RUNTIME.value, provisioning(),
-                     _QUEUED.value, _PROJECT.value)
+                     _QUEUED.value, _PROJECT.value, _SLICES.value)
   if command == 'create' or (command == 'run' and _WATCH.value):
     gcloud.check_slice(tpu)  # the whole recipe: --watch may have to create it again
   else:
     gcloud.check_target(tpu)
+    if tpu.multislice and not tpu.queued:
+      raise ValueError(f'--slices={tpu.slices} needs --queued (multislice runs on one queued '
+                       'resource)')
   if command == 'run':   # before any gcloud command: run first stops what the slice runs
     check_train_args(TRAIN_ARGS)
   runner = (launcher.dry_runner() if _DRY_RUN.value
@@ -98,7 +112,8 @@ def run_command(command: str, argv) -> dict:
   job = launcher.Launcher(
       tpu, runner, dry_run=_DRY_RUN.value, poll_interval_s=_POLL_INTERVAL_S.value,
       max_polls=_MAX_POLLS.value, watch_interval_s=_WATCH_INTERVAL_S.value,
-      max_retries=_MAX_RETRIES.value, backoff_s=_BACKOFF_S.value, python=_PYTHON.value)
+      max_retries=_MAX_RETRIES.value, backoff_s=_BACKOFF_S.value, python=_PYTHON.value,
+      preflight=preflight(TRAIN_ARGS, tpu.slices) if _PREFLIGHT.value else None)
   if command == 'run':
     return job.run(TRAIN_ARGS, watch=_WATCH.value)
   if command == 'logs':
@@ -176,6 +191,52 @@ def check_train_args(args) -> None:
   if check.returncode:
     why = (check.stderr.strip().splitlines() or [f'exit {check.returncode}'])[-1]
     raise ValueError(f'pretrain-jax train refuses these arguments: {why.removeprefix("error: ")}')
+
+
+def plan_args(train_args) -> list:
+  """The arguments of pretrain-jax train that pretrain-jax plan reads: --config and its
+  --config.FIELD overrides."""
+  out, take = [], False
+  for arg in train_args:
+    if take:
+      out.append(arg)
+    take = arg == '--config' or (arg.startswith('--config.') and '=' not in arg)
+    if arg == '--config' or arg.startswith(('--config=', '--config.')):
+      out.append(arg)
+  return out
+
+
+def preflight(train_args, slices: int):
+  """The launcher's check of an accelerator type: `pretrain-jax plan` of the run for it, here;
+  refuses (ValueError) a run that does not fit, naming the largest batch that does."""
+  def check(tpu_type: str) -> None:
+    if not tpu_type:
+      print('preflight: skipped, the accelerator type is not known yet (pass --tpu_type)',
+            file=sys.stderr, flush=True)
+      return
+    argv = [sys.executable, '-m', 'pretrain_jax.commands.plan', *plan_args(train_args),
+            f'--topology={tpu_type}', f'--slices={slices}', '--fit_if_refused']
+    print(f'preflight: compiling the run for {slices} x {tpu_type} (pretrain-jax plan) ...',
+          file=sys.stderr, flush=True)
+    done = subprocess.run(argv, cwd=launcher.REPO_ROOT, capture_output=True, text=True,
+                          check=False)
+    if done.returncode:
+      why = (done.stderr.strip().splitlines() or [f'exit {done.returncode}'])[-1]
+      raise ValueError(f'preflight: pretrain-jax plan could not compile the run for {tpu_type}: '
+                       f'{why.removeprefix("error: ")} (--nopreflight skips this check)')
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    per_chip = result.get('hbm_bytes_per_chip')
+    if result['fits']:
+      print(f'preflight: fits {slices} x {tpu_type} at batch {result["batch_size"]} '
+            f'({per_chip / 2**30:.2f} GiB per chip)', file=sys.stderr, flush=True)
+      return
+    best = result.get('max_batch_size', 0)
+    fix = (f'the largest that fits is {best} (--config.train.batch_size={best})' if best else
+           'no batch fits: shard the model (config.mesh.fsdp / tensor), remat, or a larger chip')
+    raise ValueError(f'train.batch_size={result["batch_size"]} does not fit {slices} x '
+                     f'{tpu_type} (the TPU compiler ran out of HBM); {fix}; --nopreflight '
+                     'skips this check')
+  return check
 
 
 def split_train_args(args):
