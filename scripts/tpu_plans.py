@@ -16,12 +16,14 @@ Parts, in the order they run:
   published_fit  --fit for every published config with the TPU settings
 
 Several runners may share one --out (e.g. two under `nice`): each plan goes to the first runner
-that claims it (a file in <out>.claims/).
+that claims it (a file in <out>.claims/). `--markdown` prints the tables of docs/performance.md
+from --out instead of planning.
 """
 import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -82,11 +84,101 @@ def jobs(parts) -> list:
   return out
 
 
+GIB = 2 ** 30
+
+
+def _gib(n) -> str:
+  return '-' if n is None else f'{n / GIB:.2f}'
+
+
+def available_hbm(records) -> dict:
+  """The HBM the compiler says a chip offers ('... exceeds available HBM (15.75G)'), by family."""
+  out = {}
+  for r in records:
+    found = re.search(r'available HBM \(([\d.]+)G\)', ' '.join(r['summary']))
+    if found:
+      out[r['job']['topology'].split('-')[0]] = float(found.group(1)) * GIB
+  return out
+
+
+def published_table(records) -> list:
+  rows = ['| config | settings | chips | batch | fits | train GiB / chip | eval GiB / chip | '
+          'attention (Mosaic kernels) | TFLOP / chip / step | floor ms / step | tokens/s at most '
+          '| compile s (train / eval) |', '|' + '---|' * 12]
+  for r in records:
+    if r['job']['part'] != 'published' or not r['result']:
+      continue
+    x, settings = r['result'], 'TPU' if r['job']['args'] else 'as published'
+    fits = 'yes' if x['fits'] else 'no'
+    tflop = f"{x['flops_per_chip'] / 1e12:.3g}" if 'flops_per_chip' in x else '-'
+    floor = f"{x['step_time_floor_s'] * 1e3:.1f}" if 'step_time_floor_s' in x else '-'
+    ceiling = f"{x['tokens_per_s_ceiling']:,.0f}" if x.get('tokens_per_s_ceiling') else '-'
+    paths = x['attention_impl'] + (f" / {x['biased_attention_impl']} (biased)"
+                                   if 'biased_attention_impl' in x else '')
+    kernels = f"{paths} ({x.get('attention_kernels', '-')})"
+    times = f"{x['compile_s']:.0f} / {x['eval_compile_s']:.0f}" if 'eval_compile_s' in x else (
+        f"{x['compile_s']:.0f}")
+    rows.append(f"| {r['job']['config']} | {settings} | {x['topology']} | {x['batch_size']} | "
+                f"{fits} | {_gib(x.get('hbm_bytes_per_chip'))} | "
+                f"{_gib(x.get('eval_hbm_bytes_per_chip'))} | {kernels} | {tflop} | {floor} | "
+                f"{ceiling} | {times} |")
+  return rows
+
+
+def memory_table(records) -> list:
+  """Per chip: fixed bytes and bytes per row from 1 and 2 rows per chip; the rows that fit in
+  the HBM the compiler offers, and --fit's answer where it ran."""
+  hbm = available_hbm(records)
+  got, fits = {}, {}
+  for r in records:
+    x, job = r['result'], r['job']
+    if not x or job['part'] not in ('memory', 'fit'):
+      continue
+    impl = next(a.split('=')[1] for a in job['args'] if 'attention_impl' in a)
+    length = next(int(a.split('=')[1]) for a in job['args'] if 'seq_len' in a)
+    key = (job['config'], length, job['topology'], impl)
+    if job['part'] == 'memory' and x['fits']:
+      got.setdefault(key, {})[x['batch_size'] // x['chips']] = x['hbm_bytes_per_chip']
+    if job['part'] == 'fit':
+      fits[key] = x['max_batch_size'] // x['chips']
+  rows = ['| model | tokens | chip | attention | fixed GiB | GiB per row | rows per chip '
+          '(estimate) | rows per chip (--fit) |', '|' + '---|' * 8]
+  for key, by_rows in got.items():
+    if 1 not in by_rows or 2 not in by_rows:
+      continue
+    name, length, topology, impl = key
+    row = by_rows[2] - by_rows[1]
+    fixed = by_rows[1] - row
+    family = topology.split('-')[0]
+    offered = hbm.get(family)
+    estimate = int((offered - fixed) // row) if offered and row > 0 else '-'
+    rows.append(f"| {name} | {length} | {topology.split('-')[0]} | {impl} | {_gib(fixed)} | "
+                f"{_gib(row)} | {estimate} | {fits.get(key, '-')} |")
+  return rows
+
+
+def markdown(path: str) -> None:
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  print('\n'.join(published_table(records)))
+  print()
+  print('\n'.join(memory_table(records)))
+  print()
+  print('compiler HBM offered:', {k: v / GIB for k, v in available_hbm(records).items()})
+  for r in records:
+    if r['job']['part'] in ('headline', 'fit', 'published_fit'):
+      print(r['command'], '->', json.dumps(r['result']))
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out', required=True)
   parser.add_argument('--parts', default='headline,published,memory,fit')
+  parser.add_argument('--markdown', action='store_true')
   args = parser.parse_args(argv)
+  if args.markdown:
+    markdown(args.out)
+    return
   done = set()
   if os.path.exists(args.out):
     with open(args.out) as f:

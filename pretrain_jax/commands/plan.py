@@ -46,7 +46,8 @@ LINE_KEYS = ('fits', 'hbm_bytes_per_chip', 'hbm_capacity_bytes', 'batch_size', '
              'next_batch_size', 'planned_batch_size', 'eval_fits', 'eval_hbm_bytes_per_chip',
              'argument_bytes', 'temp_bytes', 'code_bytes', 'flops_per_chip',
              'model_flops_per_chip', 'bytes_accessed_per_chip', 'step_time_floor_s',
-             'tokens_per_s_ceiling', 'attention_impl', 'attention_kernels', 'topology', 'chips',
+             'tokens_per_s_ceiling', 'attention_impl', 'biased_attention_impl',
+             'attention_kernels', 'topology', 'chips',
              'slices', 'mesh', 'compile_s', 'eval_compile_s', 'fit_compiles', 'fit_compile_s')
 
 

@@ -42,6 +42,7 @@ from pretrain_jax.training.config import RunConfig
 
 INSTALL = "pip install 'pretrain_jax[tpu]' (or libtpu==0.0.42.1, the TPU compiler)"
 MOSAIC_CALL = 'custom_call_target="tpu_custom_call"'
+BIASED_POSITIONS = ('relative', 'alibi')   # position embeddings that are a logit bias
 
 
 def _require_libtpu() -> None:
@@ -192,6 +193,9 @@ class Planner:
             'batch_size': batch_size, 'tokens_per_step': int(tokens),
             'model_flops_per_chip': model_flops / chips,
             'attention_impl': attention_path(trained),
+            # the attentions with a logit bias (T5's self-attentions, ALiBi) take their own path
+            **({'biased_attention_impl': attention_path(trained, bias=True)}
+               if m.position_embedding in BIASED_POSITIONS else {}),
             'hbm_capacity_bytes': chip.hbm_bytes, 'peak_flops_per_chip': chip.peak_flops,
             'hbm_bytes_per_s': chip.hbm_bytes_per_s}
 
@@ -320,8 +324,10 @@ def summary(out: dict) -> list:
         f"{gib(out['hbm_bytes_per_chip'])} of {gib(out['hbm_capacity_bytes'])} "
         f"(arguments {gib(out['argument_bytes'])}, temporaries {gib(out['temp_bytes'])}, "
         f"code {gib(out['code_bytes'])}); eval step {gib(out.get('eval_hbm_bytes_per_chip'))}")
+    biased = (f" ({out['biased_attention_impl']} where a position bias is added)"
+              if 'biased_attention_impl' in out else '')
     lines.append(
-        f"attention: {out['attention_impl']}, {out['attention_kernels']} Mosaic kernels; "
+        f"attention: {out['attention_impl']}{biased}, {out['attention_kernels']} Mosaic kernels; "
         f"{out['flops_per_chip'] / 1e12:.3f} TFLOP per chip per step (analytic "
         f"{out['model_flops_per_chip'] / 1e12:.3f}); floor {out['step_time_floor_s'] * 1e3:.1f}"
         f" ms/step, at most {out['tokens_per_s_ceiling']:,.0f} tokens/s")
