@@ -13,6 +13,7 @@ Parts, in the order they run:
              and kernel (splash) attention, on 4 chips of a v5e and a v4 (pure data
              parallelism) at 1 and 2 rows per chip: bytes per row, fixed bytes
   fit        --fit for the memory table's cases at 1024 tokens (its max rows, checked)
+  families   GPT-2 small, BERT-base, T5-base with the TPU settings on a v5p-8 and a v6e-8
   published_fit  --fit for every published config with the TPU settings
 
 Several runners may share one --out (e.g. two under `nice`): each plan goes to the first runner
@@ -64,6 +65,10 @@ def jobs(parts) -> list:
       for name in pretraining_configs():
         for topology in TOPOLOGIES:
           out.append(('published', name, topology, settings, False))
+  if 'families' in parts:   # the other generations plan compiles for
+    for name in ('gpt2_small', 'bert_base', 't5_base'):
+      for topology in ('v5p-8', 'v6e-8'):
+        out.append(('families', name, topology, TPU_SETTINGS, False))
   if 'published_fit' in parts:
     for name in pretraining_configs():
       for topology in TOPOLOGIES:
@@ -106,7 +111,7 @@ def published_table(records) -> list:
           'attention (Mosaic kernels) | TFLOP / chip / step | floor ms / step | tokens/s at most '
           '| compile s (train / eval) |', '|' + '---|' * 12]
   for r in records:
-    if r['job']['part'] != 'published' or not r['result']:
+    if r['job']['part'] not in ('published', 'families') or not r['result']:
       continue
     x, settings = r['result'], 'TPU' if r['job']['args'] else 'as published'
     fits = 'yes' if x['fits'] else 'no'
