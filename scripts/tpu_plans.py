@@ -7,8 +7,8 @@ configs and the memory table's cases, one process per plan, one JSON line per pl
 Parts, in the order they run:
   headline   GPT-2 small, 1024 tokens, bf16, splash, fsdp 8 on a v5e-8 at batch 64, and --fit
   published  every pre-training config in configs/ at its published batch on a v5e-8 and a
-             v4-8, as published and with docs/cloud_tpu.md's TPU settings (bf16, attention
-             dropout 0)
+             v4-8, with docs/cloud_tpu.md's TPU settings (bf16, attention dropout 0) and as
+             published
   memory     GPT-2 small, BERT-base, T5-base at 512 / 1024 / 2048 tokens, dense (reference)
              and kernel (splash) attention, on 4 chips of a v5e and a v4 (pure data
              parallelism) at 1 and 2 rows per chip: bytes per row, fixed bytes
@@ -39,12 +39,14 @@ LENGTHS = (1024, 512, 2048)
 
 
 def pretraining_configs() -> list:
+  """The pre-training configs: the published models first (base sizes before large), then the
+  benchmark shapes and the tiny ones."""
   names = [n for n in configs.config_names() if n not in ('finetune', 'shakespeare_char')]
 
-  def cheap_first(n):
-    return (not n.startswith('tiny'), not n.startswith('bench'), 'large' in n or 'medium' in n,
-            n)
-  return sorted(names, key=cheap_first)
+  def models_first(n):
+    return (n.startswith(('tiny', 'bench')), n.startswith('tiny'),
+            'large' in n or 'medium' in n, n)
+  return sorted(names, key=models_first)
 
 
 def memory_case(name: str, length: int, impl: str) -> list:
@@ -61,8 +63,8 @@ def jobs(parts) -> list:
     out.append(('headline', 'gpt2_small', 'v5litepod-8', case, False))
     out.append(('headline', 'gpt2_small', 'v5litepod-8', case, True))
   if 'published' in parts:
-    for settings in ([], TPU_SETTINGS):
-      for name in pretraining_configs():
+    for name in pretraining_configs():
+      for settings in (TPU_SETTINGS, []):
         for topology in TOPOLOGIES:
           out.append(('published', name, topology, settings, False))
   if 'families' in parts:   # the other generations plan compiles for
