@@ -50,7 +50,7 @@ CHIPS = (
     Chip('v5p', ('tpu v5', 'tpu v5p'), 'v5', _pow2(3, 13) + (12288,), True, 1, 3, 95 * GIB,
          459e12, 2765e9, 'megacore'),
     Chip('v6e', ('tpu v6 lite', 'tpu v6e'), 'v6e', (1, 4, 8, 16, 32, 64, 128, 256), False, 1, 2,
-         32 * GIB, 918e12, 1640e9),
+         32 * GIB, 918e12, 1638e9),
 )
 BY_FAMILY = {c.family: c for c in CHIPS}
 ALIASES = {'v5e': 'v5litepod'}     # a short form people write for gcloud's name
