@@ -44,7 +44,7 @@ _EVAL = flags.DEFINE_bool('eval', True, "compile the eval step too (--noeval: th
 
 LINE_KEYS = ('fits', 'hbm_bytes_per_chip', 'hbm_capacity_bytes', 'batch_size', 'max_batch_size',
              'next_batch_size', 'planned_batch_size', 'eval_fits', 'eval_hbm_bytes_per_chip',
-             'argument_bytes', 'temp_bytes', 'code_bytes', 'flops_per_chip',
+             'buffer_bytes', 'argument_bytes', 'temp_bytes', 'code_bytes', 'flops_per_chip',
              'model_flops_per_chip', 'bytes_accessed_per_chip', 'step_time_floor_s',
              'tokens_per_s_ceiling', 'attention_impl', 'biased_attention_impl',
              'attention_kernels', 'topology', 'chips',

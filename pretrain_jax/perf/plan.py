@@ -7,10 +7,10 @@ description gives the devices of a slice without its chips (jax.experimental.top
 `training.step.make_steps` the trainer runs, with the config's mesh, attention path, remat,
 microbatches and loss chunking. Per chip it reads:
 
-  memory      compiled.memory_analysis(): arguments (parameters, optimizer state, the batch),
-              outputs not aliased to the donated state, temporaries, generated code; the
-              compiler refuses (RESOURCE_EXHAUSTED) a program that does not fit, which is
-              `fits: False` with its message, not an error
+  memory      compiled.memory_analysis(): the compiler's peak per chip, and arguments
+              (parameters, optimizer state, the batch), outputs not aliased to the donated
+              state, temporaries, generated code; the compiler refuses (RESOURCE_EXHAUSTED) a
+              program that does not fit, which is `fits: False` with its message, not an error
   kernels     the Mosaic custom calls in the compiled program (`tpu_custom_call`): the
               attention kernels (splash) that lowered for the chip
   FLOPs       compiled.cost_analysis()'s `flops` and `bytes accessed` of one device's program
@@ -118,13 +118,21 @@ def _compile(fn, *args):
 
 
 def memory(compiled) -> dict:
-  """Bytes per chip of a compiled program (memory_analysis is of one device's program)."""
+  """Bytes per chip of a compiled program (memory_analysis is of one device's program).
+
+  `hbm_bytes_per_chip` is the compiler's own peak (its heap simulation: what it checks against
+  the chip's HBM); `buffer_bytes` adds up the buffer sizes (arguments + outputs not aliased +
+  the temporaries' allocation + code), which near the limit exceeds the peak: the temporaries'
+  allocation is larger than what is live at once.
+  """
   m = compiled.memory_analysis()
   out = dict(argument_bytes=int(m.argument_size_in_bytes), output_bytes=int(m.output_size_in_bytes),
              alias_bytes=int(m.alias_size_in_bytes), temp_bytes=int(m.temp_size_in_bytes),
              code_bytes=int(m.generated_code_size_in_bytes))
-  out['hbm_bytes_per_chip'] = (out['argument_bytes'] + out['output_bytes'] - out['alias_bytes']
-                               + out['temp_bytes'] + out['code_bytes'])
+  out['buffer_bytes'] = (out['argument_bytes'] + out['output_bytes'] - out['alias_bytes']
+                         + out['temp_bytes'] + out['code_bytes'])
+  peak = int(getattr(m, 'peak_memory_in_bytes', 0) or 0)
+  out['hbm_bytes_per_chip'] = peak or out['buffer_bytes']
   return out
 
 
@@ -321,9 +329,9 @@ def summary(out: dict) -> list:
   if 'hbm_bytes_per_chip' in out:
     lines.append(
         f"per chip at batch {out.get('planned_batch_size', out['batch_size'])}: "
-        f"{gib(out['hbm_bytes_per_chip'])} of {gib(out['hbm_capacity_bytes'])} "
-        f"(arguments {gib(out['argument_bytes'])}, temporaries {gib(out['temp_bytes'])}, "
-        f"code {gib(out['code_bytes'])}); eval step {gib(out.get('eval_hbm_bytes_per_chip'))}")
+        f"{gib(out['hbm_bytes_per_chip'])} at peak of {gib(out['hbm_capacity_bytes'])} (buffers: "
+        f"arguments {gib(out['argument_bytes'])}, temporaries {gib(out['temp_bytes'])}, code "
+        f"{gib(out['code_bytes'])}); eval step {gib(out.get('eval_hbm_bytes_per_chip'))}")
     biased = (f" ({out['biased_attention_impl']} where a position bias is added)"
               if 'biased_attention_impl' in out else '')
     lines.append(
