@@ -5,10 +5,11 @@ configs and the memory table's cases, one process per plan, one JSON line per pl
     nice -n 10 python scripts/tpu_plans.py --out tpu_plans.jsonl [--parts published,memory,fit]
 
 Parts, in the order they run:
-  headline   GPT-2 small, 1024 tokens, bf16, splash, fsdp 8 on a v5e-8 at batch 64, and --fit
+  headline   GPT-2 small, 1024 tokens, bf16, splash, fsdp 8 on a v5e-8 at batch 64, --fit, and
+             its answer
   published  every pre-training config in configs/ at its published batch on a v5e-8 and a
-             v4-8, with docs/cloud_tpu.md's TPU settings (bf16, attention dropout 0) and as
-             published
+             v4-8, as published and with docs/cloud_tpu.md's TPU settings (bf16, attention
+             dropout 0)
   memory     GPT-2 small, BERT-base, T5-base at 512 / 1024 / 2048 tokens, dense (reference)
              and kernel (splash) attention, on 4 chips of a v5e and a v4 (pure data
              parallelism) at 1 and 2 rows per chip: bytes per row, fixed bytes
@@ -62,9 +63,11 @@ def jobs(parts) -> list:
                            '--config.mesh.fsdp=8', '--config.train.batch_size=64']
     out.append(('headline', 'gpt2_small', 'v5litepod-8', case, False))
     out.append(('headline', 'gpt2_small', 'v5litepod-8', case, True))
-  if 'published' in parts:
-    for name in pretraining_configs():
-      for settings in (TPU_SETTINGS, []):
+    out.append(('headline', 'gpt2_small', 'v5litepod-8', case[:-1] + [
+        '--config.train.batch_size=56'], False))   # --fit's answer, with its peak
+  if 'published' in parts:   # as published first: those that do not fit are refused fast
+    for settings in ([], TPU_SETTINGS):
+      for name in pretraining_configs():
         for topology in TOPOLOGIES:
           out.append(('published', name, topology, settings, False))
   if 'families' in parts:   # the other generations plan compiles for
