@@ -14,6 +14,7 @@ Parts, in the order they run:
              and kernel (splash) attention, on 4 chips of a v5e and a v4 (pure data
              parallelism) at 1 and 2 rows per chip: bytes per row, fixed bytes
   fit        --fit for the memory table's cases at 1024 tokens (its max rows, checked)
+  tiny_families  tiny_gpt and tiny_t5 on a v5p-8 and a v6e-8
   families   GPT-2 small, BERT-base, T5-base with the TPU settings on a v5p-8 and a v6e-8
   published_fit  --fit for every published config with the TPU settings
 
@@ -70,6 +71,10 @@ def jobs(parts) -> list:
       for name in pretraining_configs():
         for topology in TOPOLOGIES:
           out.append(('published', name, topology, settings, False))
+  if 'tiny_families' in parts:   # the tiny configs on the other generations (seconds each)
+    for name in ('tiny_gpt', 'tiny_t5'):
+      for topology in ('v5p-8', 'v6e-8'):
+        out.append(('families', name, topology, [], False))
   if 'families' in parts:   # the other generations plan compiles for
     for name in ('gpt2_small', 'bert_base', 't5_base'):
       for topology in ('v5p-8', 'v6e-8'):
@@ -128,8 +133,10 @@ def published_table(records) -> list:
     kernels = f"{paths} ({x.get('attention_kernels', '-')})"
     times = f"{x['compile_s']:.0f} / {x['eval_compile_s']:.0f}" if 'eval_compile_s' in x else (
         f"{x['compile_s']:.0f}")
+    # a plan from before plan.py read the compiler's peak: its bytes are the buffers' sum (*)
+    summed = '*' if 'hbm_bytes_per_chip' in x and 'buffer_bytes' not in x else ''
     rows.append(f"| {r['job']['config']} | {settings} | {x['topology']} | {x['batch_size']} | "
-                f"{fits} | {_gib(x.get('hbm_bytes_per_chip'))} | "
+                f"{fits} | {_gib(x.get('hbm_bytes_per_chip'))}{summed} | "
                 f"{_gib(x.get('eval_hbm_bytes_per_chip'))} | {kernels} | {tflop} | {floor} | "
                 f"{ceiling} | {times} |")
   return rows
