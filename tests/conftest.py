@@ -27,7 +27,11 @@ def pytest_configure(config):
   optimizing build costs more than it saves. The slow set (`-m slow`: the README's commands, the
   main job's models end to end) compiles as users' runs do. Flags already in XLA_FLAGS come
   after, so they win. JAX's platform is chosen as the commands choose it (cli/process.py)."""
-  process.choose_platform()   # as every command does: with libtpu installed, a CPU-only host
+  # As every command does: with libtpu installed, a CPU-only host runs on the CPU. jax, imported
+  # above, read JAX_PLATFORMS before process.start set it, so its config takes the choice too.
+  platforms = process.choose_platform()
+  if platforms:
+    jax.config.update('jax_platforms', platforms)
   if config.getoption('markexpr') == 'not slow':
     os.environ['XLA_FLAGS'] = ' '.join(
         filter(None, [commands.FAST_COMPILE_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))

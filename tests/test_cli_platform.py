@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from pretrain_jax.cli import process
@@ -20,6 +21,12 @@ def test_a_cpu_run_with_libtpu_installed_is_quiet():
                         text=True, timeout=300, check=False)
   assert done.returncode == 0 and done.stdout.strip() == 'cpu'
   assert done.stderr == ''
+
+
+def test_the_tests_own_jax_runs_where_the_commands_would():
+  """The test process imported jax before cli/process.py chose the platform: conftest gives
+  jax the choice too, so an in-process test does not start libtpu's TPU runtime either."""
+  assert (jax.config.jax_platforms or '') == os.environ.get('JAX_PLATFORMS', '')
 
 
 @pytest.mark.parametrize('files, platforms', [
