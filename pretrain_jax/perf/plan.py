@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pretrain_jax import chips as chips_lib
+from pretrain_jax import ops
 from pretrain_jax.models import cost
 from pretrain_jax.models.layers import attention_path
 from pretrain_jax.ops import backends
@@ -193,17 +194,17 @@ class Planner:
                                (batch_size,) + s.shape[1:]) for k, s in one.items()}
     tokens, model_flops = cost.batch_cost(m, rows, self.max_predictions)
     chips = self.topology.chips * self.slices
-    trained = m.replace(tuning=backends.for_device(self.devices[0], self.run.train.fp8),
-                        deterministic=False)
+    trained = m.replace(deterministic=False)
+    # the paths in the ops form make_steps binds for the topology's chips
+    with ops.using(backends.for_device(self.devices[0], self.run.train.fp8)):
+      paths = {'attention_impl': attention_path(trained)}
+      if m.position_embedding in BIASED_POSITIONS:   # T5's self-attentions, ALiBi
+        paths['biased_attention_impl'] = attention_path(trained, bias=True)
     return {'topology': self.topology.tpu_type, 'topology_name': self.topology.name,
             'chips': chips, 'slices': self.slices, 'hosts': self.hosts,
             'mesh': {k: int(v) for k, v in self.mesh.shape.items()},
             'batch_size': batch_size, 'tokens_per_step': int(tokens),
-            'model_flops_per_chip': model_flops / chips,
-            'attention_impl': attention_path(trained),
-            # the attentions with a logit bias (T5's self-attentions, ALiBi) take their own path
-            **({'biased_attention_impl': attention_path(trained, bias=True)}
-               if m.position_embedding in BIASED_POSITIONS else {}),
+            'model_flops_per_chip': model_flops / chips, **paths,
             'hbm_capacity_bytes': chip.hbm_bytes, 'peak_flops_per_chip': chip.peak_flops,
             'hbm_bytes_per_s': chip.hbm_bytes_per_s}
 
