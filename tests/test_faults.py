@@ -3,6 +3,7 @@ unfinished checkpoints, a full disk, a double SIGTERM, kill -9 (tiny GPT, synthe
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -315,15 +316,26 @@ def test_a_refused_resume_at_the_last_step_does_not_say_nothing_to_train(tmp_pat
 
 # 3. No non-finite state is ever saved; restore_params refuses one.
 
-def test_huge_learning_rate_saves_no_nan_checkpoint(tmp_path):
-  # The largest rates float32 holds (a larger one is refused by the config check): step 1's
-  # update puts the weights near 1e30, so step 2's activations overflow.
-  config = gpt(steps=4, checkpoint_every=1, learning_rate=1e30, warmup_steps=0)
-  with pytest.raises(FloatingPointError,
-                     match=r'non-finite training at step 2:'):
+@pytest.mark.parametrize('warmup, async_save, stop', [(0, False, 2), (30, True, 3)])
+def test_a_divergence_sets_aside_the_checkpoint_whose_loss_it_is(tmp_path, warmup, async_save,
+                                                                 stop):
+  # The largest rates float32 holds (a larger one is refused by the config check). Warmup's
+  # first rate is 0, so step 1 keeps the init; the next update puts the weights near 1e30, and
+  # the loss of that state, the step after, overflows: its checkpoint would evaluate to NaN.
+  config = gpt(steps=4, checkpoint_every=1, learning_rate=1e30, warmup_steps=warmup,
+               async_checkpoints=async_save)
+  with pytest.raises(FloatingPointError, match=rf'non-finite training at step {stop}: loss') \
+      as raised:
     train(config, tmp_path)
-  assert checkpoint.complete_steps(str(tmp_path)) == [1]   # step 2's state was never saved
-  checkpoint.restore_params(str(tmp_path), step=1)         # (it refuses non-finite params)
+  assert f'checkpoint {stop - 1}, whose loss this is, was moved aside' in str(raised.value)
+  assert checkpoint.complete_steps(str(tmp_path)) == list(range(1, stop - 1))
+  assert [p.split('-')[0] for p in os.listdir(tmp_path / 'checkpoints') if '.' in p] == \
+      [f'{stop - 1}.nonfinite']
+  # The run resumes from the checkpoint before (a fresh start when there is none) and, at a
+  # sane rate, trains to a finite loss.
+  config.train.update(learning_rate=1e-3, allow_config_change='train.learning_rate')
+  result = train(config, tmp_path)
+  assert result['start_step'] == stop - 2 and math.isfinite(result['train_loss'])
 
 
 def test_restore_params_refuses_non_finite_params(tmp_path):

@@ -123,6 +123,27 @@ class Checkpointer:
       if done:
         self.pending = None
 
+  def set_aside_diverged(self, step: int) -> str:
+    """Moves checkpoint `step`, whose next loss is not finite, to `<step>.nonfinite-<time>`
+    once its save is complete, so a resume, evaluate and load_pretrained take the one before;
+    '' when `step` was not saved, else a note naming both. Every process calls it at the same
+    step (the metrics it follows are global): process 0 moves, then all agree."""
+    with contextlib.suppress(CheckpointSaveError):   # (a failed save left nothing to move)
+      self.wait()
+    if step not in complete_steps(self.workdir):
+      return ''
+    aside = self._move_aside(step, 'nonfinite')
+    agreement.barrier('pretrain_jax: a diverged checkpoint moved aside')
+    done = [s for s in complete_steps(self.workdir) if s != step]
+    return (f'; checkpoint {step}, whose loss this is, was moved aside to {aside}; the newest '
+            f'good checkpoint is {f"step {done[-1]}" if done else "none"}')
+
+  def _move_aside(self, step: int, why: str) -> epath.Path:
+    aside = self.directory / f'{step}.{why}-{time.strftime("%Y%m%d-%H%M%S")}'
+    if jax.process_index() == 0:
+      (self.directory / str(step)).rename(aside)
+    return aside
+
   def _save_error(self, error) -> CheckpointSaveError:
     failed, self.pending, self._error = self.pending, None, error
     done = [s for s in complete_steps(self.workdir) if s != failed]
@@ -158,11 +179,8 @@ class Checkpointer:
                               'deleted; inspect the files, or train in a new workdir'.format(
                                   self.directory, ' | '.join(f for _, f in failures)))
       s = WEIGHTS_ONLY_STEP
-    stamp = time.strftime('%Y%m%d-%H%M%S')
     for bad, why in failures:
-      aside = self.directory / f'{bad}.corrupt-{stamp}'
-      if jax.process_index() == 0:
-        (self.directory / str(bad)).rename(aside)
+      aside = self._move_aside(bad, 'corrupt')
       _log(f'checkpoint {bad} is damaged and was moved aside to {aside}: {why}; '
            f'resuming from step {s}')
     if failures:

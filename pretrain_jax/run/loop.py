@@ -100,9 +100,11 @@ class StopRequest:
       signal.signal(signum, previous)
 
 
-def check_finite(history: list) -> None:
+def check_finite(history: list, set_aside=lambda step: '') -> None:
   """Raises at the first (step, metrics) whose loss, gradients, learning rate or updated state is
-  not finite (the loss and grad norm describe the state before the update)."""
+  not finite. The loss and grad norm are those of the state before the update, step - 1: a
+  checkpoint of it trains to NaN, so `set_aside(step - 1)` moves it out of the way first and
+  says what it did (a good checkpoint is one whose next loss is finite)."""
   for step, m in history:
     bad = [f'{name} {m[key]}' for key, name in [('loss', 'loss'), ('grad_norm', 'grad norm'),
                                                 ('learning_rate', 'learning rate')]
@@ -110,9 +112,11 @@ def check_finite(history: list) -> None:
     if not m.get('state_finite', 1.0):
       bad.append('updated params/optimizer state')
     if bad:
+      diverged = not (math.isfinite(m['loss']) and math.isfinite(m['grad_norm']))
+      moved = set_aside(step - 1) if diverged else ''
       raise FloatingPointError(
-          f'non-finite training at step {step}: {", ".join(bad)}; stopping without saving '
-          '(the last good checkpoint is kept). Try a lower train.learning_rate, '
+          f'non-finite training at step {step}: {", ".join(bad)}; stopping without saving'
+          f'{moved or " (the last good checkpoint is kept)"}. Try a lower train.learning_rate, '
           'train.grad_clip > 0 or float32 compute')
 
 
@@ -251,7 +255,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
       save_now = end or stopping or step % t.checkpoint_every == 0
       if log_now or eval_now or save_now:
         pending = jax.device_get(pending)
-        check_finite(pending)               # never log or save past a NaN
+        check_finite(pending, checkpointer.set_aside_diverged)   # never log or save past a NaN
         checkpointer.check()
         window, pending = window + [m for _, m in pending], []
       if log_now:
