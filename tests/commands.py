@@ -82,7 +82,8 @@ def _stop():
 def run(command: str, *args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
   """`python -m <module> *args` in `cwd` with `env` (default: this process's), where the module
   is pretrain_jax.commands.<command> (or `command` itself if it names a module: 'pretrain_jax'
-  for the dispatcher). Never raises on a non-zero exit; raises subprocess.TimeoutExpired."""
+  for the dispatcher). Never raises on a non-zero exit; raises subprocess.TimeoutExpired, and
+  ValueError where a command that exited 0 ends with a JSON line that is not strict JSON."""
   module = command if command.startswith('pretrain_jax') else f'pretrain_jax.commands.{command}'
   env = dict(os.environ if env is None else env)
   argv = [sys.executable, '-m', module, *map(str, args)]
@@ -90,8 +91,17 @@ def run(command: str, *args, cwd=ROOT, env=None, timeout=600) -> subprocess.Comp
     _server.clear()
   proc = _server.get('proc') or _start()
   if _import_env(env) != _server['env']:
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
+  else:
+    done = _served(proc, module, argv, cwd, env, timeout)
+  last = (done.stdout.strip().splitlines() or [''])[-1]
+  if done.returncode == 0 and last.startswith('{'):   # every command's last line: strict JSON
+    strict_json(last)
+  return done
+
+
+def _served(proc, module, argv, cwd, env, timeout) -> subprocess.CompletedProcess:
   with tempfile.TemporaryDirectory() as tmp:
     out, err = os.path.join(tmp, 'out'), os.path.join(tmp, 'err')
     proc.stdin.write((json.dumps({'module': module, 'args': list(argv[3:]), 'cwd': str(cwd),
@@ -107,6 +117,13 @@ def run(command: str, *args, cwd=ROOT, env=None, timeout=600) -> subprocess.Comp
     def read(path):
       return open(path, encoding='utf-8', errors='replace').read()
     return subprocess.CompletedProcess(argv, code, read(out), read(err))
+
+
+def strict_json(text: str):
+  """json.loads refusing NaN and Infinity, which are not JSON (jq refuses them)."""
+  def refuse(constant):
+    raise ValueError(f'{constant} is not JSON: {text[:200]}')
+  return json.loads(text, parse_constant=refuse)
 
 
 def _child(request: dict) -> None:

@@ -7,9 +7,13 @@ import re
 import shutil
 
 import commands
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from pretrain_jax.cli import terminal
+from pretrain_jax.run import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +26,7 @@ def last_line(done) -> dict:
   assert done.returncode == 0, done.stderr[-3000:]
   line = done.stdout.strip().splitlines()[-1]
   assert len(line.encode()) < terminal.LINE_BYTES, len(line.encode())
-  return json.loads(line)
+  return commands.strict_json(line)
 
 
 def test_main_job_ends_with_a_compact_line(tmp_path, gpt_workdir):
@@ -110,3 +114,39 @@ def test_finish_writes_the_details_and_names_them(tmp_path, capsys):
   assert json.loads(out) == line == {'step': 3, 'details': str(tmp_path / 'thing_results.json')}
   assert err == 'a summary\n'
   assert json.loads((tmp_path / 'thing_results.json').read_text()) == {'rows': list(range(500))}
+
+
+def test_finish_writes_non_finite_numbers_as_null_and_says_so(tmp_path, capsys):
+  nan, inf = float('nan'), float('inf')
+  terminal.finish({'loss': nan, 'rows': [{'x': -inf}, 1.5]}, summary=['loss nan'],
+                  details={'loss': inf}, where=str(tmp_path), name='thing')
+  out, err = capsys.readouterr()
+  assert commands.strict_json(out) == {'loss': None, 'rows': [{'x': None}, 1.5],
+                                       'details': str(tmp_path / 'thing_results.json')}
+  assert commands.strict_json((tmp_path / 'thing_results.json').read_text()) == {'loss': None}
+  assert err.splitlines()[-1].split(' (')[0] == 'non-finite: loss, rows[0].x'
+
+
+def test_every_command_ends_through_terminal():
+  """The JSON every command prints is terminal's (strict); json.dumps would write NaN."""
+  folder = os.path.join(ROOT, 'pretrain_jax', 'commands')
+  for name in sorted(os.listdir(folder)):
+    text = open(os.path.join(folder, name)).read()
+    assert 'json.dumps(' not in text, name
+
+
+def test_evaluate_of_a_checkpoint_whose_loss_is_nan_ends_with_strict_json(tmp_path, gpt_workdir):
+  workdir = tmp_path / 'w'
+  shutil.copytree(gpt_workdir, workdir)
+  shutil.copytree(f'{gpt_workdir}_cache', f'{workdir}_cache')
+  ckpt = checkpoint.Checkpointer(str(workdir), async_save=False)
+  config, params, step = checkpoint.restore_params(str(workdir))
+  huge = jax.tree.map(lambda x: x * np.float32(1e30), params)   # finite weights, NaN loss
+  ckpt.manager.save(step + 1, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({'params': huge}), data=ocp.args.JsonSave({})))
+  ckpt.close()
+  done = command('evaluate', '--workdir', workdir, '--batches', '1',
+                 env={'PRETRAIN_JAX_CACHE': f'{workdir}_cache'})
+  line = last_line(done)
+  assert line['step'] == step + 1 and line['loss'] is None
+  assert 'non-finite: loss' in done.stderr

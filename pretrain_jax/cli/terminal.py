@@ -14,6 +14,7 @@ model) leaves no new, empty workdir behind.
 """
 import contextlib
 import json
+import math
 import sys
 
 from etils import epath
@@ -27,18 +28,41 @@ LINE_BYTES = 1024   # the stdout line stays under this; the details file takes t
 START_UP_FILES = ('tokenizer.model',)
 
 
+def strict(value, where: str = '', found=None):
+  """`value` with every NaN / inf float replaced by None: strict JSON (`NaN` is not JSON, and
+  `jq` refuses a line holding it). `found` collects the keys (`a.b[0]`) of those replaced."""
+  if isinstance(value, dict):
+    return {k: strict(v, f'{where}.{k}'.lstrip('.'), found) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict(v, f'{where}[{i}]', found) for i, v in enumerate(value)]
+  if isinstance(value, float) and not math.isfinite(value):
+    if found is not None:
+      found.append(where)
+    return None
+  return value
+
+
+def dumps(value, **kw) -> str:
+  """json.dumps of strict(value)."""
+  return json.dumps(strict(value), allow_nan=False, **kw)
+
+
 def finish(line: dict, summary=(), details=None, where: str = '', name: str = '') -> dict:
-  """Prints `summary` on stderr and `line` as one JSON line on stdout; returns the line. With
-  `details`, writes them to `<where>/<name>_results.json` first and names that file in the
-  line (key `details`)."""
+  """Prints `summary` on stderr and `line` as one strict JSON line on stdout (a non-finite
+  number is null, and stderr names it); returns the line. With `details`, writes them to
+  `<where>/<name>_results.json` first and names that file in the line (key `details`)."""
   for text in summary:
     print(text, file=sys.stderr)
-  sys.stderr.flush()
   if details is not None:
     path = epath.Path(where) / f'{name}_results.json'   # (named as the user gave `where`)
-    paths.write_atomic(path, json.dumps(details, indent=1) + '\n')
+    paths.write_atomic(path, dumps(details, indent=1) + '\n')
     line = {**line, 'details': str(path)}
-  print(json.dumps(line), flush=True)
+  found = []
+  line = strict(line, found=found)
+  if found:
+    print(f'non-finite: {", ".join(found)} (null in the JSON line)', file=sys.stderr)
+  sys.stderr.flush()
+  print(json.dumps(line, allow_nan=False), flush=True)
   return line
 
 

@@ -32,6 +32,7 @@ from ml_collections import config_flags
 
 import configs.bench_common
 from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=False)
 _SUITE = flags.DEFINE_string('suite', None, 'time a suite of configs in one process: gpu, '
@@ -81,7 +82,7 @@ def _run_config():
       config, steps=_STEPS.value if _STEPS.value is not None else bench.steps,
       warmup=_WARMUP.value if _WARMUP.value is not None else bench.warmup,
       peak_flops=_PEAK.value or None, probe_size=bench.probe_size, profile_dir=_PROFILE.value)
-  print(json.dumps(record), flush=True)
+  terminal.finish(record)
 
 
 def _argv_for(variants: list) -> list:
@@ -147,7 +148,7 @@ def _run_suite():
   def emit(record):
     records.append(record)
     suite.add_ratios(records)
-    print(json.dumps(suite.compact(record), separators=(',', ':')), flush=True)
+    print(terminal.dumps(suite.compact(record), separators=(',', ':')), flush=True)
   flag_sets = {suite.variant(v).xla_flags for v in variants}
   if len(flag_sets) == 1:          # one XLA flag set: all of them in this process
     xla_flags = _start_backend_with([benchmark.benchmark_section(c) for _, c in entries],

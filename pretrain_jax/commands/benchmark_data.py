@@ -8,12 +8,12 @@ Each line: objective, tokens_per_s (positions of the encoder/input rows per seco
 real_tokens_per_s (non-padding ones), real_fraction, batches, seconds, warmup_s (start-up:
 opening the source, the first sentencepiece calls). Warm-up batches are not timed.
 """
-import json
 import os
 import sys
 import time
 
 from pretrain_jax import cli, data
+from pretrain_jax.cli import terminal
 from pretrain_jax.data.config import OBJECTIVES, DataConfig
 
 
@@ -63,7 +63,7 @@ def _run(argv=None):
       real += int((seg > 0).sum())
     seconds = time.time() - start
     it.close()
-    print(json.dumps({'objective': name, 'seq_len': args.seq_len,
+    print(terminal.dumps({'objective': name, 'seq_len': args.seq_len,
                       'batch_size': args.batch_size, 'tokens_per_s': round(positions / seconds),
                       'real_tokens_per_s': round(real / seconds),
                       'real_fraction': round(real / positions, 4), 'batches': args.batches,

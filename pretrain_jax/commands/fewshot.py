@@ -13,13 +13,13 @@ longer than the model loses its first tokens (the earliest shots; counted as `tr
 with train.* and validation.* holding text [, text_pair], label. A table goes to stderr, one
 JSON line to stdout.
 """
-import json
 import sys
 import time
 
 from absl import flags
 
 from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 from pretrain_jax.data import tasks
 
 _INIT = flags.DEFINE_string('init', None, 'checkpoint: a GPT-family training workdir, '
@@ -79,9 +79,8 @@ def _run(argv):
         f'{" | ".join(repr(prompts.continuation(label)) for label in task.labels)}\n'
         f'{table(results)}',
         file=sys.stderr, flush=True)
-  print(json.dumps({'init': _INIT.value, 'task': task.name, 'family': model.family,
-                    'split': _SPLIT.value, 'question': question, 'results': results}),
-        flush=True)
+  terminal.finish({'init': _INIT.value, 'task': task.name, 'family': model.family,
+                   'split': _SPLIT.value, 'question': question, 'results': results})
 
 
 def main(argv=None) -> None:

@@ -4,12 +4,12 @@
 
 Ends with one JSON line.
 """
-import json
 import sys
 
 from absl import app, flags
 
 from pretrain_jax import cli, inference
+from pretrain_jax.cli import terminal
 from pretrain_jax.inference import load_pretrained
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'BERT workdir, checkpoint or HF directory',
@@ -27,7 +27,7 @@ def _run(argv):
   for m in masks:
     print(f"[MASK]@{m['position']}: " + ', '.join(
         f"{c['token']} {c['probability']:.3f}" for c in m['candidates']), file=sys.stderr)
-  print(json.dumps({'text': _TEXT.value, 'step': model.step, 'masks': masks}))
+  terminal.finish({'text': _TEXT.value, 'step': model.step, 'masks': masks})
 
 
 def main(argv=None) -> None:

@@ -7,12 +7,12 @@
 Greedy by default (temperature 0); the seed makes sampling reproducible. Stops at EOS or
 max_new_tokens. Ends with one JSON line.
 """
-import json
 import sys
 
 from absl import flags
 
 from pretrain_jax import cli, inference
+from pretrain_jax.cli import terminal
 from pretrain_jax.inference import load_pretrained, text
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir, checkpoint or HF directory',
@@ -34,7 +34,7 @@ def _run(argv):
                                     top_p=_TOP_P.value, seed=_SEED.value)
   for r in results:
     print(f"{r['prompt']!r} -> {r['text']!r}", file=sys.stderr)
-  print(json.dumps({'family': model.family, 'step': model.step, 'results': results}))
+  terminal.finish({'family': model.family, 'step': model.step, 'results': results})
 
 
 def main(argv=None) -> None:

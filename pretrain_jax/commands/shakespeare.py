@@ -5,7 +5,6 @@
 Prints GPT validation perplexity, BERT held-out MLM top-1/top-5 against a random-init encoder,
 and the training wall time of each; ends with one JSON line.
 """
-import json
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from ml_collections import config_flags
 
 import configs
 from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 from pretrain_jax.experiments import char_lm
 from pretrain_jax.run import metrics as metrics_lib
 
@@ -59,7 +59,7 @@ def _run(argv):
         f"random init {b['random_init_top1']:.3f} / {b['random_init_top5']:.3f})",
         file=sys.stderr)
   print(char_lm.draws_line(b), file=sys.stderr)
-  print(json.dumps(result))
+  terminal.finish(result)
 
 
 def main(argv=None) -> None:

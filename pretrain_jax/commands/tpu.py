@@ -26,7 +26,6 @@ over the data-center network: the batch splits over the slices (the mesh's `dcn`
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
-import json
 import os
 import re
 import subprocess
@@ -36,6 +35,7 @@ from absl import app, flags
 
 import configs
 from pretrain_jax import cli
+from pretrain_jax.cli import terminal
 from pretrain_jax.cloud import gcloud, launcher
 
 COMMANDS = ('create', 'setup', 'run', 'status', 'logs', 'stop', 'delete')
@@ -137,7 +137,7 @@ def _run(argv):
     sys.exit(130)
   if _DRY_RUN.value:
     result['dry_run'] = True
-  print(json.dumps(result), flush=True)
+  terminal.finish(result)
 
 
 def check_train_args(args) -> None:
