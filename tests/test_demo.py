@@ -33,7 +33,7 @@ class Model:
       if len(words) == len(masked) and all(
           a == b for a, b in zip(words, masked, strict=True) if b != '[MASK]'):
         guesses = [self.tokenizer.encode(words[masked.index('[MASK]')])[0]]
-    return [{'candidates': [{'id': i, 'token': str(i)} for i in guesses[:top_k]]}]
+    return [{'candidates': [{'id': i, 'token': str(i), 'word': str(i)} for i in guesses[:top_k]]}]
 
 
 def test_masks_one_piece_words_and_shuffling_the_context_undoes_a_context_model():
@@ -50,7 +50,7 @@ def test_masks_one_piece_words_and_shuffling_the_context_undoes_a_context_model(
 def test_a_model_that_ignores_context_scores_the_same_shuffled():
   class Frequency(Model):
     def fill_mask(self, text, top_k=5):
-      return [{'candidates': [{'id': i, 'token': str(i)} for i in range(top_k)]}]
+      return [{'candidates': [{'id': i, 'token': str(i), 'word': str(i)} for i in range(top_k)]}]
   sentences = ['the list sorted in place', 'returns the new copy of it']
   out = demo.masked_word_probe(Frequency(sentences), sentences)
   assert out['top5_hit_rate'] == out['top5_hit_rate_context_shuffled']
@@ -66,7 +66,7 @@ def test_a_word_glued_to_the_text_before_it_is_scored_by_its_piece_there():
     tokenizer = Glued()
 
     def fill_mask(self, text, top_k=5):
-      return [{'candidates': [{'id': 2 + 50, 'token': 'list'}]}]  # glued 'list'
+      return [{'candidates': [{'id': 2 + 50, 'token': 'list', 'word': 'list'}]}]  # glued 'list'
 
   out = demo.masked_word_probe(Answers([]), ['x.__list__'])
   assert out['sentences'] == 1 and out['examples'][0]['target_id'] == 52

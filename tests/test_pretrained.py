@@ -200,6 +200,7 @@ def test_fill_mask_recovers_the_word_of_an_overfit_sentence(bert_nsp_workdir):
   out = inference.fill_mask(model, 'the function returns a new [MASK] of strings', top_k=3)
   assert len(out) == 1
   assert out[0]['candidates'][0]['id'] == word_ids[0]
+  assert out[0]['candidates'][0]['word'] == 'list'   # detokenised: the piece is '▁list'
   assert out[0]['candidates'][0]['probability'] > 0.5
   # fill_mask pads to a length bucket under an attention mask: the same probabilities as the
   # unpadded row through the model.

@@ -26,7 +26,7 @@ def _run(argv):
   masks = inference.fill_mask(model, _TEXT.value, _TOP_K.value)
   for m in masks:
     print(f"[MASK]@{m['position']}: " + ', '.join(
-        f"{c['token']} {c['probability']:.3f}" for c in m['candidates']), file=sys.stderr)
+        f"{c['word']!r} {c['probability']:.3f}" for c in m['candidates']), file=sys.stderr)
   terminal.finish({'text': _TEXT.value, 'step': model.step, 'masks': masks})
 
 

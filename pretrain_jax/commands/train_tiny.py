@@ -101,7 +101,7 @@ def report(family: str, result: dict) -> None:
         f'{p["top5_hit_rate_context_shuffled"]:.0%}; random init: '
         f'{result["masked_word_random_init"]["top5_hit_rate"]:.0%})')
     for e in p['examples'][:4]:
-      say(f'  {e["text"]!r}: {e["answer"]} -> {", ".join(e["top"])}'
+      say(f'  {e["text"]!r}: {e["answer"]!r} -> {", ".join(map(repr, e["top"]))}'
           f'{"  (hit)" if e["hit"] else ""}')
   for e in result.get('continuations', []):
     say(f'  {e["prompt"]!r} -> {e["continuation"]!r}')

@@ -58,7 +58,7 @@ def masked_word_probe(model, texts: list, *, seed: int = 0, top_k: int = 5) -> d
     hit = target in [c['id'] for c in candidates]
     hits += hit
     examples.append({'text': masked, 'answer': word, 'hit': bool(hit), 'target_id': target,
-                     'top': [c['token'] for c in candidates]})
+                     'top': [c['word'] for c in candidates]})
   return {'top5_hit_rate': hits / max(len(examples), 1), 'sentences': len(examples),
           'examples': examples,
           'top5_hit_rate_context_shuffled': _shuffled_context_hits(model, examples, rng, top_k)}

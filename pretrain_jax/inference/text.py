@@ -132,7 +132,8 @@ def _language_model(model, use: str):
 
 
 def fill_mask(model, text: str, top_k: int = 5) -> list:
-  """BERT: top-k (token, probability) for each [MASK] in `text`, left to right."""
+  """BERT: top-k candidates for each [MASK] in `text`, left to right: `token` (the piece,
+  '▁is'), `word` (it detokenised, 'is'; a bare '▁' is ''), `id`, `probability`."""
   if not family_of(model.model_config).fills_masks:
     raise ValueError(f'fill_mask needs a BERT model; this one is {model.family!r}')
   tok = _language_model(model, 'fill_mask')
@@ -162,6 +163,7 @@ def fill_mask(model, text: str, top_k: int = 5) -> list:
   for position in [i for i, t in enumerate(ids) if t == tok.mask_id]:
     p, idx = jax.lax.top_k(probs[position], top_k)
     out.append({'position': position,
-                'candidates': [{'token': tok.id_to_piece(int(i)), 'id': int(i),
+                'candidates': [{'token': tok.id_to_piece(int(i)), 'word': tok.decode([int(i)]),
+                                'id': int(i),
                                 'probability': float(q)} for q, i in zip(p, idx, strict=True)]})
   return out
