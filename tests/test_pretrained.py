@@ -114,6 +114,13 @@ def test_random_init_scores_near_chance(gpt_workdir):
   assert metrics['lm_accuracy'] < 0.05
 
 
+def test_an_empty_continuation_says_why():
+  assert inference.text.why_empty({'text': 'a b', 'ids': [4, 5]}) == ''
+  assert 'end-of-sequence' in inference.text.why_empty({'text': '', 'ids': []})
+  assert 'the 2 tokens generated decode to whitespace' in inference.text.why_empty(
+      {'text': ' ', 'ids': [3, 3]})
+
+
 def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
   model = pretrain_jax.load_pretrained(gpt_workdir)
   out = inference.generate_text(model, ['The list', 'A module is'], max_new_tokens=5)

@@ -33,7 +33,7 @@ def _run(argv):
                                     temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                     top_p=_TOP_P.value, seed=_SEED.value)
   for r in results:
-    print(f"{r['prompt']!r} -> {r['text']!r}", file=sys.stderr)
+    print(f"{r['prompt']!r} -> {r['text']!r}{text.why_empty(r)}", file=sys.stderr)
   terminal.finish({'family': model.family, 'step': model.step, 'results': results})
 
 

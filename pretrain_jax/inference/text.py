@@ -54,6 +54,16 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p, vocab_size=None) -
       raise ValueError(f'{name}={value!r} is out of range; expected {expected}')
 
 
+def why_empty(result: dict) -> str:
+  """Why a continuation is '' (an undertrained model often ends it at once), else ''."""
+  if result['text'].strip():
+    return ''
+  if not result['ids']:
+    return ('  (the first token generated was end-of-sequence: the model ends here; an '
+            'undertrained one often does. Train longer or sample: --temperature 0.8)')
+  return f"  (the {len(result['ids'])} tokens generated decode to whitespace)"
+
+
 def generate_text(model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
                   seed=0) -> list:
   """GPT: continue each prompt. T5: fill the <extra_id_N> spans of each input.
