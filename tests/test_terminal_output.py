@@ -150,3 +150,11 @@ def test_evaluate_of_a_checkpoint_whose_loss_is_nan_ends_with_strict_json(tmp_pa
   line = last_line(done)
   assert line['step'] == step + 1 and line['loss'] is None
   assert 'non-finite: loss' in done.stderr
+
+
+def test_the_summary_of_a_finished_run_says_it_is_complete():
+  result = {'family': 'gpt', 'workdir': 'w', 'start_step': 20, 'step': 20, 'steps': 20,
+            'checkpoint_steps': [20]}
+  line = terminal.run_summary(result)
+  assert 'already complete at step 20' in line and '--config.train.steps' in line
+  assert 'already' not in terminal.run_summary(dict(result, start_step=10))

@@ -72,6 +72,10 @@ def run_summary(result: dict) -> str:
     return '-' if result.get(key) is None else format(result[key], spec)
   stopped = ' (stopped by SIGTERM; rerun to resume)' if result.get('preempted') else ''
   saved = ', '.join(map(str, result.get('checkpoint_steps') or [])) or 'none'
+  if result['start_step'] == result['step'] == result['steps']:
+    return (f"{result['family']} in {result['workdir']}: already complete at step "
+            f"{result['steps']}, nothing trained (a larger --config.train.steps continues it); "
+            f'checkpoints: {saved}')
   return (f"{result['family']} in {result['workdir']}: steps {result['start_step']}-"
           f"{result['step']} of {result['steps']}{stopped}; train loss {num('train_loss')}, "
           f"validation loss {num('eval_loss')} (accuracy {num('eval_accuracy', '.3f')}); "
