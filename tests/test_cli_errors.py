@@ -192,3 +192,14 @@ def test_a_config_files_own_error_drops_a_module_qualified_exception_name():
   assert cli.config_variant_error(text) == 'error: --config=configs/x.py:a: bad value'
   assert cli.config_variant_error(text.replace('module.sub.CustomError', 'ValueError')) == \
       'error: --config=configs/x.py:a: bad value'
+
+
+@pytest.mark.parametrize('name', ['evaluate', 'generate', 'fill_mask'])
+def test_a_missing_workdir_is_refused_before_jax_loads(tmp_path, name):
+  code = ('import sys\nfrom pretrain_jax import commands\ntry:\n'
+          f'  commands.main(["pretrain-jax", {name!r}, "--workdir={tmp_path}/nope"])\n'
+          'except SystemExit as e:\n  print(e.code, "jax" in sys.modules)\n')
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        cwd=ROOT, check=False)
+  assert done.stdout.split() == ['2', 'False'], done.stderr[-2000:]
+  assert f"'{tmp_path}/nope'" in done.stderr

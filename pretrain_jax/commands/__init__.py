@@ -3,6 +3,7 @@
 Each command is a module here with a `main(argv=None)`, so `python -m
 pretrain_jax.commands.COMMAND [flags]` is the same command. `COMMAND --help` lists its flags.
 """
+import os
 import runpy
 import sys
 
@@ -30,6 +31,20 @@ COMMANDS = {   # name: what it does (one line of `pretrain-jax --help`)
 }
 
 
+READS_WORKDIR = ('evaluate', 'generate', 'fill_mask')   # commands whose --workdir must exist
+
+
+def missing_workdir(argv: list):
+  """The local `--workdir` of argv that does not exist, else None: refused before the command
+  imports JAX and the rest (seconds), where every other mistake is refused at once."""
+  for i, arg in enumerate(argv):
+    value = arg.removeprefix('--workdir=') if arg.startswith('--workdir=') else (
+        argv[i + 1] if arg == '--workdir' and i + 1 < len(argv) else None)
+    if value and '://' not in value and not os.path.exists(value):  # noqa: TID251 (local only)
+      return value
+  return None
+
+
 def usage() -> str:
   width = max(map(len, COMMANDS))
   lines = [f'  {name:<{width}}  {what}' for name, what in COMMANDS.items()]
@@ -46,6 +61,11 @@ def main(argv=None) -> None:
   if name not in COMMANDS:
     print(f'error: unknown command {argv[1]!r}; expected one of {", ".join(COMMANDS)}',
           file=sys.stderr)
+    sys.exit(2)
+  missing = missing_workdir(argv[2:]) if name in READS_WORKDIR else None
+  if missing:
+    print(f'error: {missing!r} is not a directory; expected a training workdir, a checkpoint '
+          'directory or a Hugging Face model directory', file=sys.stderr)
     sys.exit(2)
   # Run as `python -m` would: the module is __main__, so absl's --help shows its docstring and
   # flags (absl files a flag under the module that defines it and shows __main__'s).
