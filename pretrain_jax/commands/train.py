@@ -18,6 +18,9 @@ JSON line of results. A run refused before it trained leaves no new workdir behi
 --synthetic_data trains on random tokens (no tokenizer or corpus needed; benchmarks).
 --config.data.tokenizer takes a sentencepiece .model or a Hugging Face tokenizer directory
 (the hf_tokenizer/ of a workdir pretrain-jax convert_hf imported: GPT-2's BPE, BERT's WordPiece).
+Every --config.SECTION.FIELD, its default and meaning: docs/training.md#configs (the fields
+are on ModelConfig, DataConfig, TrainConfig and MeshConfig in pretrain_jax/models/config.py,
+data/config.py and training/config.py).
 """
 import contextlib
 import re
