@@ -146,13 +146,17 @@ class Checkpointer:
 
   def _save_error(self, error) -> CheckpointSaveError:
     failed, self.pending, self._error = self.pending, None, error
-    done = [s for s in complete_steps(self.workdir) if s != failed]
+    try:   # (the storage that failed the save may fail the listing too)
+      done = [s for s in complete_steps(self.workdir) if s != failed]
+      newest = f'step {done[-1]}' if done else 'none'
+    except Exception as e:
+      newest = f'unknown (listing it failed too: {type(e).__name__}: {str(e)[:100]})'
     where = f' at step {self.step}' if self.step is not None else ''
     return CheckpointSaveError(
         f'saving checkpoint {failed} under {self.directory} failed ({type(error).__name__}: '
         f'{str(error)[:300]}); stopped training{where}. The newest complete checkpoint is '
-        f'{f"step {done[-1]}" if done else "none"}: fix the cause (disk space, permissions) '
-        'and rerun the same command to resume from it')
+        f'{newest}: fix the cause (disk space, permissions) and rerun the same command to '
+        'resume from it')
 
   def restore(self, abstract_state):
     """(state placed with abstract_state's shardings, whatever mesh saved it, this host's data
