@@ -6,6 +6,8 @@ import time
 
 import fault_proxy
 import gcs_emulator
+import jax
+import numpy as np
 import pytest
 from test_checkpoint import datasets_with_hook
 from test_gcs import _small
@@ -81,6 +83,7 @@ def test_the_lock_rides_out_a_burst_and_a_dead_heartbeat_is_taken_over(proxy, fa
   time.sleep(1.5)                                  # ~7 heartbeats fail
   proxy.clear()
   time.sleep(0.5)
+  print(f'lock burst of {fault}: {proxy.counts}')
   assert proxy.counts['failed'] > failed and not holder.lost
   with pytest.raises(lock_lib.LockHeld, match=workdir):
     lock_lib.GcsLock(workdir, stale_sec=4).acquire()
@@ -90,3 +93,28 @@ def test_the_lock_rides_out_a_burst_and_a_dead_heartbeat_is_taken_over(proxy, fa
   second = lock_lib.GcsLock(workdir, stale_sec=4)
   assert 'took over the stale lock' in second.acquire()
   second.release()
+
+
+def test_reading_a_checkpoint_under_failing_requests_succeeds_or_stops_with_one_error(proxy):
+  """(d) Transient read failures are retried by the clients and the parameters read are the
+  same; a permanent refusal is one CheckpointError naming the checkpoint."""
+  workdir = 'gs://bucket/read'
+  config = _small(tiny_gpt.get_config(), steps=2)
+  config.train.update(checkpoint_every=2, eval_every=0)
+  loop.train_and_evaluate(config, workdir, datasets=datasets_with_hook(config, lambda d, b: b))
+  clean = checkpoint.restore_params(workdir)[1]
+  failed = proxy.counts['failed']
+  proxy.fail(503, prefix=f'{workdir}/checkpoints/', fraction=0.3)
+  try:
+    read = checkpoint.restore_params(workdir)[1]
+  finally:
+    proxy.clear()
+  print(f'read with 30% failing: {proxy.counts}')
+  assert proxy.counts['failed'] > failed
+  assert jax.tree.all(jax.tree.map(np.array_equal, read, clean))
+  proxy.fail(403, prefix=f'{workdir}/checkpoints/2/')
+  try:
+    with pytest.raises(checkpoint.CheckpointError, match=f'{workdir}/checkpoints/2'):
+      checkpoint.restore_params(workdir)
+  finally:
+    proxy.clear()
