@@ -26,6 +26,7 @@ over the data-center network: the batch splits over the slices (the mesh's `dcn`
 Progress goes to stderr; stdout ends with one JSON line. Errors are one line: exit 2 for bad
 input or a missing gcloud, 1 for a failed gcloud command or a watch that gave up.
 """
+import json
 import os
 import re
 import subprocess
