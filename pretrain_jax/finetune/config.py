@@ -10,8 +10,9 @@ from typing import ClassVar
 from pretrain_jax.data.config import TaskConfig, TaskDataConfig
 from pretrain_jax.sections import Section
 from pretrain_jax.training.config import MeshConfig, TrainConfig
+from pretrain_jax.training.lora import LoraConfig
 
-MODES = ('full', 'linear_probe', 'scratch')
+MODES = ('full', 'linear_probe', 'scratch', 'lora')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +45,14 @@ class FinetuneConfig(Section):
   """The whole fine-tuning config: what to start from, how, on which task."""
   train: TrainConfig                # as pre-training's (configs/finetune.py: a short recipe)
   init: str = ''                    # training workdir, checkpoints/<step> dir, or HF directory
-  mode: str = 'full'                # 'full', 'linear_probe' (frozen backbone) or 'scratch'
+  mode: str = 'full'                # 'full', 'linear_probe' (frozen backbone), 'scratch' or
+                                    # 'lora' (frozen backbone + rank-r updates: config.lora)
   probe_learning_rate: float = 1e-3  # linear_probe's peak learning rate (a head alone takes a
                                     # larger one); 0 = train.learning_rate
   task: TaskConfig = TaskConfig()  # the labelled task (data/config.py)
   data: TaskDataConfig = TaskDataConfig()  # its example lengths and order (data/config.py)
   model: ModelOverrides = ModelOverrides()  # what may differ from the checkpoint's model
+  lora: LoraConfig = LoraConfig()  # mode 'lora': rank, alpha, targets (training/lora.py)
   mesh: MeshConfig = MeshConfig()  # as pre-training's (training/config.py)
 
   def validate(self) -> None:

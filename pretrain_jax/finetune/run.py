@@ -9,6 +9,10 @@ TensorBoard); this file only decides the config, the batches and the starting we
                        optimizer state: optimizer.train_only); only the head trains (BERT: the
                        pooler + classifier that read [CLS]; GPT: `score` on the last token)
   mode 'scratch'       the same architecture and recipe from random weights (the baseline)
+  mode 'lora'          the backbone is frozen and rank-r factors beside its kernels train
+                       with the head (training/lora.py: the state holds only those, so the
+                       checkpoint is the adapter alone; config.lora names its base checkpoint
+                       and that base's fingerprint, and load_pretrained merges it)
 
 BERT and GPT get `model.num_classes` = the number of labels and are scored by the class_*
 metrics of training/task.py (class_accuracy, class_mcc, class_f1). With task.format=
@@ -29,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from pretrain_jax import paths
 from pretrain_jax.data import classification, prompts, tasks
@@ -36,9 +41,11 @@ from pretrain_jax.data.config import TaskDataConfig
 from pretrain_jax.finetune import evaluators
 from pretrain_jax.finetune.config import FinetuneConfig, ModelOverrides
 from pretrain_jax.inference import load, scoring
-from pretrain_jax.models import ModelConfig, family_of
+from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.run import loop
 from pretrain_jax.run import workdir as workdir_lib
+from pretrain_jax.training import lora
+from pretrain_jax.training import state as state_lib
 from pretrain_jax.training.config import TrainConfig
 
 MODEL_OVERRIDES = tuple(f.name for f in dataclasses.fields(ModelOverrides))   # its model.*
@@ -90,6 +97,13 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   config.train.freeze_backbone = ft.mode == 'linear_probe'
   if ft.mode == 'linear_probe' and ft.probe_learning_rate:
     config.train.learning_rate = ft.probe_learning_rate
+  if ft.mode == 'lora':
+    if ft.lora.learning_rate:
+      config.train.learning_rate = ft.lora.learning_rate
+    head_names = tuple(n for h in family.active_heads(ModelConfig.from_config(model))
+                       for n in h.params)
+    config.lora.base = base_checkpoint(init)
+    config.lora.base_fingerprint = init.fingerprint(head_names)
   # absolute: a resume from another directory names it alike
   config.init = str(paths.resolve(ft.init)) if ft.init else ''
   config.task.name = task.name
@@ -108,6 +122,15 @@ def build_config(config, init: load.Pretrained, task) -> ml_collections.ConfigDi
   return config
 
 
+def base_checkpoint(init: load.Pretrained) -> str:
+  """The exact checkpoint `init` holds: <workdir>/checkpoints/<step> for a workdir (whose
+  latest may change), else its directory."""
+  workdir, step = load.split_checkpoint_path(init.path)
+  if step is None and init.step is not None:
+    return str(paths.resolve(workdir) / 'checkpoints' / str(init.step))
+  return init.path
+
+
 def check_resume(config, workdir: str) -> None:
   """A resumed run must have the same head size and labels (a one-line error otherwise). A
   workdir that recorded its init relative to the directory it ran in (before init was made
@@ -122,6 +145,12 @@ def check_resume(config, workdir: str) -> None:
   if old_format != config.task.format:
     raise ValueError(f'{workdir} was fine-tuned with task.format={old_format!r}, not '
                      f'{config.task.format!r}; use a new --workdir')
+  old_base = old.get('lora', {}).get('base_fingerprint', '')
+  if old.get('mode') == 'lora' and config.get('mode') == 'lora' and \
+      old_base != config.lora.base_fingerprint:
+    raise ValueError(f'{workdir} holds an adapter of base {old["lora"]["base"]} (fingerprint '
+                     f'{old_base}); init {config.init} has fingerprint '
+                     f'{config.lora.base_fingerprint}: expected that base, or a new --workdir')
   old_classes = old['model']['num_classes']
   if old_classes != config.model.num_classes:
     raise ValueError(f'{workdir} was trained with model.num_classes={old_classes} but this task '
@@ -154,6 +183,23 @@ def starting_params(pretrained, mode: str, head_names: tuple):
         flat[key] = jnp.array(given[key], value.dtype, copy=True)
     return flax.traverse_util.unflatten_dict(flat)
   return merge
+
+
+def lora_adapter(base_params, cfg: ModelConfig, head_names: tuple, config) -> lora.Adapter:
+  """The checkpoint's weights of `cfg`'s model, less its head, frozen for LoRA."""
+  abstract = state_lib.abstract_params(build(cfg))
+  weights = starting_params(base_params, 'full', head_names)(abstract)
+  return lora.Adapter(config, lora.split(weights, head_names)[0], head_names)
+
+
+def parameter_counts(cfg: ModelConfig, mode: str, head_names: tuple, state_params: int) -> dict:
+  """{'total_params': the model's, 'trainable_params': those the optimizer updates} (the
+  state's count is the trainable one for LoRA, the model's otherwise)."""
+  abstract = state_lib.abstract_params(build(cfg))
+  total = optax.tree_utils.tree_size(abstract)
+  trainable = {'lora': state_params, 'linear_probe': optax.tree_utils.tree_size(
+      {k: v for k, v in abstract.items() if k in head_names})}.get(mode, total)
+  return {'total_params': total, 'trainable_params': trainable}
 
 
 def load_task(ft: FinetuneConfig):
@@ -198,6 +244,12 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
     scorers = (evaluators.choice_evaluator(cfg, task, d.eval_split, init.tokenizer, question,
                                            d.seq_len, ft.task.max_eval_examples,
                                            t.batch_size),)
+  adapter = None
+  if ft.mode == 'lora':
+    adapter = lora_adapter(init.params, cfg, head_names, ft.lora)
+    merged = jax.jit(adapter.merge)
+    scorers = tuple((lambda score: lambda params: score(merged(params, adapter.frozen)))(s)
+                    for s in scorers)
   paths.makedirs(workdir)
   # The workdir keeps its own tokenizer, so it loads after the init moves: a sentencepiece
   # model is copied by the loop (as in pre-training), a Hugging Face one here (process 0;
@@ -209,8 +261,9 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
                                                    write=jax.process_index() == 0)
   result = loop.train_and_evaluate(
       config, workdir, datasets=datasets, data=d.replace(tokenizer=config.data.tokenizer),
-      init_params=starting_params(init.params, ft.mode, head_names), evaluators=scorers,
-      tokenizer_path=tokenizer_path if tokenizer and tokenizer.is_file() else '')
+      init_params=starting_params(init.params, ft.mode, head_names + (lora.FACTORS,) * (
+          adapter is not None)), evaluators=scorers,
+      tokenizer_path=tokenizer_path if tokenizer and tokenizer.is_file() else '', adapter=adapter)
   history = read_curves(workdir)['eval']
   metric = 'class_' + task.metric if task.labels else task.metric
   values = [r[metric] for r in history if metric in r]
@@ -218,6 +271,7 @@ def finetune(config, workdir: str, init=None, task=None) -> dict:
                 metric=metric,
                 final=values[-1] if values else None, best=max(values) if values else None,
                 train_examples=len(next(iter(encoded[d.train_split].rows.values()))),
+                **parameter_counts(cfg, ft.mode, head_names, result['params']),
                 truncated=encoded[d.train_split].truncated + encoded[d.eval_split].truncated)
   return result
 

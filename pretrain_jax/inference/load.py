@@ -7,6 +7,9 @@
   model.generate(['The list'])                                   # GPT / T5 text out
   model.fill_mask('Return a new [MASK].')                        # BERT
   model.evaluate(batches)                                        # the train loop's metrics
+  model = pretrain_jax.load_pretrained('runs/lora/sst2')         # a LoRA fine-tune: its base
+                                                                 # with the adapter merged
+  a = backbone.with_adapter('runs/lora/a')                       # adapters on one backbone
 
 `attention_mask` (1 = real token, 0 = padding) becomes the models' segment ids; positions
 count real tokens only, so left- and right-padded rows both work.
@@ -25,10 +28,12 @@ from pretrain_jax import data, hf, ops, paths
 from pretrain_jax.data import tasks
 from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.hf import tokenizers as hf_tokenizers
+from pretrain_jax.inference import adapter as adapter_lib
 from pretrain_jax.inference import beam, sampling, text
 from pretrain_jax.models import ModelConfig, build, family_of, masks
 from pretrain_jax.ops import backends
 from pretrain_jax.training import evaluate as eval_lib
+from pretrain_jax.training import lora
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import TrainConfig
 
@@ -144,6 +149,33 @@ class Pretrained:
     out = self._apply(self.params, batch)
     return BertOutput(*out) if isinstance(out, tuple) else out
 
+  @functools.cached_property
+  def _digests(self) -> dict:
+    return lora.leaf_digests(self.params)
+
+  def fingerprint(self, head_names: tuple = ()) -> str:
+    """16 hex digits naming these weights outside the top-level `head_names` (what a LoRA
+    adapter records of its base: training/lora.py)."""
+    return lora.fingerprint(self._digests, head_names)
+
+  def with_adapter(self, path: str, step: int | None = None) -> 'Pretrained':
+    """This backbone with the LoRA adapter of fine-tune workdir `path` (its latest checkpoint,
+    or `step`) merged in: the fine-tuned model, as load_pretrained(path) gives it. The weights
+    the adapter leaves alone stay this backbone's arrays, so adapters share them. A backbone
+    other than the adapter's base is refused in one line."""
+    workdir, path_step = split_checkpoint_path(path)
+    config = adapter_lib.adapter_config(workdir)
+    if config is None:
+      raise ValueError(f'{path} is not a LoRA adapter (a fine-tune workdir with mode=lora); '
+                       'expected one written by pretrain-jax finetune --mode lora')
+    params, step = adapter_lib.merged_params(self, workdir, config,
+                                             step if step is not None else path_step)
+    # the backbone's model (with its load-time overrides) and the fine-tune's head
+    cfg = self.model_config.replace(
+        num_classes=ModelConfig.from_config(config.model).num_classes)
+    return Pretrained(config, cfg, params, _workdir_tokenizer(workdir, config), step,
+                      path=str(paths.resolve(path)))
+
   def replace_params(self, params) -> 'Pretrained':
     """The same model with other parameters (e.g. training.evaluate.random_init_params)."""
     return dataclasses.replace(self, params=params)
@@ -251,7 +283,7 @@ class Pretrained:
                                                  for b in batches), max_batches, progress)
 
 
-def _split_checkpoint_path(path: str):
+def split_checkpoint_path(path: str):
   """'W/checkpoints/300' -> (W, 300); a workdir -> (W, None)."""
   path = paths.resolve(path)
   if path.name.isdigit() and path.parent.name == 'checkpoints':
@@ -273,10 +305,19 @@ def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pr
     return Pretrained(config, cfg, jax.tree.map(jnp.asarray, params), tokenizer,
                       path=str(paths.resolve(path)))
   from pretrain_jax.run import checkpoint  # noqa: PLC0415 (orbax: workdirs only)
-  workdir, path_step = _split_checkpoint_path(path)
+  workdir, path_step = split_checkpoint_path(path)
   if step is not None and path_step is not None and step != path_step:
     raise ValueError(f'{path} is checkpoint {path_step} but step={step} was asked for; expected '
                      'one of them (the workdir with step=, or the checkpoint directory alone)')
+  adapter = adapter_lib.adapter_config(workdir)
+  if adapter is not None:   # a LoRA fine-tune: its base, then the adapter merged in
+    base = adapter.lora.base
+    if not paths.resolve(base).is_dir():
+      raise FileNotFoundError(f'{path} is a LoRA adapter of base checkpoint {base!r}, which is '
+                              'not there; expected it in place (or load a backbone and call '
+                              '.with_adapter)')
+    return load_pretrained(base, **model_overrides).with_adapter(
+        path, step if step is not None else path_step)
   config, params, step = checkpoint.restore_params(workdir, step if step is not None
                                                    else path_step)
   cfg = ModelConfig.from_config(config.model).replace(**model_overrides)

@@ -163,11 +163,13 @@ def close_at_end(iterator):
 
 
 def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_params=None,
-                       evaluators=(), tokenizer_path: str = '', tokenizer=None) -> dict:
+                       evaluators=(), tokenizer_path: str = '', tokenizer=None,
+                       adapter=None) -> dict:
   """Trains `config` in `workdir` (one trainer: lock.hold), resuming from its newest good
   checkpoint; returns a summary. Fine-tuning passes `datasets` and their `tokenizer_path`, `data`
   (its section), `init_params(fresh_params) -> params` (unless resuming) and `evaluators`
-  (params -> metrics added to each evaluation). `tokenizer`: see open_datasets."""
+  (params -> metrics added to each evaluation). `tokenizer`: see open_datasets. `adapter` (a
+  lora.Adapter, step.make_steps): the state holds LoRA factors and a head, not the model."""
   run = RunConfig.from_config(config, data)
   t, model_cfg = run.train, run.model
   workdir_lib.check_not_foreign(workdir)
@@ -177,7 +179,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     mesh_lib.check_config(t, model_cfg, mesh, jax.process_count())
     check_same_config(config)
     steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(
-        t, run.data), init_length=run.data.seq_len)
+        t, run.data), init_length=run.data.seq_len, adapter=adapter)
     if datasets is None:
       check_objective(model_cfg, run.data.objective, run.data.nsp)
     newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
@@ -222,8 +224,10 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
       notes.append(f'{workdir} is already at train.steps={t.steps}: nothing to train')
     old_steps = previous['train']['steps'] if previous else None
     notes += [start and opt_lib.schedule_change(t, old_steps, start), opt_lib.warmup_warning(t),
-              f'{model_cfg.family}: {optax.tree_utils.tree_size(state.params):,} parameters, '
-              f'mesh {dict(mesh.shape)}, steps {start}..{t.steps}',
+              f'{model_cfg.family}: {optax.tree_utils.tree_size(state.params):,} parameters'
+              + (f' trained, {optax.tree_utils.tree_size(adapter.frozen):,} frozen'
+                 if adapter is not None else '') + f', mesh {dict(mesh.shape)}, steps '
+              f'{start}..{t.steps}',
               *implementation_notes(model_cfg)]   # attention paths other than the config says
     for note in filter(None, notes):
       writer.line(note)

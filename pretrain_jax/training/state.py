@@ -48,16 +48,36 @@ def _opt_state_shardings(abstract, param_shardings, mesh: Mesh):
   return jax.tree_util.tree_map_with_path(sharding_of, abstract.opt_state)
 
 
-def abstract_state(model, tx, mesh: Mesh, batch: dict):
+def _init_params(model, batch: dict):
+  """rng -> the model's fresh (logically boxed) params for `batch`'s layout."""
+  args, kwargs = family_of(model.cfg).model_inputs(batch)
+  return lambda rng: model.init({'params': rng, 'dropout': rng}, *args, **kwargs)['params']
+
+
+def param_shardings(model, mesh: Mesh, batch: dict):
+  """The model's parameter shardings (their logical axes through mesh.LOGICAL_RULES)."""
+  specs = nn.get_partition_spec(jax.eval_shape(_init_params(model, batch), jax.random.key(0)))
+  return nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
+
+
+def split_shardings(shardings: dict, like: dict) -> dict:
+  """The top-level entries of `shardings` that `like` has (LoRA's frozen weights)."""
+  return {k: shardings[k] for k in like}
+
+
+def abstract_state(model, tx, mesh: Mesh, batch: dict, trainable=None):
   """(TrainState of ShapeDtypeStructs carrying their shardings, init: PRNG key -> TrainState).
 
   Run init with the abstract state's shardings as out_shardings (run_once); init(None, params)
-  starts from given weights with a fresh optimizer state, drawing none.
+  starts from given weights with a fresh optimizer state, drawing none. `trainable(fresh
+  boxed params, rng) -> boxed params` makes the state's params something else (LoRA's factors
+  and head: training/lora.py).
   """
-  args, kwargs = family_of(model.cfg).model_inputs(batch)
+  fresh = _init_params(model, batch)
 
   def init_params(rng):
-    return model.init({'params': rng, 'dropout': rng}, *args, **kwargs)['params']
+    params = fresh(rng)
+    return params if trainable is None else trainable(params, jax.random.fold_in(rng, 1))
 
   def init_state(rng, params=None):
     params = nn.meta.unbox(init_params(rng)) if params is None else params

@@ -38,8 +38,10 @@ def max_predictions(t: TrainConfig, data) -> int:   # -1 resolved by the data's 
 
 
 def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, mesh=None,
-                    prng_impl=None, **loss_kw):
+                    prng_impl=None, merge=None, **loss_kw):
   """The pure train step of `model` (deterministic=False); `loss_kw` go to task.loss_sums.
+  `merge(params, frozen) -> the model's params` (LoRA: training/lora.py): the step is then
+  (state, batch, frozen) and differentiates the state's params only.
 
   `prng_impl` names the dropout key's PRNG (None: JAX's default). philox's mulhi has no
   multi-process or sharded lowering, so it is refused on more than one device.
@@ -55,36 +57,37 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
     raise ValueError(f'train.prng_impl={prng_impl!r} does not compile {split}; use '
                      'threefry2x32 there')
 
-  def loss_fn(params, batch, denoms, rng):
-    sums = task.loss_sums(model, params, batch, rngs={'dropout': rng}, **loss_kw)
+  def loss_fn(params, batch, denoms, rng, frozen):
+    full = params if merge is None else merge(params, frozen)
+    sums = task.loss_sums(model, full, batch, rngs={'dropout': rng}, **loss_kw)
     return task.total_loss(sums, denoms), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def accumulate(params, batch, denoms, rng):
+  def accumulate(params, batch, denoms, rng, frozen):
     micro = split_microbatches(batch, microbatches)
     if mesh is not None:
       micro = jax.lax.with_sharding_constraint(micro, NamedSharding(
           mesh, P(None, mesh_lib.BATCH_AXES)))
     first = jax.tree.map(lambda x: x[0], micro)
-    (_, sums), grads = jax.eval_shape(grad_fn, params, first, denoms, rng)
+    (_, sums), grads = jax.eval_shape(grad_fn, params, first, denoms, rng, frozen)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grads, sums))
 
     def body(carry, inputs):
       index, mb = inputs
-      (_, sums), grads = grad_fn(params, mb, denoms, jax.random.fold_in(rng, index))
+      (_, sums), grads = grad_fn(params, mb, denoms, jax.random.fold_in(rng, index), frozen)
       return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
     (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(microbatches), micro))
     return grads, sums
 
-  def train_step(state, batch):
+  def train_step(state, batch, frozen=None):
     denoms = task.denominators(model.cfg, batch)              # from the FULL global batch
     rng = jax.random.fold_in(jax.random.key(seed, impl=prng_impl), state.step)
     if microbatches == 1:
-      (_, sums), grads = grad_fn(state.params, batch, denoms, rng)
+      (_, sums), grads = grad_fn(state.params, batch, denoms, rng, frozen)
     else:
-      grads, sums = accumulate(state.params, batch, denoms, rng)
+      grads, sums = accumulate(state.params, batch, denoms, rng, frozen)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = task.metrics_from_sums(sums, denoms)
@@ -99,9 +102,11 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
   return train_step
 
 
-def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0):
-  """(params, batch) -> (sums with lm_top5, denominators) of a deterministic `model`."""
-  def eval_step(params, batch):
+def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0, merge=None):
+  """(params, batch) -> (sums with lm_top5, denominators) of a deterministic `model`; with
+  `merge` (make_train_step's) (params, batch, frozen)."""
+  def eval_step(params, batch, frozen=None):
+    params = params if merge is None else merge(params, frozen)
     return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len,
                            max_predictions=max_predictions, top5=True),
             task.denominators(model.cfg, batch))
@@ -134,12 +139,15 @@ class Steps(NamedTuple):
 
 
 def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions: int = 0,
-               init_length: int = 8) -> Steps:
+               init_length: int = 8, adapter=None) -> Steps:
   """The one path from a model and a `config.train` section to jitted, sharded steps.
 
   `init_length`: the length of the batch that sizes the parameters (they do not depend on it).
   The ops form (ops/__init__.py) is chosen here, once, from the mesh's devices: every program
   the steps trace, the state's init included, computes it.
+  `adapter` (a lora.Adapter): the state trains `adapter.trainable(fresh params, rng)` alone and
+  every step reads `adapter.merge(params, frozen)`, the frozen weights placed once with their
+  shardings and passed to each call.
   """
   form = backends.for_device(mesh.devices.flat[0], t.fp8)
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
@@ -151,24 +159,36 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
                        'head to train; expected model.num_classes > 0 (bert/gpt)')
     tx = opt_lib.train_only(tx, names)
   eval_model = build(model_cfg.replace(deterministic=True, decode=False))
+  init_batch = family_of(model_cfg).init_batch(init_length, model_cfg.nsp)
+  merge = adapter.merge if adapter is not None else None
   with ops.using(form):
     abstract, init_state = state_lib.abstract_state(
-        eval_model, tx, mesh, family_of(model_cfg).init_batch(init_length, model_cfg.nsp))
+        eval_model, tx, mesh, init_batch, adapter.trainable if adapter is not None else None)
   shardings = state_lib.shardings_of(abstract)
   train_step = ops.bind(form, make_train_step(
       build(model_cfg.replace(deterministic=False, decode=False)), tx, schedule, seed=t.seed,
       microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh, prng_impl=t.prng_impl or None,
       loss_chunk_len=t.loss_chunk_len, max_predictions=max_predictions,
-      freeze_backbone=t.freeze_backbone))
-  eval_step = ops.bind(form, make_eval_step(eval_model, t.loss_chunk_len, max_predictions))
+      freeze_backbone=t.freeze_backbone, merge=merge))
+  eval_step = ops.bind(form, make_eval_step(eval_model, t.loss_chunk_len, max_predictions,
+                                            merge))
+
+  def scan(state, b, *frozen):        # K steps over (K, B, ...) batches
+    return jax.lax.scan(lambda s, x: train_step(s, x, *frozen), state, b)
+  frozen, extra = (), ()
+  if adapter is not None:
+    with ops.using(form):
+      frozen_shardings = state_lib.split_shardings(
+          state_lib.param_shardings(eval_model, mesh, init_batch), adapter.frozen)
+    frozen, extra = (jax.device_put(adapter.frozen, frozen_shardings),), (frozen_shardings,)
 
   def jit(fn, first, rows, **kw):     # every batch array is split over the batch axes
-    return jax.jit(mesh_lib.traced_in(mesh, fn), in_shardings=(first, NamedSharding(mesh, rows)),
-                   **kw)
+    jitted = jax.jit(mesh_lib.traced_in(mesh, fn),
+                     in_shardings=(first, NamedSharding(mesh, rows)) + extra, **kw)
+    return (lambda a, b: jitted(a, b, *frozen)) if frozen else jitted
   rows, replicated = P(mesh_lib.BATCH_AXES), NamedSharding(mesh, P())
   train = dict(out_shardings=(shardings, replicated), donate_argnums=(0,))  # updated in place
   return Steps(jit(train_step, shardings, rows, **train),
                jit(eval_step, shardings.params, rows, out_shardings=replicated), abstract,
                ops.bind(form, init_state), NamedSharding(mesh, rows), max_predictions,
-               jit(lambda state, b: jax.lax.scan(train_step, state, b), shardings,
-                   P(None, mesh_lib.BATCH_AXES), **train))
+               jit(scan, shardings, P(None, mesh_lib.BATCH_AXES), **train))
