@@ -224,6 +224,15 @@ def test_the_comparison_figure_has_one_line_per_checkpoint_mode_and_format(tmp_p
   assert result['comparison_png'] == str(tmp_path / 'comparison.png') == result['png']
   assert open(result['png'], 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
   assert 'gpt        full (gen)' in capsys.readouterr().err
+  # Its numbers beside it: each seed's final value, their mean and standard error (seeds 0 and
+  # 1 are 0.01 apart: 0.005), per line and size, and the curve's.
+  assert result['comparison_json'] == str(tmp_path / 'comparison.json')
+  data = {line['label']: line for line in json.load(open(result['comparison_json']))['lines']}
+  small = data['bert scratch']['by_size'][0]
+  assert small['size'] == 8 and small['seeds'] == [0, 1] and small['finals'] == [0.58, 0.59]
+  np.testing.assert_allclose([small['mean'], small['se']], [0.585, 0.005])
+  np.testing.assert_allclose(data['gpt full']['curve']['mean'], gpt_full.get_ydata())
+  assert len(right.collections) == len(expected)   # one standard-error band per line
   assert transfer.checkpoint_names(['runs/tiny/gpt', 'x/t5/', 'w/checkpoints/300']) == [
       'gpt', 't5', 'w-300']
   with pytest.raises(ValueError, match='different names'):

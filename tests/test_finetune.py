@@ -158,7 +158,9 @@ def test_transfer_summary_over_seeds_against_literals():
   np.testing.assert_allclose([scratch['final'], scratch['best'], full['final']], [0.6, 0.7, 0.85])
   assert scratch['final_range'] == (0.5, 0.7) and full['best'] is None
   text = transfer.table(rows)
-  assert '0.600 [0.500, 0.700]' in text and '0.850 [0.800, 0.900]' in text, text
+  assert '0.600 +- 0.058 [0.500, 0.700]' in text, text
+  assert '0.850 +- 0.050 [0.800, 0.900]' in text, text
+  np.testing.assert_allclose([scratch['final_se'], full['final_se']], [0.1 / 3 ** 0.5, 0.05])
   assert 'mean' not in transfer.table(rows[:1])   # one seed: no summary block
   assert transfer.run_name('full', 0) == 'full'
   assert transfer.run_name('full', 200, 3) == 'full_n200_s3'
@@ -167,20 +169,21 @@ def test_transfer_summary_over_seeds_against_literals():
 def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_first(monkeypatch):
   """SIGTERM ends the whole comparison (the preempted run's row is marked and left out of the
   summary; rerunning resumes); a mode the checkpoint cannot do fails before any run."""
-  runs = []
+  runs, stop_at = [], [2]
 
   def fake_finetune(c, workdir, init, task):
     runs.append(workdir)
     return {'train_examples': 10, 'metric': 'class_accuracy', 'final': 0.5, 'best': 0.5,
             'step': 7, 'step_time_sec': 0.01, 'family': init.family,
-            'preempted': len(runs) == 2, 'stop_requested': len(runs) == 2}
+            'preempted': len(runs) == stop_at[0], 'stop_requested': len(runs) == stop_at[0]}
   task = tasks.Task('t', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y'))
   monkeypatch.setattr(run_lib, 'finetune', fake_finetune)
   monkeypatch.setattr(run_lib, 'load_task', lambda config: task)
   for family in ('gpt', 't5'):
     cfg = modeling.tiny(family)
     monkeypatch.setattr(run_lib, 'load_init', lambda path, cfg=cfg: types.SimpleNamespace(
-        model_config=cfg, family=cfg.family, config=ml_collections.ConfigDict()))
+        model_config=cfg, family=cfg.family, config=ml_collections.ConfigDict(), path=path,
+        step=None, fingerprint=lambda heads: '0123'))
     c = finetune_config.get_config()
     c.init, c.data.seq_len = 'somewhere', 16
     if family == 'gpt':
@@ -194,7 +197,9 @@ def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_firs
         transfer.run_transfer(c, '/tmp/x', modes=('scratch', 'linear_probe'))
       assert len(runs) == 2   # no run started
       runs.clear()
-      assert [r['mode'] for r in transfer.run_transfer(c, '/tmp/x')] == ['scratch', 'full']
+      stop_at[0] = 0    # no preemption: the default modes of a text-to-text family
+      assert [r['mode'] for r in transfer.run_transfer(c, '/tmp/x')] == [
+          'scratch', 'full', 'lora']
 
 
 @pytest.mark.parametrize('flag, value', [('seeds', '0,0'), ('sizes', 'all'), ('sizes', '100,100'),

@@ -1,11 +1,13 @@
-"""The transfer comparison: scratch vs linear_probe vs full on one task, as a table and curves.
+"""The transfer comparison: scratch vs linear_probe vs full vs lora on one task, as a table and
+curves.
 
 Each (mode, format, labelled-set size, seed) run is an ordinary fine-tuning workdir
 `<root>/<mode>[_gen][_n<size>][_s<seed>]` (rerunning resumes / reuses finished runs; `_gen`:
 task.format='generation'); wall time is measured around each run. Several seeds (`train.seed`:
 the head's init, scratch's whole init, dropout; the task and its example order stay) give each
-(mode, size) a mean and a range: on a validation set of a few hundred examples one seed's
-margin can be noise. `run_comparison` does this for several checkpoints, each in
+(mode, size) a mean, its standard error and a range: on a validation set of a few hundred
+examples one seed's margin can be noise. Each row has its trainable and total parameters and its
+mean step time. `run_comparison` does this for several checkpoints, each in
 `<root>/<name>`, for one table and one figure (figures.py).
 """
 import io
@@ -38,9 +40,9 @@ def label(row: dict) -> str:
 def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), task=None,
                  checkpoint: str = '') -> list:
   """One fine-tuning run per (size, format, mode, seed); returns a row per run (see `table`).
-  No `modes`: every mode the family has (T5, text to text, has no head to probe: scratch and
-  full; neither has the generation format). No `seeds`: the config's train.seed, in a workdir
-  without the seed suffix. No `formats`: the config's task.format. `task`: already loaded;
+  No `modes`: every mode the family has (T5, text to text, has no head to probe: scratch,
+  full and lora; neither has the generation format). No `seeds`: the config's train.seed, in
+  a workdir without the seed suffix. No `formats`: the config's task.format. `task`: already loaded;
   `checkpoint`: the checkpoint's name in the rows (run_comparison).
   A run stopped by SIGTERM (preemption) or Ctrl-C is the last (its row has `preempted` True
   unless it had reached its last step), and rerunning the same command resumes it and runs the
@@ -66,8 +68,8 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), 
   init, task = run_lib.load_init(ft.init), task or run_lib.load_task(ft)
   family = family_of(init.model_config)
   plan = [(fmt, mode) for fmt in formats for mode in modes or (
-      ('scratch', 'linear_probe', 'full') if family.classifier and fmt == 'head'
-      else ('scratch', 'full'))]   # a text-to-text family or format has no head to probe
+      ('scratch', 'linear_probe', 'full', 'lora') if family.classifier and fmt == 'head'
+      else ('scratch', 'full', 'lora'))]   # a text-to-text family or format has no head to probe
   for fmt, mode in plan:   # what the checkpoint and the task refuse, also before the first run
     run_lib.build_config(variant(mode, fmt), init, task)
   rows = []
@@ -90,6 +92,8 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), 
                      'best': result['best'], 'steps': result['step'],
                      'wall_sec': time.perf_counter() - start,
                      'step_time_sec': result['step_time_sec'], 'workdir': workdir,
+                     'trainable_params': result.get('trainable_params'),
+                     'total_params': result.get('total_params'),
                      'family': result['family'], 'preempted': bool(result.get('preempted'))})
         if result.get('stop_requested'):   # SIGTERM or Ctrl-C, also in a run's last step
           rows[-1]['stopped'] = True
@@ -100,9 +104,10 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), 
 
 
 def summarize(rows: list) -> list:
-  """One row per (checkpoint, mode, format, size asked for) over its seeds: the mean, min and
-  max of `final` and `best`, and the seeds' count, in the order the runs came. `size` is the
-  examples trained on. A preempted run (cut short by SIGTERM) counts in none."""
+  """One row per (checkpoint, mode, format, size asked for) over its seeds: the mean, standard
+  error of the mean (`_se`), min and max of `final` and `best`, the seeds' count, and the mean
+  step time and trainable parameters, in the order the runs came. `size` is the examples
+  trained on. A preempted run (cut short by SIGTERM) counts in none."""
   groups = {}
   for r in rows:
     if r.get('preempted'):   # cut short: its numbers are no result
@@ -117,7 +122,12 @@ def summarize(rows: list) -> list:
     for key in ('final', 'best'):
       values = [r[key] for r in runs if r[key] is not None]
       row[key] = statistics.fmean(values) if values else None
+      row[key + '_se'] = (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1
+                          else 0.0 if values else None)
       row[key + '_range'] = (min(values), max(values)) if values else None
+    for key in ('step_time_sec', 'trainable_params', 'total_params'):
+      values = [r[key] for r in runs if r.get(key) is not None]
+      row[key] = statistics.fmean(values) if values else None
     out.append(row)
   return out
 
@@ -129,15 +139,16 @@ def _examples(row: dict) -> str:
 
 
 def table(rows: list) -> str:
-  """A line per run; with several seeds, then a line per (mode, size): mean [min, max]. Runs
-  of several checkpoints (run_comparison) get a first column naming theirs."""
+  """A line per run (with its trainable parameters); with several seeds, then a line per (mode,
+  size): mean +- standard error [min, max]. Runs of several checkpoints (run_comparison) get a
+  first column naming theirs."""
   names = any(r.get('checkpoint') for r in rows)
   width = max([len(r.get('checkpoint', '')) for r in rows] + [10]) if names else 0
   def first(r):
     return f'{r.get("checkpoint", ""):<{width}} ' if names else ''
   header = (f'{"checkpoint":<{width}} ' if names else '') + (
       f'{"mode":<13} {"examples":>8} {"seed":>4} {"metric":<15} {"final":>6} {"best":>6} '
-      f'{"steps":>6} {"wall s":>7} {"step ms":>8}')
+      f'{"steps":>6} {"wall s":>7} {"step ms":>8} {"trainable":>10}')
   lines = [header, '-' * len(header)]
   def fmt(v, spec):
     return '-' if v is None else format(v, spec)
@@ -146,21 +157,22 @@ def table(rows: list) -> str:
                  f'{r["metric"]:<15} {fmt(r["final"], ".3f"):>6} {fmt(r["best"], ".3f"):>6} '
                  f'{str(r["steps"]) + ("*" if r.get("preempted") else ""):>6} '
                  f'{r["wall_sec"]:>7.1f} '
-                 f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8}')
+                 f'{fmt(r["step_time_sec"] and 1000 * r["step_time_sec"], ".1f"):>8} '
+                 f'{fmt(r.get("trainable_params"), ",d"):>10}')
   if any(r.get('preempted') for r in rows):
     lines.append('* stopped (SIGTERM or Ctrl-C) before its last step: no result yet (rerun the '
                  'command)')
   summary = summarize(rows)
   if any(s['seeds'] > 1 for s in summary):
     def span(s, k):
-      return ('-' if s[k] is None else
-              f'{s[k]:.3f} [{s[k + "_range"][0]:.3f}, {s[k + "_range"][1]:.3f}]')
+      return '-' if s[k] is None else (f'{s[k]:.3f} +- {s[k + "_se"]:.3f} '
+                                       f'[{s[k + "_range"][0]:.3f}, {s[k + "_range"][1]:.3f}]')
     lines += ['', (f'{"checkpoint":<{width}} ' if names else '') +
-              f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean [min, max]":<24} '
-              'best: mean [min, max]']
+              f'{"mode":<13} {"examples":>8} {"seeds":>5}  {"final: mean +- se [min, max]":<32} '
+              'best: mean +- se [min, max]']
     for s in summary:
       lines.append(f'{first(s)}{label(s):<13} {_examples(s):>8} {s["seeds"]:>5}  '
-                   f'{span(s, "final"):<24} {span(s, "best")}')
+                   f'{span(s, "final"):<32} {span(s, "best")}')
   return '\n'.join(lines)
 
 
@@ -218,7 +230,8 @@ def plot(rows: list, path: str, title: str = '') -> str:
   import matplotlib.pyplot as plt  # noqa: PLC0415 (matplotlib: plots only)
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
   colors = {'scratch': 'tab:gray', 'linear_probe': 'tab:blue', 'full': 'tab:red',
-            'scratch (gen)': 'tab:brown', 'full (gen)': 'tab:orange'}
+            'lora': 'tab:green', 'scratch (gen)': 'tab:brown', 'full (gen)': 'tab:orange',
+            'lora (gen)': 'tab:olive'}
   sizes = sorted({r['size'] for r in rows})
   styles = dict(zip(sizes, ['-', '--', ':', '-.'] * 4, strict=False))
   labelled = set()
@@ -254,10 +267,11 @@ def plot(rows: list, path: str, title: str = '') -> str:
 
 def report(rows: list, root: str, title: str = '', **fields) -> dict:
   """After the runs: the table on stderr, then the figures, then one JSON line on stdout
-  ({**fields, png, comparison_png, runs, summary}; a figure that failed is None).
-  <root>/transfer.png (plot) shows one checkpoint's runs; <root>/comparison.png
-  (figures.comparison_figure) several checkpoints' or labelled-set sizes'. A failed plot is
-  raised after the JSON line: it never costs the summary of runs already done."""
+  ({**fields, png, comparison_png, comparison_json, runs, summary}; a figure that failed is
+  None). <root>/transfer.png (plot) shows one checkpoint's runs; <root>/comparison.png
+  (figures.comparison_figure) several checkpoints' or labelled-set sizes', with its numbers in
+  <root>/comparison.json. A failed plot is raised after the JSON line: it never costs the
+  summary of runs already done."""
   print(table(rows), file=sys.stderr, flush=True)
   several = len({r.get('checkpoint', '') for r in rows}) > 1
   figures_asked = {}
@@ -272,8 +286,10 @@ def report(rows: list, root: str, title: str = '', **fields) -> dict:
       draw(rows, written[key], title)
     except Exception as e:  # raised once the summary is out
       written[key], failed = None, failed or e
-  result = dict(fields, png=written.get('png', written.get('comparison_png')),
-                comparison_png=written.get('comparison_png'), runs=rows, summary=summarize(rows))
+  comparison = written.get('comparison_png')
+  result = dict(fields, png=written.get('png', comparison), comparison_png=comparison,
+                comparison_json=comparison and figures.data_path(comparison), runs=rows,
+                summary=summarize(rows))
   print(json.dumps(result), flush=True)
   if failed is not None:
     raise failed
