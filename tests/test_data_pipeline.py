@@ -5,6 +5,7 @@ import io
 import itertools
 import json
 
+import modeling
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -15,6 +16,7 @@ from pretrain_jax import data
 from pretrain_jax.data import documents, sources
 from pretrain_jax.data.config import DataConfig
 from pretrain_jax.objectives import packing, span_corruption
+from pretrain_jax.training import task
 
 KEYS = {
     'clm': {'inputs', 'targets', 'segment_ids', 'positions', 'loss_weights'},
@@ -342,3 +344,42 @@ def test_a_sentinel_spelled_in_a_document_is_not_the_objectives_sentinel(tokeniz
   b = next(data.make_dataset(dc, tokenizer, split='train', batch_size=1, repeat=False))
   assert (b['encoder_input_tokens'][0] == sentinel).sum() == 1    # the one span corruption put
   assert (b['decoder_target_tokens'][0] == sentinel).sum() == 1
+
+
+def test_span_masking_batches_and_the_loss_only_on_their_spans(tokenizer):
+  """data.masking=span: spans inside one document of each packed row, never [CLS] / [SEP] /
+  padding, ~15% of the tokens; the MLM loss is the cross-entropy of those positions alone."""
+  bs = take(data.make_dataset(config('mlm', masking='span'), tokenizer, split='train',
+                              batch_size=16), 4)
+  sel = np.concatenate([b['loss_weights'] for b in bs]) > 0
+  tgt, inp, seg = (np.concatenate([b[k] for b in bs]) for k in ('targets', 'inputs',
+                                                                  'segment_ids'))
+  assert not tokenizer.special[tgt[sel]].any() and (inp[~sel] == tgt[~sel]).all()
+  assert 0.13 < sel.sum() / (~tokenizer.special[tgt] & (seg > 0)).sum() < 0.17
+  runs = 0
+  for row_sel, row_seg in zip(sel, seg, strict=True):
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], row_sel.astype(int), [0]])))
+    for start, end in zip(edges[::2], edges[1::2], strict=True):   # each run of selected
+      assert len(set(row_seg[start:end])) == 1, (start, end)       # ... in one document
+      runs += 1
+  assert sel.sum() / runs > 2.0          # spans, not single tokens (mean 3.8, runs may touch)
+  with pytest.raises(ValueError, match="config.data.masking='word'; expected one of"):
+    config('mlm', masking='word')
+  with pytest.raises(ValueError, match='masking=span needs objective mlm'):
+    config('clm', masking='span')
+  # The loss: a tiny BERT's summed cross-entropy over the selected positions, nothing else.
+  batch = {k: v for k, v in bs[0].items()}
+  cfg = modeling.tiny('bert', vocab_size=tokenizer.vocab_size, max_len=64)
+  params = modeling.init(cfg, length=64)
+  model = modeling.build(cfg)
+  sums = task.loss_sums(model, params, batch)
+  logits = np.asarray(modeling.forward(cfg, params, batch['inputs'],
+                                       token_type_ids=batch['token_type_ids'],
+                                       segment_ids=batch['segment_ids'],
+                                       positions=batch['positions']), np.float64)
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  picked = np.take_along_axis(log_probs, batch['targets'][..., None], -1)[..., 0]
+  weights = batch['loss_weights']
+  np.testing.assert_allclose(float(sums['lm']), -(picked * weights).sum(), rtol=1e-4)
+  assert float(sums['lm_weight']) == weights.sum() == (weights > 0).sum()

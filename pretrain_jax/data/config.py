@@ -14,6 +14,7 @@ from pretrain_jax.sections import Section
 
 OBJECTIVES = ('clm', 'mlm', 'span_corruption', 'prefix_lm')
 TOKENIZER_TYPES = ('unigram', 'bpe', 'char')
+MASKINGS = ('token', 'span')            # how MLM selects positions (DataConfig.masking)
 TASK_FORMATS = ('head', 'generation')   # how BERT / GPT fine-tune on labels (TaskConfig.format)
 # The shortest row each objective can fill: CLM an input and its target, MLM [CLS] x [SEP]
 # (with NSP [CLS] a [SEP] b [SEP]), span corruption a span and its sentinel.
@@ -51,6 +52,12 @@ class DataConfig(Section):
   pack: bool = True                 # pack several documents per row (segment ids keep them apart)
   mlm_probability: float = 0.15     # MLM: share of tokens selected for prediction
   whole_word_mask: bool = False     # MLM: select whole words instead of single pieces
+  masking: str = 'token'            # MLM: 'token' (each position on its own) or 'span'
+                                    # (SpanBERT: contiguous spans inside one document, 80/10/10
+                                    # per span; objectives/mlm.py mask_spans)
+  span_p: float = 0.2               # span masking: span lengths ~ geometric(span_p) ...
+  max_span_length: int = 10         # ... truncated at this many tokens (mean 3.8)
+  span_length: int = 0              # span masking: > 0 gives every span this length instead
   nsp: bool = False                 # BERT: next-sentence prediction pairs (one pair per row)
   noise_density: float = 0.15       # T5: share of tokens corrupted
   mean_noise_span_length: float = 3.0  # T5: mean corrupted span length
@@ -75,6 +82,16 @@ class DataConfig(Section):
                        f'{" with NSP" if self.nsp else ""}; expected >= {minimum}')
     self.check(self.objective != 'mlm' or 0 < self.mlm_probability <= 1, 'mlm_probability',
                'a value in (0, 1] (0 selects no position: nothing to train on)')
+    self.check(self.masking in MASKINGS, 'masking', f'one of {MASKINGS}')
+    if self.masking == 'span' and self.objective != 'mlm':
+      raise ValueError(f'config.data.masking=span needs objective mlm; got {self.objective!r}')
+    if self.masking == 'span' and self.whole_word_mask:
+      raise ValueError('config.data.masking=span selects spans of tokens; expected '
+                       'whole_word_mask=False with it (whole words are token masking\'s option)')
+    self.check(0 < self.span_p <= 1, 'span_p', 'a probability in (0, 1]')
+    self.check(self.max_span_length >= 1, 'max_span_length', 'a positive number of tokens')
+    self.check(self.span_length >= 0, 'span_length',
+               '0 (geometric lengths) or a positive fixed length')
     if self.tfds_name and self.files:
       raise ValueError(f'config.data sets both tfds_name={self.tfds_name!r} and '
                        f'files={self.files!r}; expected at most one')

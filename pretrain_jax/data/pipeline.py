@@ -378,16 +378,24 @@ def make_dataset(data_config: DataConfig, tokenizer, *, split: str, batch_size: 
 
 
 def _apply_mlm(arrays, tokenizer, tables, data_config, rng) -> dict:
-  """Batch-level MLM corruption on packed/NSP rows; adds token_type_ids when absent."""
+  """Batch-level MLM corruption (token or span masking) on packed/NSP rows; adds
+  token_type_ids when absent."""
   special, ordinary_ids, word_start = tables.special, tables.ordinary_ids, tables.word_start
   tokens, segment_ids = arrays['inputs'], arrays['segment_ids']
   selectable = ~special[tokens] & (segment_ids > 0)
-  word_starts = None
-  if data_config.whole_word_mask:
-    word_starts = word_start[tokens] | (arrays['positions'] == 0)
-  out = mlm.mask_tokens(tokens, rng, selectable=selectable, random_ids=ordinary_ids,
-                        mask_id=tokenizer.mask_id, probability=data_config.mlm_probability,
-                        word_starts=word_starts)
+  if data_config.masking == 'span':
+    out = mlm.mask_spans(tokens, rng, selectable=selectable, segment_ids=segment_ids,
+                         random_ids=ordinary_ids, mask_id=tokenizer.mask_id,
+                         probability=data_config.mlm_probability, p=data_config.span_p,
+                         max_span=data_config.max_span_length,
+                         span_length=data_config.span_length)
+  else:
+    word_starts = None
+    if data_config.whole_word_mask:
+      word_starts = word_start[tokens] | (arrays['positions'] == 0)
+    out = mlm.mask_tokens(tokens, rng, selectable=selectable, random_ids=ordinary_ids,
+                          mask_id=tokenizer.mask_id, probability=data_config.mlm_probability,
+                          word_starts=word_starts)
   result = {'inputs': out['inputs'], 'targets': out['targets'], 'segment_ids': segment_ids,
             'positions': arrays['positions'], 'loss_weights': out['loss_weights'],
             'token_type_ids': arrays.get('token_type_ids', np.zeros_like(tokens))}

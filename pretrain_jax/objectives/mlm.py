@@ -6,6 +6,12 @@ Face's collator: over 1M tokens the rate is within ~0.04 points of it). Of the s
 on selected positions. Whole-word masking selects words (a piece starting a word plus the
 pieces continuing it) with the same probability, then decides 80/10/10 per piece, as BERT's
 `create_pretraining_data.py` does.
+
+Span masking (SpanBERT, Joshi et al. 2020: `mask_spans`) selects contiguous spans instead:
+lengths from a geometric distribution (p = 0.2) truncated at 10 tokens (mean 3.8), or one fixed
+length; each span stays inside one document of a packed row; spans are drawn until the row's
+share of selected tokens is reached (15% of its selectable tokens, the last span cut to fit);
+and 80/10/10 is decided once per span: all of it [MASK], all random tokens, or all kept.
 """
 import numpy as np
 
@@ -51,6 +57,80 @@ def mask_tokens(tokens: np.ndarray, rng, *, selectable: np.ndarray, random_ids: 
   inputs = np.where(to_mask, mask_id, np.where(to_random, random_tokens, tokens))
   return {'inputs': inputs.astype(np.int32), 'targets': tokens.astype(np.int32),
           'loss_weights': selected.astype(np.float32), 'selected': selected}
+
+
+def span_length_pmf(p: float = 0.2, max_span: int = 10) -> np.ndarray:
+  """(max_span,) P(length = 1..max_span): the geometric distribution p (1 - p)^(l - 1)
+  truncated at max_span and renormalised (SpanBERT's "clipped" lengths; mean 3.79 for p=0.2,
+  max_span=10)."""
+  lengths = np.arange(1, max_span + 1)
+  weights = p * (1.0 - p) ** (lengths - 1)
+  return weights / weights.sum()
+
+
+def _place_span(free, segments, rng, length: int, tries: int = 10):
+  """(start, end) of a span of at most `length` free positions in one segment, from a start
+  drawn uniformly among the free positions: the first of `tries` starts where the whole span
+  fits, else the last one's run of free positions (shorter: a document's end or a selected
+  token stops it)."""
+  candidates = np.flatnonzero(free)
+  for _ in range(tries):
+    start = end = int(candidates[rng.integers(len(candidates))])
+    while end < len(free) and end - start < length and free[end] and \
+        segments[end] == segments[start]:
+      end += 1
+    if end - start == length:
+      break
+  return start, end
+
+
+def mask_spans(tokens: np.ndarray, rng, *, selectable: np.ndarray, segment_ids: np.ndarray,
+               random_ids: np.ndarray, mask_id: int, probability: float = 0.15,
+               p: float = 0.2, max_span: int = 10, span_length: int = 0) -> dict:
+  """Corrupt `tokens` (B, T) for MLM by spans (SpanBERT).
+
+  Args: as mask_tokens, plus
+    segment_ids: (B, T) int, 1-based per document of a packed row: no span crosses from one
+      document into the next.
+    p, max_span: the span lengths' geometric distribution (span_length_pmf).
+    span_length: > 0: every span has this many tokens instead (cut only by a document's end,
+      a token already selected or the row's budget).
+  Each row selects floor(probability * its selectable tokens + u), u ~ U(0, 1) (so exactly
+  `probability` of them on average). Returns mask_tokens' dict plus `span_ids` (B, T) int32:
+  0 off the selection, k on the k-th span of its row.
+  """
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2 or selectable.shape != tokens.shape or \
+      np.shape(segment_ids) != tokens.shape:
+    raise ValueError(f'mask_spans wants tokens, selectable and segment_ids of one (B, T) shape; '
+                     f'got {tokens.shape}, {selectable.shape} and {np.shape(segment_ids)}')
+  if not 0.0 <= probability <= 1.0:
+    raise ValueError(f'mlm probability={probability}; expected a value in [0, 1]')
+  pmf = span_length_pmf(p, max_span)
+  span_ids = np.zeros(tokens.shape, np.int32)
+  inputs = tokens.copy()
+  random_ids = np.asarray(random_ids)
+  for b in range(tokens.shape[0]):
+    free = np.asarray(selectable[b], bool).copy()
+    segments = np.asarray(segment_ids[b])
+    budget = int(np.floor(probability * free.sum() + rng.random()))
+    count = spans = 0
+    while count < budget and free.any():
+      length = span_length or 1 + int(rng.choice(max_span, p=pmf))
+      start, end = _place_span(free, segments, rng, min(length, budget - count))
+      spans += 1
+      span_ids[b, start:end] = spans
+      free[start:end] = False
+      count += end - start
+      how = rng.random()
+      if how < 0.8:
+        inputs[b, start:end] = mask_id
+      elif how < 0.9:
+        inputs[b, start:end] = random_ids[rng.integers(0, len(random_ids), end - start)]
+  selected = span_ids > 0
+  return {'inputs': inputs.astype(np.int32), 'targets': tokens.astype(np.int32),
+          'loss_weights': selected.astype(np.float32), 'selected': selected,
+          'span_ids': span_ids}
 
 
 def max_predictions_per_seq(seq_len: int, probability: float = 0.15) -> int:
