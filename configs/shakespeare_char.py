@@ -84,6 +84,21 @@ def get_config(variant: str = 'chapter') -> ml_collections.ConfigDict:
   c.valid_chars = (72_000, 80_000)  # GPT validation perplexity characters
   c.heldout_chars = (80_000, 100_000)  # BERT held-out masked-LM characters
   c.mlm_probability = 0.15          # BERT: selected share (80% [MASK] / 10% random / 10% kept)
+  c.masking = 'token'               # BERT: 'token' (each character on its own) or 'span'
+                                    # (SpanBERT: geometric(0.2) span lengths up to 10,
+                                    # 80/10/10 per span; exercise 41.3); evaluation masks by
+                                    # character either way
+  c.span_length = 0                 # masking='span': > 0 gives every span this length
+  c.models = 'gpt,bert'             # which to train: 'gpt,bert', 'gpt' or 'bert'
+  c.finetune = ml_collections.ConfigDict()  # exercises 41.3 / 41.4: each model fine-tuned on
+                                    # word order, one mean-pooled linear head for all
+                                    # (pretrain_jax/experiments/char_transfer.py)
+  c.finetune.steps = 0              # fine-tuning steps (every weight trains); 0 = none
+  c.finetune.batch_size = 64
+  c.finetune.learning_rate = 1e-3
+  c.finetune.train_examples = 2000  # windows of the training characters, half words shuffled
+  c.finetune.eval_examples = 1000   # windows of the held-out characters
+  c.finetune.seed = 0               # task windows and head init (plus config.seed)
   c.eval_seed = 1234                # fixed masking of the held-out windows
   c.eval_draws = 20                 # BERT: also the mean over this many maskings (seeds
                                     # eval_seed, eval_seed + 1, ...) and its spread

@@ -2,8 +2,11 @@
 
 Data: a character vocabulary (sorted characters of the used text, then [MASK]); training
 batches are random windows of `max_len` characters from the training slice (GPT predicts the
-next character of every position; BERT masks 15% with 80/10/10). Evaluation covers every
-non-overlapping window of the validation / held-out slice, with a fixed masking seed.
+next character of every position; BERT masks 15% with 80/10/10, by characters or, with
+`masking='span'`, by SpanBERT's spans: objectives/mlm.py). Evaluation covers every
+non-overlapping window of the validation / held-out slice, with a fixed masking seed (token
+masking for either). With `finetune.steps` > 0 each model is then fine-tuned on a labelled
+task with one shared head (char_transfer.py).
 """
 import time
 
@@ -11,6 +14,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from pretrain_jax.experiments import char_transfer
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.objectives import mlm
 from pretrain_jax.training import mesh as mesh_lib
@@ -41,10 +45,17 @@ def _windows(ids: np.ndarray, length: int) -> np.ndarray:
   return ids[:n * length].reshape(n, length)
 
 
-def _mlm_batch(windows, rng, vocab_size, mask_id, probability):
-  out = mlm.mask_tokens(windows, rng, selectable=np.ones(windows.shape, bool),
-                        random_ids=np.arange(vocab_size - 1), mask_id=mask_id,
-                        probability=probability)
+MASKINGS = ('token', 'span')
+
+
+def _mlm_batch(windows, rng, vocab_size, mask_id, probability, masking='token', span_length=0):
+  kw = dict(selectable=np.ones(windows.shape, bool), random_ids=np.arange(vocab_size - 1),
+            mask_id=mask_id, probability=probability)
+  if masking == 'span':   # SpanBERT: spans of geometric(0.2) lengths up to 10, or fixed ones
+    out = mlm.mask_spans(windows, rng, segment_ids=np.ones_like(windows),
+                         span_length=span_length, **kw)
+  else:
+    out = mlm.mask_tokens(windows, rng, **kw)
   return {'inputs': out['inputs'], 'targets': out['targets'],
           'loss_weights': out['loss_weights']}
 
@@ -56,14 +67,19 @@ def _clm_batch(ids, starts, length):
           'loss_weights': np.ones((len(starts), length), np.float32)}
 
 
-def batch_maker(objective, ids, length, batch, vocab_size, rng, mlm_probability=0.15):
-  """() -> one training batch of random windows of `ids` ([MASK] is the last id)."""
+def batch_maker(objective, ids, length, batch, vocab_size, rng, mlm_probability=0.15,
+                masking='token', span_length=0):
+  """() -> one training batch of random windows of `ids` ([MASK] is the last id); MLM selects
+  characters one by one (`masking='token'`) or in spans ('span', `span_length` 0: SpanBERT's
+  geometric lengths)."""
+  if masking not in MASKINGS:
+    raise ValueError(f'masking={masking!r}; expected one of {MASKINGS}')
   if objective == 'clm':
     return lambda: _clm_batch(ids, rng.integers(0, len(ids) - length - 1, batch), length)
   if objective == 'mlm':
     return lambda: _mlm_batch(ids[rng.integers(0, len(ids) - length, batch)[:, None]
                                   + np.arange(length)], rng, vocab_size, vocab_size - 1,
-                              mlm_probability)
+                              mlm_probability, masking, span_length)
   raise ValueError(f'objective {objective!r}; the character experiment has clm and mlm')
 
 
@@ -73,7 +89,7 @@ def _stacked(make, k):
 
 
 def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probability=0.15,
-          progress=None):
+          progress=None, masking='token', span_length=0):
   """Train one model; returns (ModelConfig, params, seconds, final train loss).
 
   `train.steps_per_call` K > 1 runs K steps per jitted call (a lax.scan over K pre-drawn
@@ -92,7 +108,7 @@ def train(family_config, mesh_config, train_ids, vocab_size, seed=0, mlm_probabi
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(mesh_config))
   trainer = step_lib.make_steps(cfg, t, mesh, init_length=length)
   make = batch_maker(family_of(cfg).pretrain_objective(cfg), train_ids, length, batch, vocab_size,
-                     np.random.default_rng(seed), mlm_probability)
+                     np.random.default_rng(seed), mlm_probability, masking, span_length)
   start = time.perf_counter()
   state = trainer.create_state(t.seed)
   done, unreported = 0, None
@@ -152,12 +168,17 @@ def mlm_eval_batch(ids, length, vocab_size, seed, probability) -> dict:
 
 
 def topk_accuracy(logits, batch) -> dict:
-  """Top-1 / top-5 accuracy of (W, T, V) logits on the batch's loss-weighted positions."""
+  """Top-1 / top-5 accuracy and the mean cross-entropy (nats) of (W, T, V) logits on the
+  batch's loss-weighted positions."""
   selected = batch['loss_weights'] > 0
-  top5 = np.argsort(-np.asarray(logits)[selected], axis=-1, kind='stable')[:, :5]  # (M, 5)
+  chosen = np.asarray(logits, np.float64)[selected]                               # (M, V)
+  top5 = np.argsort(-chosen, axis=-1, kind='stable')[:, :5]                       # (M, 5)
   targets = batch['targets'][selected]
+  shifted = chosen - chosen.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
   return {'top1': float(np.mean(top5[:, 0] == targets)),
           'top5': float(np.mean(np.any(top5 == targets[:, None], axis=1))),
+          'loss': float(-np.mean(log_probs[np.arange(len(targets)), targets])),
           'masked_positions': int(selected.sum())}
 
 
@@ -231,46 +252,97 @@ def _with_seed(family_config, seed):
   return out
 
 
+MODELS = ('gpt', 'bert')
+
+
+def models_of(config) -> tuple:
+  """config.models ('gpt,bert', 'bert', ...) as a tuple; a one-line error for another name."""
+  names = tuple(m.strip() for m in config.models.split(',') if m.strip())
+  if not names or any(m not in MODELS for m in names) or len(set(names)) != len(names):
+    raise ValueError(f'models={config.models!r}; expected distinct comma-separated names of '
+                     f'{", ".join(MODELS)}')
+  return names
+
+
+def _gpt(config, ids, vocab_size, seed, progress):
+  """(eval config, params, results) of the GPT side of the protocol."""
+  cfg, params, seconds, train_loss = train(_with_seed(config.gpt, seed), config.mesh,
+                                           ids['train'], vocab_size, seed, progress=progress)
+  cfg = cfg.replace(deterministic=True)
+  valid = evaluate_gpt(cfg, params, ids['valid'])
+  full = evaluate_gpt(cfg, params, ids['valid'], stride=1)
+  return cfg, params, {'steps': config.gpt.train.steps, 'train_seconds': round(seconds, 2),
+                       'final_train_loss': train_loss, 'valid_perplexity': valid['perplexity'],
+                       'valid_loss': valid['loss'], 'valid_accuracy': valid['accuracy'],
+                       # every character predicted from its full 48-character context
+                       'valid_perplexity_full_context': full['perplexity']}
+
+
+def _bert(config, ids, vocab_size, seed, progress):
+  """(eval config, params, results) of the BERT side of the protocol."""
+  cfg, params, seconds, train_loss = train(
+      _with_seed(config.bert, seed), config.mesh, ids['train'], vocab_size, seed,
+      mlm_probability=config.mlm_probability, progress=progress, masking=config.masking,
+      span_length=config.span_length)
+  cfg = cfg.replace(deterministic=True)
+  heldout = ids['heldout']
+  bert = evaluate_bert(cfg, params, heldout, config.eval_seed, config.mlm_probability,
+                       config.eval_draws)
+  random_params = state_lib.run_once(lambda key: build(cfg).init(key, heldout[None, :48]),
+                                     jax.random.key(1))['params']
+  random_init = evaluate_bert(cfg, nn.unbox(random_params), heldout, config.eval_seed,
+                              config.mlm_probability)
+  return cfg, params, {
+      'steps': config.bert.train.steps, 'train_seconds': round(seconds, 2),
+      'final_train_loss': train_loss, 'masking': config.masking,
+      'heldout_top1': bert['top1'], 'heldout_top5': bert['top5'],
+      'heldout_loss': bert['loss'],
+      # the same windows masked `draws` times: means, spread of one draw, SE
+      **{f'heldout_{k}': bert[k] for k in DRAW_KEYS},
+      'random_init_top1': random_init['top1'], 'random_init_top5': random_init['top5'],
+      'masked_positions': bert['masked_positions']}
+
+
+def finetune_all(config, vocab, ids, trained: dict, seed: int) -> dict:
+  """{name: char_transfer.finetune's result} for each trained (eval config, params): the same
+  word-order windows, pooling, head and recipe for every model."""
+  ft = config.finetune
+  if ' ' not in vocab:
+    raise ValueError('finetune.steps > 0 shuffles words between spaces; the corpus has none')
+  length = min(cfg.max_len for cfg, _ in trained.values())
+  train_set = char_transfer.word_order_examples(ids['train'], ft.train_examples, length,
+                                                vocab.index(' '), seed=ft.seed + seed)
+  eval_set = char_transfer.word_order_examples(ids['heldout'], ft.eval_examples, length,
+                                               vocab.index(' '), seed=ft.seed + seed + 1)
+  return {name: char_transfer.finetune(cfg, params, train_set, eval_set, steps=ft.steps,
+                                       batch_size=ft.batch_size,
+                                       learning_rate=ft.learning_rate, seed=ft.seed + seed)
+          for name, (cfg, params) in trained.items()}
+
+
 def run(config, progress=None) -> dict:
   """The whole protocol; returns the numbers the script prints. `config.seed` shifts every
-  seed (data windows, masking, initialisation, dropout) for a run-to-run spread.
-  `progress(name, steps, characters_per_step)`, if given, returns train()'s progress callback
-  for the model named 'GPT' or 'BERT'."""
-  draws = config.eval_draws
-  check_draws(draws)                   # before minutes of training, not after
+  seed (data windows, masking, initialisation, dropout, the fine-tuning task and head) for a
+  run-to-run spread. `config.models` picks GPT, BERT or both; `config.finetune.steps` > 0
+  fine-tunes each (`finetune` in its results). `progress(name, steps, characters_per_step)`,
+  if given, returns train()'s progress callback for the model named 'GPT' or 'BERT'."""
+  check_draws(config.eval_draws)      # before minutes of training, not after
+  models = models_of(config)
+  if config.masking not in MASKINGS:
+    raise ValueError(f'masking={config.masking!r}; expected one of {MASKINGS}')
   vocab, ids = load_splits(config)
   seed = config.seed
+
   def report(name, family):
-    return progress and progress(
-        name, family.train.steps, family.train.batch_size * family.model.max_len)
-  gpt_cfg, gpt_params, gpt_s, gpt_train_loss = train(_with_seed(config.gpt, seed), config.mesh,
-                                                     ids['train'], len(vocab), seed,
-                                                     progress=report('GPT', config.gpt))
-  gpt_eval_cfg = gpt_cfg.replace(deterministic=True)
-  gpt = evaluate_gpt(gpt_eval_cfg, gpt_params, ids['valid'])
-  gpt_full = evaluate_gpt(gpt_eval_cfg, gpt_params, ids['valid'], stride=1)
-  bert_cfg, bert_params, bert_s, bert_train_loss = train(
-      _with_seed(config.bert, seed), config.mesh, ids['train'], len(vocab), seed,
-      mlm_probability=config.mlm_probability, progress=report('BERT', config.bert))
-  eval_cfg = bert_cfg.replace(deterministic=True)
-  heldout = ids['heldout']
-  bert = evaluate_bert(eval_cfg, bert_params, heldout, config.eval_seed, config.mlm_probability,
-                       draws)
-  random_params = state_lib.run_once(lambda key: build(eval_cfg).init(key, heldout[None, :48]),
-                                     jax.random.key(1))['params']
-  random_init = evaluate_bert(eval_cfg, nn.unbox(random_params), heldout, config.eval_seed,
-                              config.mlm_probability)
-  return {'vocab_size': len(vocab), 'seed': seed,
-          'gpt': {'steps': config.gpt.train.steps, 'train_seconds': round(gpt_s, 2),
-                  'final_train_loss': gpt_train_loss, 'valid_perplexity': gpt['perplexity'],
-                  'valid_accuracy': gpt['accuracy'],
-                  # every character predicted from its full 48-character context
-                  'valid_perplexity_full_context': gpt_full['perplexity']},
-          'bert': {'steps': config.bert.train.steps, 'train_seconds': round(bert_s, 2),
-                   'final_train_loss': bert_train_loss, 'heldout_top1': bert['top1'],
-                   'heldout_top5': bert['top5'],
-                   # the same windows masked `draws` times: means, spread of one draw, SE
-                   **{f'heldout_{k}': bert[k] for k in DRAW_KEYS},
-                   'random_init_top1': random_init['top1'],
-                   'random_init_top5': random_init['top5'],
-                   'masked_positions': bert['masked_positions']}}
+    return progress and progress(name, family.train.steps,
+                                 family.train.batch_size * family.model.max_len)
+  out, trained = {'vocab_size': len(vocab), 'seed': seed}, {}
+  if 'gpt' in models:
+    *trained['gpt'], out['gpt'] = _gpt(config, ids, len(vocab), seed, report('GPT', config.gpt))
+  if 'bert' in models:
+    *trained['bert'], out['bert'] = _bert(config, ids, len(vocab), seed,
+                                          report('BERT', config.bert))
+  if config.finetune.steps > 0:
+    for name, result in finetune_all(config, vocab, ids, trained, seed).items():
+      out[name]['finetune'] = result
+  return out
