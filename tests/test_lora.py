@@ -14,6 +14,7 @@ import pytest
 import pretrain_jax
 from configs import common
 from pretrain_jax.finetune import run as run_lib
+from pretrain_jax.hf import convert as hf_convert
 from pretrain_jax.models import build, family_of
 from pretrain_jax.training import lora
 from pretrain_jax.training import mesh as mesh_lib
@@ -203,6 +204,8 @@ def test_the_adapter_is_saved_alone_merged_on_load_and_served_beside_others(gpt_
   assert '\n' not in str(e.value)
   with pytest.raises(ValueError, match='is not a LoRA adapter'):
     base.with_adapter(str(tmp_path / 'full'))
+  with pytest.raises(ValueError, match=r'/a holds a LoRA adapter of .*export its base'):
+    hf_convert.export_hf(str(tmp_path / 'a'), str(tmp_path / 'hf'))
   # Resuming the adapter's workdir from a base that changed is refused too.
   c = modeling.tiny_finetune_config(gpt_workdir)
   c.mode, c.lora.rank = 'lora', RANK

@@ -223,7 +223,12 @@ def export_hf(workdir: str, hf_dir: str, *, step: int = None) -> dict:
     raise ValueError(f'{workdir} is already a Hugging Face model directory (its config.json is '
                      'a Hugging Face config); export reads a training workdir: load the '
                      'directory as it is, or import it first (pretrain-jax convert_hf import)')
-  problem = classifier_problem(train_workdir.load_config(workdir), workdir)
+  saved = train_workdir.load_config(workdir)
+  if saved.get('mode') == 'lora':   # its checkpoint holds the factors, not the model
+    raise ValueError(f'{workdir} holds a LoRA adapter of {saved.lora.base}, not a model; '
+                     'export its base (in Python, pretrain_jax.load_pretrained(workdir) merges '
+                     'the adapter into it)')
+  problem = classifier_problem(saved, workdir)
   if problem:
     raise ValueError(f'{problem}; export supports pretrained LM checkpoints only (the head and '
                      'labels would be dropped): export the checkpoint it was fine-tuned from')
