@@ -208,7 +208,7 @@ def unmerged_apply(model, frozen: dict, trained: dict, targets: tuple, scale: fl
                    **kwargs):
   """model.apply with the frozen weights and the LoRA path beside each targeted layer:
   y = layer(x) + scale * (x A) B. The reference `merge` is tested against (no weight is
-  changed)."""
+  changed); layers run as a loop (not model.scan_layers, whose factors have a layer axis)."""
   factors = flax.traverse_util.flatten_dict(trained[FACTORS])
   modules = {m for t in targets for m in TARGETS[t]}
 
