@@ -185,8 +185,8 @@ def test_beam_of_one_is_greedy_and_a_wide_beam_finds_the_likeliest_sequence():
 def _fake_runs(root):
   rows = []
   for checkpoint, fmt, mode, size, seed in itertools.product(
-      ('bert', 'gpt'), ('head', 'generation'), ('scratch', 'full'), (8, 16), (0, 1)):
-    if checkpoint == 'bert' and fmt == 'generation':
+      ('bert', 'gpt'), ('head', 'generation'), ('scratch', 'full', 'lora'), (8, 16), (0, 1)):
+    if (checkpoint == 'bert' and fmt == 'generation') or (mode == 'lora' and checkpoint == 'gpt'):
       continue
     workdir = os.path.join(root, checkpoint, transfer.run_name(mode, size, seed, fmt))
     value = 0.5 + 0.01 * size + 0.1 * (mode == 'full') + 0.01 * seed
@@ -203,14 +203,15 @@ def _fake_runs(root):
 def test_the_comparison_figure_has_one_line_per_checkpoint_mode_and_format(tmp_path, capsys):
   rows = _fake_runs(str(tmp_path))
   fig = figures.comparison_figure(rows)
-  expected = {'bert scratch', 'bert full', 'gpt scratch', 'gpt full', 'gpt scratch (gen)',
-              'gpt full (gen)'}
+  expected = {'bert scratch', 'bert full', 'bert lora', 'gpt scratch', 'gpt full',
+              'gpt scratch (gen)', 'gpt full (gen)'}
   for ax in fig.axes:
     lines = {line.get_label(): line for line in ax.get_lines()
              if not line.get_label().startswith('_')}
     assert set(lines) == expected and len(lines) == len(expected)
     for name, line in lines.items():
-      assert line.get_linestyle() == ('--' if 'scratch' in name else '-'), name
+      assert line.get_linestyle() == ('--' if 'scratch' in name else '-.' if 'lora' in name
+                                      else '-'), name
       assert line.get_marker() == ('^' if '(gen)' in name else 'o'), name
   left, right = fig.axes
   # The step curve is the largest set's mean over the seeds; the size curve the finals' mean.
