@@ -196,7 +196,7 @@ def _fake_runs(root):
     rows.append({'checkpoint': checkpoint, 'mode': mode, 'format': fmt, 'size': size,
                  'requested_size': size, 'seed': seed, 'metric': 'class_accuracy',
                  'final': value, 'best': value, 'steps': 4, 'wall_sec': 1.0,
-                 'step_time_sec': 0.1, 'workdir': workdir, 'family': checkpoint})
+                 'step_time_sec': None, 'workdir': workdir, 'family': checkpoint})
   return rows
 
 
@@ -234,6 +234,8 @@ def test_the_comparison_figure_has_one_line_per_checkpoint_mode_and_format(tmp_p
   np.testing.assert_allclose([small['mean'], small['se']], [0.585, 0.005])
   np.testing.assert_allclose(data['gpt full']['curve']['mean'], gpt_full.get_ydata())
   assert len(right.collections) == len(expected)   # one standard-error band per line
+  line = dict(data['bert lora'], trainable_params=53634, step_time_sec=0.16)
+  assert figures.legend_label(line) == 'bert lora (54k trained, 160 ms/step)'
   assert transfer.checkpoint_names(['runs/tiny/gpt', 'x/t5/', 'w/checkpoints/300']) == [
       'gpt', 't5', 'w-300']
   with pytest.raises(ValueError, match='different names'):
