@@ -187,3 +187,16 @@ def test_the_pooled_head_fine_tunes_gpt_and_bert_alike():
     out = char_transfer.finetune(cfg, init(cfg, length=12), *data, steps=150, batch_size=32,
                                  learning_rate=1e-2, seed=0)
     assert out['accuracy'] > 0.9, (causal, out)
+
+
+@pytest.mark.parametrize('key, value, match', [
+    ('models', 'gpt,t5', "models='gpt,t5'"), ('masking', 'word', "masking='word'"),
+    ('finetune.steps', -1, 'finetune.steps=-1'), ('finetune.learning_rate', 0.0,
+                                                  'finetune.learning_rate=0.0')])
+def test_bad_experiment_settings_fail_before_training(key, value, match, tmp_path):
+  config = shakespeare_char.get_config()
+  config.corpus = str(tmp_path / 'missing.txt')    # never read: the check comes first
+  section, _, name = key.rpartition('.')
+  (config[section] if section else config)[name] = value
+  with pytest.raises(ValueError, match=match):
+    char_lm.run(config)

@@ -303,6 +303,17 @@ def _bert(config, ids, vocab_size, seed, progress):
       'masked_positions': bert['masked_positions']}
 
 
+def check_finetune(ft) -> None:
+  """config.finetune's numbers, checked before minutes of pre-training."""
+  for name, least in (('steps', 0), ('batch_size', 1), ('train_examples', 1),
+                      ('eval_examples', 1)):
+    value = ft[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      raise ValueError(f'finetune.{name}={value!r}; expected an integer >= {least}')
+  if not ft.learning_rate > 0:
+    raise ValueError(f'finetune.learning_rate={ft.learning_rate!r}; expected a positive rate')
+
+
 def finetune_all(config, vocab, ids, trained: dict, seed: int) -> dict:
   """{name: char_transfer.finetune's result} for each trained (eval config, params): the same
   word-order windows, pooling, head and recipe for every model."""
@@ -327,6 +338,7 @@ def run(config, progress=None) -> dict:
   fine-tunes each (`finetune` in its results). `progress(name, steps, characters_per_step)`,
   if given, returns train()'s progress callback for the model named 'GPT' or 'BERT'."""
   check_draws(config.eval_draws)      # before minutes of training, not after
+  check_finetune(config.finetune)
   models = models_of(config)
   if config.masking not in MASKINGS:
     raise ValueError(f'masking={config.masking!r}; expected one of {MASKINGS}')
