@@ -47,13 +47,17 @@ def command(name: str, *args) -> list:
   return [sys.executable, '-m', 'pretrain_jax', name, *map(str, args)]
 
 
-def run(argv: list, log: str) -> str:
-  """Runs `argv`, its stderr into `log`; returns its last stdout line (the command's JSON)."""
-  with open(log, 'a', encoding='utf-8') as err:
-    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=err, text=True, check=False)
-  if done.returncode:
-    raise RuntimeError(f'{" ".join(argv[2:])} exited with {done.returncode}; see {log}')
-  return done.stdout.strip().splitlines()[-1]
+def run(argv: list, log: str) -> tuple:
+  """Runs `argv`, its stderr into `log`; returns (its last stdout line: the command's JSON, its
+  CPU seconds, user + system)."""
+  with open(log, 'a', encoding='utf-8') as err, \
+      subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode:
+    raise RuntimeError(f'{" ".join(argv[2:])} exited with {proc.returncode}; see {log}')
+  return out.strip().splitlines()[-1], usage.ru_utime + usage.ru_stime
 
 
 def eval_curve(workdir: str) -> list:
@@ -73,13 +77,13 @@ def chain(model: str, steps: int, args, extra: list) -> dict:
   log = os.path.join(root, 'logs', f'{model}.log')
   start = time.perf_counter()
   say(f'{model}: pre-training {steps} steps ({log})')
-  run(command('train', '--config', f'tiny_{model}', '--workdir', pretrained,
+  _, pretrain_cpu = run(command('train', '--config', f'tiny_{model}', '--workdir', pretrained,
               f'--config.train.steps={steps}', '--config.train.eval_every=200',
               '--config.train.eval_batches=0', f'--config.train.checkpoint_every={steps}',
               '--config.train.keep_checkpoints=1'), log)
   middle = time.perf_counter()
   say(f'{model}: pre-trained in {middle - start:.0f} s; fine-tuning')
-  line = run(command('transfer', '--init', pretrained, '--workdir',
+  line, finetune_cpu = run(command('transfer', '--init', pretrained, '--workdir',
                      os.path.join(root, 'compare', model), '--sizes', args.sizes, '--seeds',
                      args.seeds, *FINETUNE, *extra), log)
   rows = json.loads(line)['runs']
@@ -88,7 +92,8 @@ def chain(model: str, steps: int, args, extra: list) -> dict:
   say(f'{model}: {len(rows)} fine-tuning runs in {time.perf_counter() - middle:.0f} s')
   return {'model': model, 'rows': rows, 'pretrain_steps': steps,
           'pretrain_curve': eval_curve(pretrained), 'pretrain_sec': middle - start,
-          'finetune_sec': time.perf_counter() - middle}
+          'finetune_sec': time.perf_counter() - middle, 'pretrain_cpu_sec': pretrain_cpu,
+          'finetune_cpu_sec': finetune_cpu}
 
 
 def main() -> None:
@@ -124,8 +129,7 @@ def main() -> None:
     result = transfer.report(rows, compare, title, init=','.join(models), task='word_order')
   protocol = {'wall_sec': wall, 'cpu_sec': usage.ru_utime + usage.ru_stime,
               'parallel': args.parallel, 'finetune_flags': FINETUNE + extra,
-              'models': {d['model']: {k: d[k] for k in ('pretrain_steps', 'pretrain_curve',
-                                                        'pretrain_sec', 'finetune_sec')}
+              'models': {d['model']: {k: v for k, v in d.items() if k not in ('model', 'rows')}
                          for d in done}}
   path = figures.data_path(result['comparison_png'])
   with open(path, encoding='utf-8') as f:
