@@ -8,10 +8,11 @@ Per model (configs/tiny_<name>.py): `pretrain-jax train` for its --pretrain_step
 every 200 steps, so the JSON shows where it flattens), then `pretrain-jax transfer --init` it on
 word_order in modes scratch / linear_probe / full / lora (T5: no probe) for every --sizes and
 --seeds, with the recipe of FINETUNE (flags after the script's own go to every transfer call,
-e.g. --config.train.steps=100). `--parallel` models run at once (one process each: a tiny
-model's step uses about one core). Rerunning resumes and reuses finished runs. Writes
-<workdir>/compare/comparison.png and comparison.json (every number drawn, the pre-training
-curves and the wall times) and prints one JSON line.
+e.g. --config.train.steps=200). `--parallel` models run at once, one process each (a tiny
+model's step keeps about two cores busy, so two at once gain little on 2 cores: while one
+compiles, reads data or evaluates, the other's steps use the cores). Rerunning resumes and
+reuses finished runs. Writes <workdir>/compare/comparison.png and comparison.json (every
+number drawn, the pre-training curves, wall and CPU times) and prints one JSON line.
 """
 import argparse
 import concurrent.futures
@@ -32,8 +33,9 @@ MODELS = ('t5', 'gpt', 'prefix_lm', 'bert')   # the longest first, for --paralle
 # Steps where each model's held-out loss has flattened on the embedded corpus (docs/finetuning.md:
 # BERT's MLM loss still falls slowly to 1,600; GPT's is lowest near 1,200, then rises).
 PRETRAIN_STEPS = {'bert': 1600, 'gpt': 1200, 'prefix_lm': 1200, 't5': 1200}
-FINETUNE = ['--task', 'word_order', '--config.data.seq_len=64', '--config.train.steps=200',
-            '--config.train.eval_every=50', '--config.train.learning_rate=1e-3',
+FINETUNE = ['--task', 'word_order', '--config.data.seq_len=64', '--config.train.steps=100',
+            '--config.train.warmup_steps=10', '--config.train.eval_every=25',
+            '--config.train.learning_rate=1e-3',
             '--config.probe_learning_rate=3e-3', '--config.lora.learning_rate=3e-3',
             '--config.model.dropout_rate=0.1']
 NAMES = {'bert': 'BERT', 'gpt': 'GPT', 'prefix_lm': 'prefix LM', 't5': 'T5'}
