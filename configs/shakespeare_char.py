@@ -99,6 +99,8 @@ def get_config(variant: str = 'chapter') -> ml_collections.ConfigDict:
   c.finetune.train_examples = 2000  # windows of the training characters, half words shuffled
   c.finetune.eval_examples = 1000   # windows of the held-out characters
   c.finetune.seed = 0               # task windows and head init (plus config.seed)
+  c.finetune.scratch = False        # True: fine-tune the random-init models, no pre-training
+                                    # (the baseline of the exercises)
   c.eval_seed = 1234                # fixed masking of the held-out windows
   c.eval_draws = 20                 # BERT: also the mean over this many maskings (seeds
                                     # eval_seed, eval_seed + 1, ...) and its spread

@@ -192,7 +192,8 @@ def test_the_pooled_head_fine_tunes_gpt_and_bert_alike():
 @pytest.mark.parametrize('key, value, match', [
     ('models', 'gpt,t5', "models='gpt,t5'"), ('masking', 'word', "masking='word'"),
     ('finetune.steps', -1, 'finetune.steps=-1'), ('finetune.learning_rate', 0.0,
-                                                  'finetune.learning_rate=0.0')])
+                                                  'finetune.learning_rate=0.0'),
+    ('finetune.scratch', True, 'finetune.scratch=True')])
 def test_bad_experiment_settings_fail_before_training(key, value, match, tmp_path):
   config = shakespeare_char.get_config()
   config.corpus = str(tmp_path / 'missing.txt')    # never read: the check comes first

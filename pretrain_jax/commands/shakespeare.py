@@ -6,7 +6,8 @@ Prints GPT validation perplexity, BERT held-out MLM top-1/top-5 against a random
 and the training wall time of each; ends with one JSON line. `--config.masking=span` pre-trains
 BERT with SpanBERT's spans; `--config.models=bert` trains one of the two;
 `--config.finetune.steps=300` fine-tunes each on word order with one shared head (the
-chapter's exercises 41.3 and 41.4: docs/chapter41.md).
+chapter's exercises 41.3 and 41.4: docs/chapter41.md), and `--config.finetune.scratch=true`
+fine-tunes their random inits instead (the baseline).
 """
 import os
 import sys
@@ -55,10 +56,10 @@ def _run(argv):
   cli.use_cpu_devices(config.cpu_devices)
   result = char_lm.run(config, progress)
   g, b = result.get('gpt'), result.get('bert')
-  if g:
+  if g and 'steps' in g:
     print(f"GPT  {g['steps']} steps in {g['train_seconds']:.1f}s: validation perplexity "
           f"{g['valid_perplexity']:.2f} (published 5.69)", file=sys.stderr)
-  if b:
+  if b and 'steps' in b:
     print(f"BERT {b['steps']} steps in {b['train_seconds']:.1f}s ({b['masking']} masking): "
           f"held-out MLM top-1 {b['heldout_top1']:.3f} top-5 {b['heldout_top5']:.3f} loss "
           f"{b['heldout_loss']:.3f} (published 0.569 / 0.857; random init "
@@ -67,9 +68,9 @@ def _run(argv):
   for name, r in (('GPT', g), ('BERT', b)):
     if r and 'finetune' in r:
       f = r['finetune']
-      print(f"{name:<4} fine-tuned {f['steps']} steps on word order (mean-pooled linear head): "
-            f"accuracy {f['accuracy']:.3f} on {f['eval_examples']} held-out windows",
-            file=sys.stderr)
+      print(f"{name:<4} {'from random init, ' if result.get('scratch') else ''}fine-tuned "
+            f"{f['steps']} steps on word order (mean-pooled linear head): accuracy "
+            f"{f['accuracy']:.3f} on {f['eval_examples']} held-out windows", file=sys.stderr)
   terminal.finish(result)
 
 

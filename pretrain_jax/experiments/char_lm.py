@@ -8,6 +8,7 @@ non-overlapping window of the validation / held-out slice, with a fixed masking 
 masking for either). With `finetune.steps` > 0 each model is then fine-tuned on a labelled
 task with one shared head (char_transfer.py).
 """
+import functools
 import time
 
 import flax.linen as nn
@@ -312,6 +313,9 @@ def check_finetune(ft) -> None:
       raise ValueError(f'finetune.{name}={value!r}; expected an integer >= {least}')
   if not ft.learning_rate > 0:
     raise ValueError(f'finetune.learning_rate={ft.learning_rate!r}; expected a positive rate')
+  if ft.scratch and ft.steps < 1:
+    raise ValueError('finetune.scratch=True fine-tunes the random-init models; expected '
+                     'finetune.steps >= 1')
 
 
 def finetune_all(config, vocab, ids, trained: dict, seed: int) -> dict:
@@ -331,12 +335,34 @@ def finetune_all(config, vocab, ids, trained: dict, seed: int) -> dict:
           for name, (cfg, params) in trained.items()}
 
 
+def _init(cfg, inputs, key):
+  return build(cfg).init(key, inputs)
+
+
+def _scratch(config, models, vocab, ids, seed) -> dict:
+  """The fine-tuning baseline: each model's architecture from its random init (no
+  pre-training), fine-tuned as finetune_all fine-tunes the pre-trained ones."""
+  trained = {}
+  for name in models:
+    family = config[name]
+    cfg = ModelConfig.from_config({**family.model.to_dict(), 'vocab_size': len(vocab)})
+    cfg = cfg.replace(deterministic=True)
+    trained[name] = cfg, nn.unbox(state_lib.run_once(
+        functools.partial(_init, cfg, ids['train'][None, :cfg.max_len]),
+        jax.random.key(family.train.seed + seed))['params'])
+  results = finetune_all(config, vocab, ids, trained, seed)
+  return {'vocab_size': len(vocab), 'seed': seed, 'scratch': True,
+          **{name: {'finetune': r} for name, r in results.items()}}
+
+
 def run(config, progress=None) -> dict:
   """The whole protocol; returns the numbers the script prints. `config.seed` shifts every
   seed (data windows, masking, initialisation, dropout, the fine-tuning task and head) for a
   run-to-run spread. `config.models` picks GPT, BERT or both; `config.finetune.steps` > 0
-  fine-tunes each (`finetune` in its results). `progress(name, steps, characters_per_step)`,
-  if given, returns train()'s progress callback for the model named 'GPT' or 'BERT'."""
+  fine-tunes each (`finetune` in its results); `config.finetune.scratch` fine-tunes their
+  random inits instead, with no pre-training (the baseline). `progress(name, steps,
+  characters_per_step)`, if given, returns train()'s progress callback for the model named
+  'GPT' or 'BERT'."""
   check_draws(config.eval_draws)      # before minutes of training, not after
   check_finetune(config.finetune)
   models = models_of(config)
@@ -344,6 +370,8 @@ def run(config, progress=None) -> dict:
     raise ValueError(f'masking={config.masking!r}; expected one of {MASKINGS}')
   vocab, ids = load_splits(config)
   seed = config.seed
+  if config.finetune.scratch:
+    return _scratch(config, models, vocab, ids, seed)
 
   def report(name, family):
     return progress and progress(name, family.train.steps,
