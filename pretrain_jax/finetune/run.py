@@ -27,13 +27,13 @@ bidirectional prefix.
 """
 import dataclasses
 import json
+import math
 
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from pretrain_jax import paths
 from pretrain_jax.data import classification, prompts, tasks
@@ -192,12 +192,17 @@ def lora_adapter(base_params, cfg: ModelConfig, head_names: tuple, config) -> lo
   return lora.Adapter(config, lora.split(weights, head_names)[0], head_names)
 
 
+def _size(abstract) -> int:
+  """The number of parameters in a tree of ShapeDtypeStructs (optax's tree_size wants arrays)."""
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract))
+
+
 def parameter_counts(cfg: ModelConfig, mode: str, head_names: tuple, state_params: int) -> dict:
   """{'total_params': the model's, 'trainable_params': those the optimizer updates} (the
   state's count is the trainable one for LoRA, the model's otherwise)."""
   abstract = state_lib.abstract_params(build(cfg))
-  total = optax.tree_utils.tree_size(abstract)
-  trainable = {'lora': state_params, 'linear_probe': optax.tree_utils.tree_size(
+  total = _size(abstract)
+  trainable = {'lora': state_params, 'linear_probe': _size(
       {k: v for k, v in abstract.items() if k in head_names})}.get(mode, total)
   return {'total_params': total, 'trainable_params': trainable}
 
