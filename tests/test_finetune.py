@@ -166,6 +166,38 @@ def test_transfer_summary_over_seeds_against_literals():
   assert transfer.run_name('full', 200, 3) == 'full_n200_s3'
 
 
+def test_a_reused_run_keeps_the_step_time_it_logged(monkeypatch, tmp_path):
+  """A rerun that finds a run finished trains no step (its result has no step time); its row
+  takes the last step time the run logged, which its first summary reported."""
+  workdir = tmp_path / 'full'
+  workdir.mkdir()
+  (workdir / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in [
+      {'step': 10, 'split': 'train', 'loss': 1.0},                 # (the compiling interval)
+      {'step': 20, 'split': 'train', 'loss': 0.9, 'step_time_sec': 0.25},
+      {'step': 20, 'split': 'eval', 'class_accuracy': 0.5},
+      {'step': 30, 'split': 'train', 'loss': 0.8, 'step_time_sec': 0.125}]))
+  step_time = [None]
+
+  def fake_finetune(c, workdir, init, task):
+    return {'train_examples': 10, 'metric': 'class_accuracy', 'final': 0.5, 'best': 0.5,
+            'step': 30, 'step_time_sec': step_time[0], 'family': 'gpt'}
+  monkeypatch.setattr(run_lib, 'finetune', fake_finetune)
+  monkeypatch.setattr(run_lib, 'load_task', lambda config: tasks.Task(
+      't', {'train': [{'text': 'a', 'label': 'x'}]}, ('x', 'y')))
+  cfg = modeling.tiny('gpt')
+  monkeypatch.setattr(run_lib, 'load_init', lambda path: types.SimpleNamespace(
+      model_config=cfg, family='gpt', config=ml_collections.ConfigDict(), path=path, step=None,
+      fingerprint=lambda heads: '0123'))
+  c = finetune_config.get_config()
+  c.init, c.data.seq_len = 'somewhere', 16
+  [row] = transfer.run_transfer(c, str(tmp_path), modes=('full',))
+  assert row['step_time_sec'] == 0.125
+  step_time[0] = 0.5     # a run that trained reports its own
+  [row] = transfer.run_transfer(c, str(tmp_path), modes=('full',))
+  assert row['step_time_sec'] == 0.5
+  assert transfer.recorded_step_time(str(tmp_path / 'nowhere')) is None
+
+
 def test_transfer_stops_after_a_preempted_run_and_refuses_a_mode_before_the_first(monkeypatch):
   """SIGTERM ends the whole comparison (the preempted run's row is marked and left out of the
   summary; rerunning resumes); a mode the checkpoint cannot do fails before any run."""

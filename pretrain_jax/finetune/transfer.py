@@ -91,7 +91,8 @@ def run_transfer(config, root: str, modes=(), sizes=(0,), seeds=(), formats=(), 
                      'seed': c.train.seed, 'metric': result['metric'], 'final': result['final'],
                      'best': result['best'], 'steps': result['step'],
                      'wall_sec': time.perf_counter() - start,
-                     'step_time_sec': result['step_time_sec'], 'workdir': workdir,
+                     'step_time_sec': result['step_time_sec'] or recorded_step_time(workdir),
+                     'workdir': workdir,
                      'trainable_params': result.get('trainable_params'),
                      'total_params': result.get('total_params'),
                      'family': result['family'], 'preempted': bool(result.get('preempted'))})
@@ -136,6 +137,14 @@ def _examples(row: dict) -> str:
   """The examples trained on, and the size asked for when it was more ('300 (asked 1000)')."""
   asked = row.get('requested_size') or 0
   return f'{row["size"]}' + (f' (asked {asked})' if asked > row['size'] else '')
+
+
+def recorded_step_time(workdir: str):
+  """The step time (seconds) a finished run logged last, which is what its summary reported:
+  a rerun that reuses it trains no step and measures none. None if it logged none."""
+  times = [r['step_time_sec'] for r in run_lib.read_curves(workdir)['train']
+           if r.get('step_time_sec')]
+  return times[-1] if times else None
 
 
 def table(rows: list) -> str:
