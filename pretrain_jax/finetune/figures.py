@@ -37,8 +37,9 @@ def legend_label(line: dict) -> str:
   """A line's name, with its trainable parameters and mean step time where the runs have
   them: 'BERT lora (54k trained, 160 ms/step)'."""
   parts = []
-  if line.get('trainable_params'):
-    parts.append(f'{line["trainable_params"] / 1000:,.0f}k trained')
+  count = line.get('trainable_params')
+  if count:
+    parts.append(f'{count / 1000:,.0f}k trained' if count >= 10_000 else f'{count:,} trained')
   if line.get('step_time_sec'):
     parts.append(f'{1000 * line["step_time_sec"]:.0f} ms/step')
   return line['label'] + (f' ({", ".join(parts)})' if parts else '')
@@ -127,11 +128,12 @@ def comparison_figure(rows: list, title: str = ''):
           [s['se'] for s in sizes], style)
   metric = data['metric']
   seeds = sorted({len(s['finals']) for line in data['lines'] for s in line['by_size']})
-  band = ' (mean +- standard error over seeds)' if seeds and seeds[-1] > 1 else ''
-  left.set(title=f'validation {metric} against step (largest labelled set){band}',
-           xlabel='step', ylabel=metric)
-  right.set(title=f'final validation {metric} against labelled examples{band}',
-            xlabel='labelled training examples', ylabel=metric)
+  band = '\nmean +- standard error over seeds' if seeds and seeds[-1] > 1 else ''
+  # two short lines each: the panels sit side by side and longer titles run into each other
+  left.set_title(f'validation {metric} against step (largest labelled set){band}', fontsize=10)
+  left.set(xlabel='step', ylabel=metric)
+  right.set_title(f'final validation {metric} against labelled examples{band}', fontsize=10)
+  right.set(xlabel='labelled training examples', ylabel=metric)
   sizes = [r['size'] for r in rows]
   if sizes and max(sizes) > 10 * max(min(sizes), 1):
     right.set_xscale('log')
