@@ -1,7 +1,7 @@
 """The transfer figure of docs/finetuning.md, end to end: pre-train the four tiny models until
 their held-out loss is flat, then fine-tune each in every mode, labelled-set size and seed.
 
-    python scripts/transfer_figure.py --workdir runs/figure            # ~40 min, 2 idle cores
+    python scripts/transfer_figure.py --workdir runs/figure   # its time: docs/finetuning.md
     python scripts/transfer_figure.py --workdir runs/figure --seeds 0,1 --sizes 100,0
 
 Per model (configs/tiny_<name>.py): `pretrain-jax train` for its --pretrain_steps (held-out loss

@@ -236,7 +236,7 @@ def test_the_comparison_figure_has_one_line_per_checkpoint_mode_and_format(tmp_p
   assert len(right.collections) == len(expected)   # one standard-error band per line
   line = dict(data['bert lora'], trainable_params=53634, step_time_sec=0.16)
   assert figures.legend_label(line) == 'bert lora (54k trained, 160 ms/step)'
-  assert figures.legend_label(dict(line, trainable_params=256)) == (   # a probe's head: not 0k
+  assert figures.legend_label(dict(line, trainable_params=256.0)) == (   # a probe's head: not 0k
       'bert lora (256 trained, 160 ms/step)')
   assert transfer.checkpoint_names(['runs/tiny/gpt', 'x/t5/', 'w/checkpoints/300']) == [
       'gpt', 't5', 'w-300']

@@ -39,7 +39,8 @@ def legend_label(line: dict) -> str:
   parts = []
   count = line.get('trainable_params')
   if count:
-    parts.append(f'{count / 1000:,.0f}k trained' if count >= 10_000 else f'{count:,} trained')
+    # (a line's count is the mean over its runs: a float)
+    parts.append(f'{count / 1000:,.0f}k trained' if count >= 10_000 else f'{count:,.0f} trained')
   if line.get('step_time_sec'):
     parts.append(f'{1000 * line["step_time_sec"]:.0f} ms/step')
   return line['label'] + (f' ({", ".join(parts)})' if parts else '')
