@@ -151,11 +151,12 @@ def test_targets_pick_their_kernels_and_bad_values_are_refused():
       lora.LoraConfig(**{key: value})
 
 
-def _lora_finetune(init: str, workdir: str, seed: int = 0) -> dict:
+def _lora_finetune(init: str, workdir: str, seed: int = 0, task_format: str = 'head') -> dict:
   c = modeling.tiny_finetune_config(init)
   c.mode = 'lora'
   c.lora.rank = RANK
   c.train.seed = seed
+  c.task.format = task_format
   return run_lib.finetune(c, workdir)
 
 
@@ -165,13 +166,13 @@ def _size(path: str) -> int:
 
 def test_the_adapter_is_saved_alone_merged_on_load_and_served_beside_others(gpt_workdir,
                                                                             tmp_path):
-  """A GPT fine-tuned with LoRA twice (two seeds): each workdir holds the adapter and a pointer
-  to its base; load_pretrained merges it; one backbone serves both; a backbone that is not the
-  base is refused in one line."""
+  """A GPT fine-tuned with LoRA twice (a classifier, and the generation format: no head): each
+  workdir holds the adapter and a pointer to its base; load_pretrained merges it; one backbone
+  serves both; a backbone that is not the base is refused in one line."""
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv('PRETRAIN_JAX_CACHE', f'{gpt_workdir}_cache')
     a = _lora_finetune(gpt_workdir, str(tmp_path / 'a'), seed=0)
-    _lora_finetune(gpt_workdir, str(tmp_path / 'b'), seed=1)
+    b = _lora_finetune(gpt_workdir, str(tmp_path / 'b'), seed=1, task_format='generation')
     full = run_lib.finetune(modeling.tiny_finetune_config(gpt_workdir), str(tmp_path / 'full'))
     again = _lora_finetune(gpt_workdir, str(tmp_path / 'a'), seed=0)   # restores the adapter
   assert (again['start_step'], again['step'], again['final']) == (2, 2, a['final'])
@@ -181,6 +182,7 @@ def test_the_adapter_is_saved_alone_merged_on_load_and_served_beside_others(gpt_
   qkv = cfg.num_heads * cfg.head_dim
   per_layer = 3 * RANK * (e + qkv) + RANK * (qkv + e) + RANK * (e + cfg.mlp_dim) * 2
   assert a['trainable_params'] == cfg.num_layers * per_layer + e * 2   # score: (E, 2)
+  assert b['trainable_params'] == cfg.num_layers * per_layer           # the factors alone
   assert a['total_params'] == full['total_params'] == full['trainable_params']
   # Saved: the adapter alone, and where its base is.
   saved = json.load(open(tmp_path / 'a' / 'config.json'))
@@ -193,6 +195,9 @@ def test_the_adapter_is_saved_alone_merged_on_load_and_served_beside_others(gpt_
   served_a, served_b = base.with_adapter(str(tmp_path / 'a')), base.with_adapter(
       str(tmp_path / 'b'))
   assert served_a.predict(texts) == model_a.predict(texts)
+  labels = served_b.predict(texts)   # by the labels' likelihood after the prompt
+  assert labels == pretrain_jax.load_pretrained(str(tmp_path / 'b')).predict(texts)
+  assert set(labels) <= {'original', 'shuffled'}
   ids = np.asarray(base.tokenizer.encode(texts[0]))[None]
   np.testing.assert_array_equal(served_a(ids), model_a(ids))
   assert not np.array_equal(served_a(ids), served_b(ids))
