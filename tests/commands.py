@@ -23,7 +23,8 @@ import tempfile
 import threading
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 # Environment variables read when a library loads (or by glibc, or by Python at start): a
 # command given other values than the server's must start a process of its own. (XLA_FLAGS is
 # read when a backend starts, in the child.)

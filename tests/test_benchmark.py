@@ -6,12 +6,12 @@ import commands
 import numpy as np
 import pytest
 from flax import traverse_util
+from helpers import ROOT
 
 from configs import bench_common, bench_gpu_t5, tiny_gpt
 from pretrain_jax.perf import benchmark
 from pretrain_jax.training.synthetic import SyntheticDataset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ('family', 'params', 'step_s', 'tokens_per_s', 'model_flops_per_step', 'peak_flops',
         'mfu', 'compile_s')
 

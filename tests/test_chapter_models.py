@@ -7,13 +7,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from helpers import ROOT
 from modeling import forward, init, tiny, tokens
 
 from configs import shakespeare_char
 from pretrain_jax.hf import config as hf_config
 from pretrain_jax.models import ModelConfig, build, family_of
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _chapter_cfg(causal: bool, vocab: int = 40, **kw) -> ModelConfig:

@@ -1,60 +1,15 @@
 """Checkpoints through the whole loop: SIGTERM + exact resume, restore_params, no NaN saves."""
-import json
 import os
 import signal
 
 import jax
 import numpy as np
 import pytest
-from test_train import tiny_config
+from helpers import train_losses
+from modeling import datasets_with_hook, tiny_config
 
 from pretrain_jax.run import checkpoint, loop
 from pretrain_jax.training import synthetic
-
-
-@pytest.fixture(autouse=True, scope='module')
-def compilation_cache(tmp_path_factory):
-  """Each run re-jits the same step; a persistent cache makes the repeats cheap."""
-  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('jax_cache')))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  yield
-  jax.config.update('jax_compilation_cache_dir', None)
-
-
-class Wrapped:
-  """A dataset whose `hook(n)` runs when its n-th batch (1-based) is drawn."""
-
-  def __init__(self, inner, hook):
-    self.inner, self.hook, self.drawn = inner, hook, 0
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    self.drawn += 1
-    batch = next(self.inner)
-    return self.hook(self.drawn, batch)
-
-  def get_state(self):
-    return self.inner.get_state()
-
-  def set_state(self, state):
-    self.inner.set_state(state)
-
-
-def datasets_with_hook(config, hook):
-  base = synthetic.synthetic_datasets(config)
-
-  def datasets(*, split, **kw):
-    data = base(split=split, **kw)
-    return Wrapped(data, hook) if split == config.data.train_split else data
-  return datasets
-
-
-def train_losses(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    rows = [json.loads(line) for line in f]
-  return {r['step']: r['loss'] for r in rows if r['split'] == 'train'}
 
 
 def sigterm_at(n):

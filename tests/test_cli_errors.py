@@ -7,12 +7,10 @@ import sys
 import commands
 import modeling
 import pytest
-from gcs_emulator import free_port
+from helpers import ROOT, free_port
 
 import configs
 from pretrain_jax import cli, paths
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_script(script, *args, cwd=ROOT, fresh=False):

@@ -2,7 +2,7 @@
 restarting from any yielded position reproduces the remaining batches exactly."""
 import numpy as np
 import pytest
-from test_objectives_span_corruption import splice
+from helpers import splice
 
 from pretrain_jax.data import batches
 from pretrain_jax.objectives import packing, span_corruption

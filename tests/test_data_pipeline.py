@@ -9,7 +9,7 @@ import modeling
 import numpy as np
 import pytest
 import sentencepiece as spm
-from test_objectives_span_corruption import splice
+from helpers import splice
 
 from configs import common
 from pretrain_jax import data

@@ -7,8 +7,6 @@ import pytest
 
 from pretrain_jax.data import corpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def load(name):
   return importlib.import_module(f'pretrain_jax.commands.{name}')

@@ -6,8 +6,8 @@ import os
 import re
 
 import pytest
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ['README.md', 'DESIGN.md'] + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'docs', '*.md')))
 # The two fresh-machine commands: the first trains the main job, the second runs the tests.

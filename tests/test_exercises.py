@@ -12,7 +12,7 @@ import ml_collections
 import modeling
 import numpy as np
 import pytest
-from test_pretrained import _small as small
+from modeling import small
 
 import pretrain_jax
 from configs import finetune as finetune_config
@@ -277,18 +277,13 @@ def test_a_wrong_family_or_format_is_one_line_naming_what_is_expected(family, ov
 
 # ---- the four from the command line, on the embedded data (slow) ------------------------------
 
-def _small(config, steps=3):
-  """test_pretrained's small shape (1 layer, width 32, 64 tokens), `steps` steps."""
-  return small(config, steps)
-
-
 @pytest.fixture(scope='module')
 def tiny_inits(module_cache, tmp_path_factory):
   """A 3-step GPT, prefix LM and T5 of the main job's shape, smaller."""
   out = {}
   for name, module in (('gpt', tiny_gpt), ('prefix_lm', tiny_prefix_lm), ('t5', tiny_t5)):
     out[name] = str(tmp_path_factory.mktemp('inits') / name)
-    loop.train_and_evaluate(_small(module.get_config()), out[name])
+    loop.train_and_evaluate(small(module.get_config(), steps=3), out[name])
   return out
 
 

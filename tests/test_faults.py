@@ -18,9 +18,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from helpers import ROOT, flip_bytes
+from modeling import data_files, small, tiny_config
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
-from test_pretrained import _small
-from test_train import tiny_config
 
 from configs import tiny_gpt
 from pretrain_jax import data
@@ -29,16 +29,6 @@ from pretrain_jax.run import lock as lock_lib
 from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.run import workdir as workdir_lib
 from pretrain_jax.training import synthetic
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True, scope='module')
-def compilation_cache(tmp_path_factory):
-  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('jax_cache')))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  yield
-  jax.config.update('jax_compilation_cache_dir', None)
 
 
 def gpt(**train):
@@ -354,24 +344,6 @@ def test_restore_params_refuses_non_finite_params(tmp_path):
 
 # 4./5. Bit flips and damaged checkpoints: detected, moved aside, the previous one is used.
 
-def data_files(workdir, step) -> list:
-  """The array data files of a checkpoint's state, largest first."""
-  root = os.path.join(checkpoint.checkpoint_dir(str(workdir)), str(step), 'state')
-  files = [os.path.join(r, f) for r, _, fs in os.walk(root) for f in fs
-           if os.path.basename(r) == 'd' and 'ocdbt.process_' in r]
-  return sorted(files, key=os.path.getsize, reverse=True)
-
-
-def flip_bytes(path, n=64):
-  """XORs the lowest bit of `n` bytes spread over `path` (values stay plausible)."""
-  with open(path, 'r+b') as f:
-    data = bytearray(f.read())
-    for i in range(n):
-      data[i * len(data) // n] ^= 0x01
-    f.seek(0)
-    f.write(data)
-
-
 def test_checksums_name_the_damaged_array():
   tree = {'params': {'w': jax.numpy.arange(6.0).reshape(2, 3)}}
   sums = checkpoint.shard_checksums(tree)
@@ -566,7 +538,7 @@ def test_fewer_steps_than_the_checkpoint_is_an_error(tmp_path):
 CHILD = '''
 import os, signal, sys, time, json
 sys.path[:0] = [{root!r}, {tests!r}]
-from test_train import tiny_config
+from modeling import tiny_config
 from pretrain_jax.training import synthetic
 from pretrain_jax.run import checkpoint, loop
 from pretrain_jax.run import metrics as metrics_lib
@@ -755,7 +727,7 @@ def test_a_refused_first_run_does_not_pin_its_tokenizer(tmp_path, monkeypatch):
   not the tokenizer's); the corrected command asks for another vocabulary and gets it, not the
   leftover copy."""
   monkeypatch.setenv('PRETRAIN_JAX_CACHE', str(tmp_path / 'cache'))
-  config = _small(tiny_gpt.get_config(), steps=2)
+  config = small(tiny_gpt.get_config(), steps=2)
   config.data.update(tokenizer_vocab_size=256, tokenizer_train_chars=200_000, seq_len=64)
   config.model.vocab_size = 384
   workdir = str(tmp_path / 'run')

@@ -17,7 +17,6 @@ from pretrain_jax.finetune import run as run_lib
 from pretrain_jax.finetune import transfer
 from pretrain_jax.models import family_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT_LAYOUT = family_of('gpt').task_layout
 
 

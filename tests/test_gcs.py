@@ -3,7 +3,6 @@
 What the emulator cannot show: real GCS latency, IAM, and tf.io.gfile (it ignores emulators;
 the library never uses it for gs://: epath runs on gcsfs with EPATH_USE_TF=false).
 """
-import gzip
 import json
 import os
 import signal
@@ -14,13 +13,12 @@ import gcs_emulator
 import jax
 import numpy as np
 import pytest
-from test_checkpoint import datasets_with_hook
+from modeling import datasets_with_hook, small, upload_corpus
 
 import pretrain_jax
 from configs import tiny_gpt
 from pretrain_jax import data, paths
 from pretrain_jax.cli import terminal
-from pretrain_jax.data import corpus
 from pretrain_jax.hf import convert as hf_workdir
 from pretrain_jax.run import checkpoint, loop, metrics, profiler
 from pretrain_jax.run import lock as lock_lib
@@ -162,8 +160,8 @@ def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
   """GCS cannot append, so rows are buffered and rewritten every 30 s: a trainer killed
   within 30 s of a checkpoint lost the rows before it, which its resume never logs again.
   Every save now writes them first. (Killed: the writer's exit flush never runs.)"""
-  config = _small(tiny_gpt.get_config(), steps=5)
-  config.train.update(checkpoint_every=2, eval_every=0)
+  config = small(tiny_gpt.get_config(), steps=5)
+  config.train.update(log_every=1, checkpoint_every=2, eval_every=0)
   workdir = f'{gcs}/killed'
 
   def killed_at_the_fourth_batch(drawn, batch):
@@ -179,28 +177,6 @@ def test_rows_up_to_each_checkpoint_outlive_a_killed_trainer(gcs, monkeypatch):
   rows = [json.loads(line) for line in
           paths.resolve(f'{workdir}/metrics.jsonl').read_text().splitlines()]
   assert [r['step'] for r in rows if r['split'] == 'train'] == [1, 2]
-
-
-def _small(config, steps):
-  config.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
-                      max_len=64)
-  config.data.seq_len = 64
-  config.train.update(batch_size=4, steps=steps, warmup_steps=1, log_every=1,
-                      eval_every=steps, eval_batches=1, checkpoint_every=100)
-  return config
-
-
-def upload_corpus(root: str) -> str:
-  """The embedded corpus as a .jsonl, a .json.gz and a .txt file under `root`; their glob."""
-  docs = corpus.embedded_documents()
-  third = len(docs) // 3
-  paths.write_atomic(f'{root}/a.jsonl', ''.join(json.dumps({'text': d}) + '\n'
-                                                for d in docs[:third]))
-  paths.write_atomic(f'{root}/b.json.gz', gzip.compress(''.join(
-      json.dumps({'text': d}) + '\n' for d in docs[third:2 * third]).encode()))
-  paths.write_atomic(f'{root}/c.txt', '\n\n'.join(d.replace('\n\n', '\n')
-                                                  for d in docs[2 * third:]))
-  return f'{root}/*'
 
 
 def sigterm_at_batch(monkeypatch, n):
@@ -228,7 +204,8 @@ def sigterm_at_batch(monkeypatch, n):
 def test_train_stop_resume_evaluate_export_all_on_gs(gcs, monkeypatch, tmp_path):
   start = time.time()
   files = upload_corpus(f'{gcs}/corpus')
-  config = _small(tiny_gpt.get_config(), steps=6)
+  config = small(tiny_gpt.get_config(), steps=6)
+  config.train.update(log_every=1, checkpoint_every=100)
   config.data.files = files
   whole = loop.train_and_evaluate(config, f'{gcs}/whole')
   assert whole['step'] == 6

@@ -10,12 +10,13 @@ import os
 import shutil
 
 import commands
+import helpers
 import ml_collections
 import modeling
 import numpy as np
 import pytest
-import test_faults
 import tokenizers
+from helpers import ROOT
 
 import configs
 import pretrain_jax
@@ -30,7 +31,6 @@ from pretrain_jax.run import checkpoint as ckpt_lib
 from pretrain_jax.run import loop
 from pretrain_jax.run import workdir as train_workdir
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 320
 LR = 1e-4
 STEPS = 3
@@ -139,7 +139,8 @@ def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_
   # The first trained checkpoint damaged: it is moved aside and the run starts again from the
   # import's weights (the restore once fell back to checkpoint 0 as if it held a training state
   # and crashed on its missing data position), so it trains the same steps to the same weights.
-  test_faults.damage(work, STEPS, 'flip')
+  for path in modeling.data_files(work, STEPS):
+    helpers.flip_bytes(path)
   again = loop.train_and_evaluate(config, work, tokenizer=tokenizer)
   assert (again['start_step'], again['step']) == (0, STEPS)
   aside = os.listdir(os.path.join(work, 'checkpoints'))

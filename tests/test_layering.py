@@ -18,8 +18,8 @@ import os
 import re
 
 import pytest
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'pretrain_jax')
 ALLOWED = {
     'paths': set(),      # the bottom: every user path (local or gs://) goes through it

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,36 +15,19 @@ import time
 
 import numpy as np
 import pytest
+from helpers import ROOT, SMALL, TRAIN, free_port, one_device_env
 
 from pretrain_jax import data
 from pretrain_jax.run import workdir as workdir_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ['-m', 'pretrain_jax.commands.train']
-SMALL = ['--config', os.path.join(ROOT, 'configs', 'tiny_gpt.py'), '--config.train.batch_size=4',
-         '--config.data.seq_len=32', '--config.model.num_layers=1', '--config.train.log_every=1',
-         '--config.train.eval_every=0', '--config.train.checkpoint_every=100']
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def _env():
-  env = dict(os.environ)
-  env.pop('XLA_FLAGS', None)        # one CPU device per process
-  return env
-
 
 def _two_processes(workdir: str, steps: int, extra=()):
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, *extra, '--workdir', workdir,
        f'--config.train.steps={steps}', '--multihost',
        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
-      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   outs = [p.communicate(timeout=600) for p in procs]
   for p, (_, err) in zip(procs, outs, strict=True):
@@ -58,8 +40,8 @@ def _two_processes(workdir: str, steps: int, extra=()):
 def _one_process(workdir: str, steps: int, extra=()):
   run = subprocess.run(
       [sys.executable, *TRAIN, *SMALL, *extra, '--workdir', workdir,
-       f'--config.train.steps={steps}'], cwd=ROOT, env=_env(), capture_output=True, text=True,
-      timeout=600)
+       f'--config.train.steps={steps}'], cwd=ROOT, env=one_device_env(), capture_output=True,
+      text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -124,7 +106,7 @@ def test_two_processes_train_and_resume_on_one_or_two_and_any_process_evaluates(
   # Any single process loads the global checkpoint for evaluation.
   evaluated = subprocess.run(
       [sys.executable, '-m', 'pretrain_jax.commands.evaluate', '--workdir', two],
-      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+      cwd=ROOT, env=one_device_env(), capture_output=True, text=True, timeout=600)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   record = json.loads(evaluated.stdout.strip().splitlines()[-1])
   assert record['step'] == 12 and 0 < record['loss'] < 20
@@ -163,12 +145,12 @@ runpy.run_module('pretrain_jax.commands.train', run_name='__main__')
 def _two_scripted(script: str, workdir: str, *flags, timeout: int = 300) -> list:
   """Both processes' (return code, stderr) of `pretrain-jax train` run through `script` (which
   patches the process it runs in, then runs the command) on a 40-step two-process run."""
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, '-c', script, 'pretrain-jax train', *SMALL, '--workdir', workdir,
        '--config.train.steps=40', *flags, '--multihost', f'--coordinator_address=127.0.0.1:{port}',
        '--num_processes=2', f'--process_id={i}'],
-      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   try:   # a hang fails here
     outs = [p.communicate(timeout=timeout) for p in procs]
@@ -231,12 +213,12 @@ def test_a_data_read_failing_on_one_process_stops_both_instead_of_hanging(tmp_pa
 
 def _two_processes_failing(workdir: str, extra1=()):
   """Both processes' (return code, stderr); process 1 gets `extra1` on top of the same flags."""
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=4',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}', *(extra1 if i else ())],
-      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   try:   # before: JAX's exit barrier held every process 5 minutes, then aborted in C++
     outs = [p.communicate(timeout=150) for p in procs]
@@ -298,9 +280,10 @@ print(json.dumps(seen))
 def test_lagged_agreement_answers_two_calls_late_with_every_process_flags(tmp_path):
   """The stop and save-poll agreement: call n answers with every process's flags of call n - 2
   (process 1's notice at call 1 reaches both at call 3), and a reset starts over."""
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen([sys.executable, '-c', LAGGED, str(port), str(i)], cwd=ROOT,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=one_device_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
            for i in range(2)]
   outs = [p.communicate(timeout=300) for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
@@ -316,12 +299,12 @@ def test_sigterm_to_one_process_saves_one_step_on_both_and_the_resume_continues(
   same step with one global checkpoint of it, and a 2-process resume trains on with the losses
   of an uninterrupted run (within the ulps of another reduction order: none here, the same
   host count)."""
-  workdir, port = str(tmp_path / 'cut'), _free_port()
+  workdir, port = str(tmp_path / 'cut'), free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, '--config.train.steps=100000',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}'],
-      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   err0, training = [], threading.Event()
 
@@ -361,12 +344,12 @@ def test_sigterm_during_a_multi_process_start_up_stops_it(tmp_path):
   that only records the notice (for reached_preemption_sync_point, which nothing here calls):
   a SIGTERM before the loop's handler was lost, and the run trained on to its end. It is off;
   process 0 stops as a single process does (exit 143, its LOCK released), process 1 with it."""
-  workdir, port = tmp_path / 'run', _free_port()
+  workdir, port = tmp_path / 'run', free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', str(workdir), '--config.train.steps=300',
        '--multihost', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}'],
-      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   try:
     lock = workdir / 'LOCK'

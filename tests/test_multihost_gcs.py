@@ -15,16 +15,16 @@ import sys
 
 import gcs_emulator
 import pytest
-from test_gcs import upload_corpus
-from test_multihost import ROOT, SMALL, TRAIN, _env, _free_port
+from helpers import ROOT, SMALL, TRAIN, free_port, one_device_env
+from modeling import upload_corpus
 
 from pretrain_jax import paths
 
 
 def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):
   run = subprocess.run([sys.executable, *TRAIN, *SMALL, '--workdir', str(tmp_path / 'w'),
-                        '--multihost'], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                       timeout=300)
+                        '--multihost'], cwd=ROOT, env=one_device_env(), capture_output=True,
+                       text=True, timeout=300)
   assert run.returncode == 2   # a user error (pretrain_jax.cli)
   last = run.stderr.strip().splitlines()[-1]
   assert last.startswith('error: --multihost could not detect the cluster') and \
@@ -32,7 +32,7 @@ def test_multihost_without_a_detectable_cluster_is_one_clear_error(tmp_path):
 
 
 def _two_processes(env, workdir, files, caches, steps, prepared):
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, *TRAIN, *SMALL, '--workdir', workdir, f'--config.train.steps={steps}',
        f'--config.data.files={files}', f'--config.data.prepared_dir={prepared}', '--multihost',
@@ -54,7 +54,7 @@ def test_two_processes_share_one_gs_workdir_and_one_tokenizer(tmp_path):
     os.environ.update(gcs_env)
     try:
       files = upload_corpus('gs://bucket/corpus')
-      env = dict(_env(), **gcs_env)
+      env = dict(one_device_env(), **gcs_env)
       caches = [str(tmp_path / 'cache0'), str(tmp_path / 'cache1')]
       prepared = str(tmp_path / 'prepared')
       workdir = 'gs://bucket/run'

@@ -1,28 +1,12 @@
 """T5 span corruption against its definition: lengths, mask arithmetic, reconstruction."""
 import numpy as np
 import pytest
+from helpers import splice
 
 from pretrain_jax.objectives import span_corruption as sc
 
 FIRST_SENTINEL = 2047  # <extra_id_0> of a 2048-id vocabulary
 EOS = 1
-
-
-def splice(inputs, targets, first_sentinel=FIRST_SENTINEL, num_sentinels=100):
-  """Put the target spans back in place of the input sentinels (the invariant's inverse)."""
-  def is_sentinel(t):
-    return first_sentinel - num_sentinels < t <= first_sentinel
-  assert inputs[-1] == EOS and targets[-1] == EOS
-  spans, current = {}, None
-  for t in targets[:-1]:
-    if is_sentinel(t):
-      current = spans.setdefault(int(t), [])
-    else:
-      current.append(int(t))
-  out = []
-  for t in inputs[:-1]:
-    out.extend(spans[int(t)] if is_sentinel(t) else [int(t)])
-  return out
 
 
 def test_target_length_matches_t5_for_512():

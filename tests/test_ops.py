@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from modeling import init, tiny, tokens
+from helpers import ROOT
+from modeling import batches, init, tiny, tiny_config, tokens
 
 from pretrain_jax import ops
 from pretrain_jax.models import ModelConfig, build, family_of
@@ -20,9 +21,7 @@ from pretrain_jax.ops import backends, cpu
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
-from tests.test_train import batches, tiny_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The plain form on a CPU mesh: what the step computes without XLA:CPU's forms.
 PLAIN_CPU = dataclasses.replace(backends.PLAIN, name='plain-cpu', platform='cpu')
 

@@ -8,11 +8,11 @@ import sys
 import time
 
 import gcs_emulator
+import helpers
 import pytest
+from helpers import ROOT
 
 from pretrain_jax import paths
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_lint_rule_sees_direct_file_access_in_the_library_only():
@@ -54,7 +54,7 @@ def test_resolve(monkeypatch):
 
 
 def test_unreachable_bucket_is_one_clear_error_within_seconds(monkeypatch):
-  closed = gcs_emulator.free_port()  # nothing listens there
+  closed = helpers.free_port()  # nothing listens there
   for key, value in gcs_emulator.env(closed).items():
     monkeypatch.setenv(key, value)
   start = time.time()

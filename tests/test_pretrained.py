@@ -13,6 +13,8 @@ import numpy as np
 import optax
 import pytest
 from conftest import once_per_session
+from helpers import ROOT
+from modeling import small
 
 import pretrain_jax
 from configs import tiny_bert, tiny_t5
@@ -26,18 +28,6 @@ from pretrain_jax.objectives import mlm
 from pretrain_jax.run import loop
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import task
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _small(config, steps=6):
-  config.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
-                      max_len=64)
-  config.data.seq_len = 64
-  config.train.update(batch_size=4, steps=steps, warmup_steps=1, log_every=steps,
-                      eval_every=steps, eval_batches=1, checkpoint_every=steps)
-  return config
-
 
 # gpt_workdir: a small GPT trained 6 steps, once per session (tests/conftest.py).
 
@@ -143,8 +133,8 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
   assert done.stderr.startswith('error: temperature=-1.0 is out of range'), done.stderr
   t5_dir = str(tmp_path / 't5')
-  config = _small(tiny_t5.get_config(), steps=2)
-  config.model.num_decoder_layers = 1   # (_small's num_layers is the encoder's)
+  config = small(tiny_t5.get_config(), steps=2)
+  config.model.num_decoder_layers = 1   # (small's num_layers is the encoder's)
   config.train.eval_every = 0           # what is read is the checkpoint, not its loss
   loop.train_and_evaluate(config, t5_dir)
   t5 = pretrain_jax.load_pretrained(t5_dir)
@@ -159,11 +149,11 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
 
 @pytest.fixture(scope='module')
 def bert_nsp_workdir(cache, tmp_path_factory, worker_id):
-  """A small BERT with NSP (configs/tiny_bert.py, _small) trained 3 steps, once per session
+  """A small BERT with NSP (configs/tiny_bert.py, modeling.small) trained 3 steps, once per session
   (tests/conftest.py): read it, never write to it."""
 
   def build(path):
-    config = _small(tiny_bert.get_config(), steps=3)
+    config = small(tiny_bert.get_config(), steps=3)
     config.model.nsp = config.data.nsp = True
     loop.train_and_evaluate(config, path)
   return once_per_session(tmp_path_factory, worker_id, 'small_bert_nsp_3_steps', build)

@@ -6,7 +6,7 @@ import os
 
 import jax
 import pytest
-from test_train import tiny_config
+from modeling import tiny_config
 
 from pretrain_jax.run import loop
 from pretrain_jax.training import synthetic

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 from conftest import once_per_session
+from helpers import ROOT
 
 from pretrain_jax.data import corpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 # Flags appended to each command: fewer steps, batches and tokens, nothing else.
 SHORTER = {

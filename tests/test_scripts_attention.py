@@ -5,10 +5,10 @@ import json
 import os
 
 import pytest
+from helpers import ROOT
 
 from configs import tiny_t5
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
 
 

@@ -20,7 +20,7 @@ import filelock
 import jax
 import numpy as np
 import pytest
-from test_train import batches, setup, tiny_config
+from modeling import batches, setup, tiny_config
 
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.ops import backends
@@ -31,7 +31,7 @@ from pretrain_jax.training import state as state_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of test_train.tiny_config (lr 1e-2)
+STEPS, PEAK_LR = 3, 1e-2   # the runs below: 3 Adam steps of modeling.tiny_config (lr 1e-2)
 MESHES = {'data': dict(data=8, fsdp=1, tensor=1), 'fsdp': dict(data=1, fsdp=8, tensor=1),
           'tensor': dict(data=2, fsdp=1, tensor=4), 'mixed': dict(data=2, fsdp=2, tensor=2)}
 

@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import train_losses
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from modeling import init, tiny
-from test_checkpoint import train_losses
-from test_train import tiny_config
+from modeling import init, tiny, tiny_config
 
 from pretrain_jax.models import build, family_of, masks, splash
 from pretrain_jax.models.attention import dot_product_attention, runnable_implementation

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from test_train import SEQ, tiny_config
+from modeling import SEQ, tiny_config
 
 from pretrain_jax.models import ModelConfig, build, family_of
 from pretrain_jax.training import evaluate

@@ -11,11 +11,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from helpers import ROOT
 
 from pretrain_jax.cli import terminal
 from pretrain_jax.run import checkpoint
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def command(name: str, *args, cwd=ROOT, env=None):

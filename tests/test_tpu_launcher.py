@@ -14,12 +14,12 @@ import time
 
 import commands
 import pytest
+from helpers import ROOT
 
 from pretrain_jax.cloud import gcloud, launcher
 from pretrain_jax.commands import tpu as tpu_command
 from pretrain_jax.run import lock as lock_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZONE = 'us-west4-a'
 VM = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot')
 QR = gcloud.Slice('ptj', ZONE, 'v5litepod-16', '', 'spot', queued=True)

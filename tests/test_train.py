@@ -7,62 +7,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from modeling import batches, setup, tiny_config
 
-from configs import common
-from pretrain_jax.data.config import DataConfig
-from pretrain_jax.models import ModelConfig, build, family_of
+from pretrain_jax.models import ModelConfig
 from pretrain_jax.run import loop
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import optimizer as opt_lib
-from pretrain_jax.training import state as state_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import synthetic
 from pretrain_jax.training.config import MeshConfig, TrainConfig
-from pretrain_jax.training.synthetic import SyntheticDataset
-
-SEQ = 16
-
-
-def tiny_config(family: str, **train) -> ml_collections.ConfigDict:
-  """A whole config (model/data/train/mesh) of a 2-layer, emb 32, vocab 128 model."""
-  c = ml_collections.ConfigDict()
-  c.model = ml_collections.ConfigDict(dict(
-      family=family, vocab_size=128, num_layers=2, emb_dim=32, num_heads=4, head_dim=8,
-      mlp_dim=64, max_len=SEQ, dropout_rate=0.0, attention_dropout_rate=0.0,
-      position_embedding='relative' if family == 't5' else 'learned',
-      activation='gated-gelu' if family == 't5' else 'gelu', tie_embeddings=family != 't5'))
-  c.data = common.data_config({'gpt': 'clm', 'bert': 'mlm', 't5': 'span_corruption'}[family],
-                              SEQ)
-  c.train = common.train_config(batch_size=8, steps=20, learning_rate=1e-2)
-  c.train.update(dict(dict(warmup_steps=2, log_every=1, eval_every=0, checkpoint_every=100,
-                           eval_batches=1), **train))
-  c.mesh = common.mesh_config()
-  return c
-
-
-def setup(config, devices=None):
-  """(state, jitted step, mesh) for `config` on `devices` (default: the first device)."""
-  mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), devices or jax.devices()[:1])
-  cfg, t = ModelConfig.from_config(config.model), TrainConfig.from_config(config.train)
-  mesh_lib.check_config(t, cfg, mesh)
-  tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
-  abstract, init_state = state_lib.abstract_state(build(cfg), tx, mesh,
-                                                 family_of(cfg.family).init_batch(SEQ))
-  state = state_lib.run_once(init_state, jax.random.key(0),
-                             out_shardings=state_lib.shardings_of(abstract))
-  step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
-                                  seed=0, microbatches=t.microbatches, mesh=mesh,
-                                  loss_chunk_len=t.loss_chunk_len,
-                                  max_predictions=step_lib.max_predictions(
-                                      t, DataConfig.from_config(config.data)))
-  return state, jax.jit(step, donate_argnums=(0,)), mesh
-
-
-def batches(config, n, fixed=False):
-  data = SyntheticDataset(config.model.family, vocab_size=config.model.vocab_size, seq_len=SEQ,
-                          batch_size=config.train.batch_size, fixed=fixed,
-                          nsp=ModelConfig.from_config(config.model).nsp)
-  return [next(data) for _ in range(n)]
 
 
 @pytest.mark.parametrize('family,optimizer', [

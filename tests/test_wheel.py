@@ -12,8 +12,8 @@ import sys
 import sysconfig
 
 import pytest
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = ('pretrain_jax', 'configs', 'pyproject.toml', 'README.md', 'requirements.txt',
           'requirements-test.txt', 'requirements-tpu.txt', 'requirements-gpu.txt')
 
