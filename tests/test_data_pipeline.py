@@ -171,7 +171,7 @@ def test_host_shares_and_global_batch(tokenizer):
   assert not np.array_equal(hosts[0]['inputs'], hosts[1]['inputs'])
   g = data.assemble_global_batch(hosts)
   assert g['inputs'].shape == (8, 64) and (g['inputs'][4:] == hosts[1]['inputs']).all()
-  with pytest.raises(ValueError, match='global batch_size=10 does not split over 4 hosts'):
+  with pytest.raises(ValueError, match=r'batch_size=10\b.* 4 hosts'):
     data.host_batch_size(10, 4)
 
 
@@ -223,7 +223,7 @@ def test_one_epoch_ends(tokenizer):
 
 
 def test_bad_lengths_and_specials(tokenizer, tmp_path):
-  with pytest.raises(ValueError, match=r'seq_len=256 is longer than the model holds \(max_len=128'):
+  with pytest.raises(ValueError, match=r'seq_len=256\b.*max_len=128\b'):
     data.make_dataset(config('clm', seq_len=256), tokenizer, split='train', batch_size=2,
                       model_max_len=128)
   with pytest.raises(ValueError, match='seq_len=4 is too short for mlm with NSP'):
@@ -231,7 +231,7 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
   for p in (0.0, 1.5):   # 0 trained on nothing at loss 0.0000
     with pytest.raises(ValueError, match=rf'^config.data.mlm_probability={p};'):
       data.make_dataset(config('mlm', mlm_probability=p), tokenizer, split='train', batch_size=2)
-  with pytest.raises(ValueError, match='up to 114 noise spans but the tokenizer has 100'):
+  with pytest.raises(ValueError, match=r'114 noise spans.* 100\b'):
     data.make_dataset(config('span_corruption', seq_len=2048), tokenizer, split='train',
                       batch_size=2)
   with pytest.raises(ValueError, match="objective='bert'"):
@@ -244,7 +244,7 @@ def test_bad_lengths_and_specials(tokenizer, tmp_path):
   it = data.make_dataset(config('clm', num_streams=2), tokenizer, split='train', batch_size=2)
   state = it.get_state()
   other = data.make_dataset(config('clm', num_streams=2), tokenizer, split='train', batch_size=4)
-  with pytest.raises(ValueError, match='stream_rows=1 but this iterator has stream_rows=2'):
+  with pytest.raises(ValueError, match=r'stream_rows=1\b.*stream_rows=2\b'):
     other.set_state(state)
 
 
@@ -317,7 +317,7 @@ def test_a_position_in_changed_files_is_refused(tokenizer, tmp_path):
   (tmp_path / 'b.jsonl').unlink()
   write('a.jsonl', 40, words='rewritten with other words, as a re-filtered shard would be')
   rewritten = data.make_dataset(dc, tokenizer, split='train', batch_size=2)
-  with pytest.raises(ValueError, match=r'had 40 documents .* has 40 documents of [0-9,]+ bytes'):
+  with pytest.raises(ValueError, match=r'40 documents .*[0-9,]+ bytes'):
     rewritten.set_state(state)
 
 

@@ -217,7 +217,7 @@ def test_named_tfds_dataset(tmp_path, cache):
   assert batches and it.stats['skipped_invalid_utf8'] == 1 and it.stats['skipped_empty'] == 1
   assert it.stats['documents'] == 20
   dc = dc.replace(tfds_data_dir=str(tmp_path / 'elsewhere'))
-  with pytest.raises(ValueError, match=r'not prepared;.* pj_test_text:1\.0\.0 .*elsewhere'):
+  with pytest.raises(ValueError, match=r'pj_test_text:1\.0\.0 .*elsewhere'):
     sources.open_source(dc)
   dc = dc.replace(tfds_name='no_such_dataset_xyz')
   with pytest.raises(ValueError, match="cannot open tfds dataset 'no_such_dataset_xyz'"):

@@ -128,7 +128,7 @@ def test_refusals(tokenizer):
     one.set_state(old)
   per_host = checkpoint.saved_data_state([old, old])  # a checkpoint written before streams
   assert per_host == {'process_count': 2, 'processes': [old, old]}
-  with pytest.raises(ValueError, match=r'step 7 was saved by 2 processes; this run has 1:'):
+  with pytest.raises(ValueError, match=r'step 7 .*\b2 processes.* 1\b'):
     checkpoint.host_data_state(per_host, step=7)
 
 

@@ -157,6 +157,7 @@ def test_sentinel_text_is_the_sentinel_wherever_it_stands(tmp_path):
 
 def test_a_vocabulary_the_corpus_cannot_fill_is_warned_about(tmp_path, capsys):
   tok_lib.train_sentencepiece(TEXTS[:2], str(tmp_path / 'big.model'), vocab_size=4096)
-  assert 'of the 3996 asked (tokenizer_vocab_size=4096)' in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert '3996' in err and 'tokenizer_vocab_size=4096' in err
   tok_lib.train_sentencepiece(TEXTS, str(tmp_path / 'fits.model'), vocab_size=512)
   assert capsys.readouterr().err == ''

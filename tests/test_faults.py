@@ -297,7 +297,7 @@ def test_a_refused_resume_at_the_last_step_does_not_say_nothing_to_train(tmp_pat
     train(deeper, tmp_path)
   assert 'nothing to train' not in capsys.readouterr().err
   assert train(config, tmp_path)['step'] == 2
-  assert 'is already at train.steps=2: nothing to train' in capsys.readouterr().err
+  assert 'already at train.steps=2' in capsys.readouterr().err
   os.rename(tmp_path / workdir_lib.CONFIG_FILE, tmp_path / 'config.json.moved')
   with pytest.raises(ValueError, match='config.json'):   # refused later, by write_config
     train(config, tmp_path)
@@ -424,7 +424,7 @@ def test_a_damaged_last_checkpoint_trains_its_step_again_without_saying_nothing_
   err = capsys.readouterr().err
   assert 'checkpoint 3 is damaged' in err and 'nothing to train' not in err, err
   assert train(config, tmp_path)['start_step'] == 3
-  assert 'is already at train.steps=3: nothing to train' in capsys.readouterr().err
+  assert 'already at train.steps=3' in capsys.readouterr().err
 
 
 def test_a_damaged_checkpoint_is_a_few_lines_naming_the_array_not_thousands(tmp_path):
@@ -528,7 +528,7 @@ def test_bad_cadence_is_refused(tmp_path, key, value, hint):
 
 def test_fewer_steps_than_the_checkpoint_is_an_error(tmp_path):
   os.makedirs(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), '40'))
-  with pytest.raises(ValueError, match=r'train.steps=20 but .* holds step 40: nothing to train'):
+  with pytest.raises(ValueError, match=r'train\.steps=20 .*step 40\b'):
     train(gpt(steps=20), tmp_path)
   assert not os.path.exists(tmp_path / 'LOCK')
 
@@ -690,8 +690,7 @@ def test_a_lock_that_cannot_be_checked_before_a_save_does_not_stop_training(tmp_
   monkeypatch.setattr(lock_lib.LocalLock, 'refresh', unreachable)
   assert train(gpt(steps=4, checkpoint_every=2, eval_every=0), tmp_path)['step'] == 4
   assert checkpoint.complete_steps(str(tmp_path))[-1] == 4
-  assert 'could not check it before saving step 2 (OSError: storage timed out)' in (
-      capsys.readouterr().err)
+  assert 'before saving step 2 (OSError: storage timed out)' in capsys.readouterr().err
 
 
 def test_a_rerun_after_a_crash_before_the_first_checkpoint_logs_each_step_once(tmp_path):
@@ -810,8 +809,8 @@ def test_sigterm_during_startup_releases_the_lock(tmp_path):
   assert proc.returncode in (143, 0), err[-3000:]   # 0: the loop had started and saved
   assert not lock.exists()
   if proc.returncode == 143:
-    assert err.strip().splitlines()[-1] == (
-        'SIGTERM before training started: stopped, nothing to save'), err[-3000:]
+    assert err.strip().splitlines()[-1].startswith('SIGTERM before training started'), (
+        err[-3000:])
 
 
 def test_train_rows_average_the_steps_since_the_previous_row(tmp_path):

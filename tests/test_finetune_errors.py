@@ -80,17 +80,17 @@ def test_malformed_task_lines_name_the_file_and_the_line(tmp_path):
   good = [json.dumps({'text': f'sentence {i}', 'label': ['bad', 'good'][i % 2]})
           for i in range(40)]
   d = _task_dir(tmp_path, good[:30] + ['{"text": "a broken line", "label": }'] + good[30:])
-  with pytest.raises(ValueError, match=r'train.jsonl line 31: not valid JSON \(Expecting value'):
+  with pytest.raises(ValueError, match=r'train\.jsonl line 31: '):
     tasks.load_task(str(d))
   d = _task_dir(tmp_path, good[:3] + ['', '["text", "label"]'] + good[3:])   # blank line 4
-  with pytest.raises(ValueError, match=r'train.jsonl line 5: a JSON list; expected an object'):
+  with pytest.raises(ValueError, match=r'train\.jsonl line 5: a JSON list'):
     tasks.load_task(str(d))
   d = _task_dir(tmp_path, good, 'text,label\nx,good\ny,bad,surplus\n')
-  with pytest.raises(ValueError, match=r"validation.csv line 3: 3 field\(s\); expected 2"):
+  with pytest.raises(ValueError, match=r'validation\.csv line 3: 3 field'):
     tasks.load_task(str(d))
   os.remove(d / 'validation.csv')
   d = _task_dir(tmp_path, good, 'text\tlabel\nx\tgood\nonly text\n', 'validation.tsv')
-  with pytest.raises(ValueError, match=r'validation.tsv line 3: 1 field\(s\); expected 2'):
+  with pytest.raises(ValueError, match=r'validation\.tsv line 3: 1 field'):
     tasks.load_task(str(d))
   os.remove(d / 'validation.tsv')
   d = _task_dir(tmp_path, good, '[{"text": "x", "label": "good"},\n {"text" "y"}]',
@@ -98,7 +98,7 @@ def test_malformed_task_lines_name_the_file_and_the_line(tmp_path):
   with pytest.raises(ValueError, match=r'validation.json line 2: not valid JSON'):
     tasks.load_task(str(d))
   (d / 'validation.json').write_text('[{"text": "x", "label": "good"}, "y"]')
-  with pytest.raises(ValueError, match=r'validation.json item 1: a JSON str; expected an obj'):
+  with pytest.raises(ValueError, match=r'validation\.json item 1: a JSON str'):
     tasks.load_task(str(d))
   (d / 'validation.json').write_text('[{"text": "x", "label": "good"}]')
   assert tasks.load_task(str(d)).labels == ('bad', 'good')
@@ -125,12 +125,12 @@ def test_bad_fine_tune_numbers_are_refused_before_anything_loads(key, value, exp
 def test_transfer_refuses_a_negative_size_before_the_first_run(tmp_path):
   c = finetune_config.get_config()
   c.init = str(tmp_path / 'no_checkpoint')
-  with pytest.raises(ValueError, match=r'sizes \[200, -5\]: -5; expected 0 \(all examples\)'):
+  with pytest.raises(ValueError, match=r'sizes \[200, -5\]: -5;'):
     transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full',), sizes=(200, -5))
   with pytest.raises(ValueError, match=r"^modes \['full', 'full'\]: expected distinct values"):
     transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full', 'full'))
   c.data.seq_len = 0
-  with pytest.raises(ValueError, match='^data.seq_len=0; expected a positive input length'):
+  with pytest.raises(ValueError, match=r'^data\.seq_len=0;'):
     transfer.run_transfer(c, str(tmp_path / 'out'), modes=('full',))
   assert not os.path.exists(tmp_path / 'out')
 

@@ -182,7 +182,7 @@ def test_bpe_has_no_word_starts_and_mlm_over_it_is_refused_naming_why(module_cac
   assert data_tok.id_tables(tok).word_start is None
   config = short_run(configs.base_config(None, 'bert_base')[1].to_dict())
   config.data.update(whole_word_mask=True, seq_len=32)
-  with pytest.raises(ValueError, match=r'the gpt tokenizer from .*merges\.txt.* has no mask token'):
+  with pytest.raises(ValueError, match=r'gpt tokenizer .*merges\.txt.*mask'):
     data.make_dataset(DataConfig.from_config(config.data), tok, split='train', batch_size=4)
 
 
@@ -205,7 +205,7 @@ def test_the_tokenizer_a_workdir_was_imported_with_is_the_one_it_trains_with(tmp
   with pytest.raises(ValueError, match=r'tokenizer .*moved/hf_tokenizer differs'):
     hf_workdir.data_tokenizer(config, work)
   config.data.tokenizer = ''
-  with pytest.raises(ValueError, match=r'tokenizer \(none: data.tokenizer is empty\) differs'):
+  with pytest.raises(ValueError, match=r'data\.tokenizer is empty'):
     hf_workdir.data_tokenizer(config, work)
   other = tmp_path / 'other' / 'hf_tokenizer'
   other.mkdir(parents=True)

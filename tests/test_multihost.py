@@ -258,7 +258,7 @@ def test_one_process_refusing_stops_the_other_at_once_with_one_line(tmp_path):
       'error: another process of this multi-process run stopped or was killed ('), err0[-3000:]
   # Process 0 waits in its first agreement; it reads process 1's line from the coordinator
   # instead of waiting out gloo's key-value timeout for the missing peer.
-  assert '(process 1: error: train.eval_batches=-1; expected >= 0' in err0, err0[-3000:]
+  assert '(process 1: error: train.eval_batches=-1;' in err0, err0[-3000:]
   assert 'Check failure' not in err0 + err1
 
 
@@ -365,7 +365,7 @@ def test_sigterm_during_a_multi_process_start_up_stops_it(tmp_path):
   if procs[0].returncode == 0:
     assert 'SIGTERM: saved step' in err0, err0[-3000:]
   else:
-    assert 'SIGTERM before training started: stopped, nothing to save' in err0, err0[-3000:]
+    assert 'SIGTERM before training started' in err0, err0[-3000:]
     assert procs[1].returncode != 0                # its peer is gone
   assert 'step 300/300' not in err0, err0[-3000:]
   assert not lock.exists()

@@ -60,7 +60,7 @@ def test_a_trace_that_cannot_start_says_so(tmp_path, capsys):
 
 @pytest.mark.parametrize('key,value', [('profile_steps', -1), ('profile_start_step', -2)])
 def test_bad_profile_values_are_refused_before_anything_is_written(tmp_path, key, value):
-  with pytest.raises(ValueError, match=rf'train\.{key}={value!r}; expected a number of steps'):
+  with pytest.raises(ValueError, match=rf'train\.{key}={value!r};'):
     _train(_gpt(steps=2, **{key: value}), tmp_path / 'w')
   assert not os.path.exists(tmp_path / 'w')
 

@@ -68,19 +68,18 @@ def test_schedules():
 def test_a_run_that_is_all_warmup_and_a_stretched_decay_are_said():
   t = TrainConfig.from_config(tiny_config('gpt', steps=4, warmup_steps=30,
                                           learning_rate=3e-3).train)
-  assert opt_lib.warmup_warning(t) == (
-      'warning: train.warmup_steps=30 >= train.steps=4: the whole run is warmup and the learning '
-      'rate peaks at 0.0003, not the configured 0.003 (lower --config.train.warmup_steps)')
+  warning = opt_lib.warmup_warning(t)
+  assert warning.startswith('warning: train.warmup_steps=30 >= train.steps=4:'), warning
+  assert 'peaks at 0.0003,' in warning and 'configured 0.003 ' in warning, warning
   t = t.replace(warmup_steps=3)
   assert opt_lib.warmup_warning(t) is None
   t = TrainConfig.from_config(tiny_config('gpt', steps=100, warmup_steps=0, learning_rate=1.0,
                                           schedule='linear', final_lr_fraction=0.0).train)
-  assert opt_lib.schedule_change(t, 60, 60) == (
-      'note: train.steps 60 -> 100 moves the end of the linear decay: the learning rate at step '
-      '60 goes 0 -> 0.4')
+  note = opt_lib.schedule_change(t, 60, 60)
+  assert note.startswith('note: train.steps 60 -> 100 ') and 'linear' in note, note
+  assert note.endswith('step 60 goes 0 -> 0.4'), note
   t = t.replace(warmup_steps=80)      # step 60 is in warmup under both horizons
-  assert opt_lib.schedule_change(t, 60, 60).endswith(
-      'the learning rate at step 60 stays 0.75 (still in warmup)')
+  assert opt_lib.schedule_change(t, 60, 60).endswith('step 60 stays 0.75 (still in warmup)')
   t = t.replace(warmup_steps=0)
   assert opt_lib.schedule_change(t, 100, 60) is None
   assert opt_lib.schedule_change(t, None, 60) is None
@@ -145,14 +144,14 @@ def test_batch_shards_must_split_over_the_processes():
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   t, cfg = TrainConfig.from_config(config.train), ModelConfig.from_config(config.model)
   mesh_lib.check_config(t, cfg, mesh, process_count=1)
-  with pytest.raises(ValueError, match=r'data\*fsdp=1 .* not a multiple of the 2 processes'):
+  with pytest.raises(ValueError, match=r'data\*fsdp=1 .* 2 processes'):
     mesh_lib.check_config(t, cfg, mesh, process_count=2)
 
 
 def test_batch_not_divisible_by_microbatches():
   config = tiny_config('gpt', microbatches=3)
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
-  with pytest.raises(ValueError, match='batch_size=8 is not divisible by train.microbatches=3'):
+  with pytest.raises(ValueError, match=r'batch_size=8 .*microbatches=3\b'):
     mesh_lib.check_config(TrainConfig.from_config(config.train),
                           ModelConfig.from_config(config.model), mesh)
 
@@ -174,7 +173,7 @@ def test_an_objective_the_model_does_not_train_with_is_refused(family, causal, o
                                        f"with '{expected}'"):
     loop.check_objective(model_cfg, objective)
   loop.check_objective(model_cfg, expected)
-  with pytest.raises(ValueError, match=r'^config.data.nsp=True but config.model.nsp=False'):
+  with pytest.raises(ValueError, match=r'^config\.data\.nsp=True .*model\.nsp=False'):
     loop.check_objective(model_cfg, expected, data_nsp=True)
   with pytest.raises(ValueError, match=f"objective='{objective}'"):
     loop.train_and_evaluate(config, str(tmp_path / 'w'))
