@@ -67,7 +67,7 @@ def _run(argv):
   if count is None:   # the run's own validation, unless other data or batch size are asked for
     same = not (_FILES.value or _SPLIT.value or _BATCH_SIZE.value)
     count = t.eval_batches if same else 20
-  metrics = model.evaluate(batches, count, params=params, progress=eval_lib.Progress(count))
+  metrics = model.evaluate(batches, count, params=params, progress=terminal.Progress(count))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
   what = 'its architecture, random init' if _RANDOM.value else f'step {step}'
   data_name = d.tfds_name or d.files or 'the embedded corpus'

@@ -14,7 +14,6 @@ from etils import epath
 
 from pretrain_jax import chips, paths
 from pretrain_jax.training import task
-from pretrain_jax.training.evaluate import format_eta
 
 
 def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
@@ -174,6 +173,13 @@ def interval_mean(rows: list) -> dict:
     loss = out['lm_loss']
     out['lm_perplexity'] = math.exp(loss) if loss < 709.0 else math.inf   # (as jnp.exp)
   return out
+
+
+def format_eta(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return '?'
+  seconds = int(seconds)
+  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
 def progress_line(step: int, total: int, scalars: dict) -> str:
