@@ -194,11 +194,6 @@ class Checkpointer:
       return None, None
     return restored['state'], host_data_state(restored['data'], s)
 
-  def restore_params(self, abstract_params, step: int):
-    """The parameters alone of checkpoint `step`, verified (an imported checkpoint 0 starts a
-    run with that run's own optimizer state)."""
-    return read_params(self.directory, step, abstract_params)
-
   def close(self, raised: bool = False) -> None:
     """Waits for the last save. `raised`: an error is ending the run; with several processes
     it may be this one's alone, so there is no agreement (a collective that its peers, inside a

@@ -206,8 +206,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
       train_iter.set_state(data_state)
       notes = [f'restored step {int(state.step)} from {where}']
     elif ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():  # an import: its weights, and
-      state = steps.state_from(checkpointer.restore_params(     # this run's optimizer state
-          steps.abstract_state.params, ckpt_lib.WEIGHTS_ONLY_STEP))
+      state = steps.state_from(ckpt_lib.read_params(     # with this run's optimizer state
+          where, ckpt_lib.WEIGHTS_ONLY_STEP, steps.abstract_state.params))
       notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
                'state']
     else:
