@@ -11,6 +11,7 @@ from helpers import ROOT, free_port
 
 import configs
 from pretrain_jax import cli, paths
+from pretrain_jax.cli import config_flag
 
 
 def run_script(script, *args, cwd=ROOT, fresh=False):
@@ -187,8 +188,8 @@ def test_a_config_files_own_error_drops_a_module_qualified_exception_name():
   text = ('flag --config=configs/x.py:a: Error whilst parsing config file: Traceback (most '
           'recent call last):\n  File "configs/x.py", line 3, in get_config\n'
           'module.sub.CustomError: bad value')
-  assert cli.config_variant_error(text) == 'error: --config=configs/x.py:a: bad value'
-  assert cli.config_variant_error(text.replace('module.sub.CustomError', 'ValueError')) == \
+  assert config_flag.config_variant_error(text) == 'error: --config=configs/x.py:a: bad value'
+  assert config_flag.config_variant_error(text.replace('module.sub.CustomError', 'ValueError')) == \
       'error: --config=configs/x.py:a: bad value'
 
 

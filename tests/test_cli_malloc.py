@@ -56,8 +56,8 @@ def test_step_buffers_are_reused():
 
 ARENAS = r'''
 import ctypes, json, os, sys, tempfile
-from pretrain_jax import cli
-cli.use_cpu_devices(int(sys.argv[1]))
+from pretrain_jax.cli import process
+process.use_cpu_devices(int(sys.argv[1]))
 import jax, jax.numpy as jnp
 for d in jax.devices():  # every device's thread allocates its buffers
   jax.block_until_ready(jax.device_put(jnp.ones((256, 256)), d) @ jnp.ones((256, 256)))
@@ -75,7 +75,7 @@ print(json.dumps({'devices': jax.local_device_count(),
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 def test_arenas_follow_cpu_devices():
   """One device: one arena (the main heap keeps its >64 MB step buffers); several devices
-  (cli.use_cpu_devices, as pretrain-jax shakespeare): several, so their threads do not queue on
+  (process.use_cpu_devices, as pretrain-jax shakespeare): several, so their threads do not queue on
   one lock."""
   def arenas(count):
     env = {**os.environ, 'XLA_FLAGS': ''}

@@ -6,13 +6,13 @@ and exit 2. `--verbose` restores the libraries' INFO logs and every traceback.
   process.py         glibc malloc and library env settings, applied at import (`process.start`)
   terminal.py        how a command ends: a summary on stderr, one JSON line on stdout
   finetune_flags.py  the flags finetune and transfer share
+  config_flag.py     the --config flag: names, kinds, ml_collections' errors as one line
 """
 import argparse
 import asyncio
 import inspect
 import logging as py_logging
 import os
-import re
 import sys
 import threading
 import traceback
@@ -20,9 +20,9 @@ import warnings
 
 from absl import app, flags, logging
 
-import configs
 from pretrain_jax import paths
-from pretrain_jax.cli import process
+from pretrain_jax.cli import config_flag, process
+from pretrain_jax.cli.config_flag import CONFIG_HELP, config_of  # noqa: F401 (cli.* to commands)
 
 # At import: process.start() must run before any thread starts (glibc's arena limit binds only
 # later threads) and before TensorFlow loads (it reads its log settings then).
@@ -33,13 +33,6 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryErro
                IsADirectoryError, PermissionError, FloatingPointError)
 USER_ERROR_NAMES = ('LockHeld', 'CheckpointError', 'CheckpointSaveError', 'UsageError',
                     'PathError', 'PeerError')
-CONFIG_HELP = 'a config name (gpt2_small) or file (configs/NAME.py)'
-CONFIG_KINDS = {   # a config file's kind: (the keys that mark it, the commands that read it)
-    'fine-tuning': (('init', 'mode', 'task'), 'finetune, transfer'),   # (has model/data/train)
-    'chapter experiment': (('corpus', 'gpt', 'bert'), 'shakespeare'),
-    'pre-training': (('model', 'data', 'train'), 'train, describe, benchmark'),
-}
-_CONFIG_TRACEBACK = 'Error whilst parsing config file:'   # ml_collections: get_config raised
 _JOINED = []   # non-empty once join_processes succeeded: this process is one of several
 _ANNOUNCE = []   # share_stops's announce(line): tells the other processes this one stops
 _STOPPING = threading.Lock()   # held by whichever of an error and a peer's notice stops first
@@ -96,57 +89,13 @@ def _quiet_unraisable(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
-def use_cpu_devices(count: int) -> None:
-  """Splits the host CPU into `count` XLA devices (0: leave it), before JAX starts its backends;
-  a device count already in XLA_FLAGS wins, and GPU/TPU backends keep their devices."""
-  if not isinstance(count, int) or count < 0:
-    raise ValueError(f'cpu_devices={count!r}; expected 0 (leave it) or a device count')
-  xla_flags = os.environ.get('XLA_FLAGS', '')
-  if count and 'xla_force_host_platform_device_count' not in xla_flags:
-    process.keep_freed_memory(count)   # arenas for `count` devices, while no thread took one
-    os.environ['XLA_FLAGS'] = (f'{xla_flags} --xla_force_host_platform_device_count={count}'
-                               .strip())
-    import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
-    if jax.default_backend() == 'cpu' and jax.local_device_count() != count:
-      raise ValueError(f'cpu_devices={count} came too late: JAX already runs on '
-                       f'{jax.local_device_count()} CPU device(s); set XLA_FLAGS='
-                       f'--xla_force_host_platform_device_count={count} before starting')
-
-
-def unknown_override(argv, error) -> str:
-  """One line for ml_collections' error on `--config.a.b=v` when the config has no `b`:
-  the flag as given, the missing field and ml_collections' suggestion, if any."""
-  text = str(error).replace('\\n', ' ')
-  found = re.search(r"'([^'\\ ]+)", text)
-  field = found.group(1) if found else '?'
-  hint = re.search(r'Did you mean "([^"]+)"', text)
-  given = next((a for a in argv[1:] if a.startswith('--') and
-                field in a.split('=', 1)[0].lstrip('-').split('.')[1:]), field)
-  return (f'error: {given}: the config has no field {field!r}'
-          + (f' (did you mean {hint.group(1)!r}?)' if hint else '')
-          + '; expected a key that the config file defines')
-
-
 def define(define_flags):
   """define_flags() for flags that read a default config file when defined (ml_collections
   applies the command line's overrides then, before parse_flags)."""
   try:
     return define_flags()
   except (AttributeError, KeyError) as e:
-    _fail(unknown_override(sys.argv, e))
-
-
-def config_variant_error(text: str) -> str:
-  """ml_collections' 'flag --config=FILE:ARG: Error whilst parsing config file: Traceback ...
-  TypeError: ...' -> one line: the flag and the last line of the traceback (the error)."""
-  flag = text.split(': ' + _CONFIG_TRACEBACK)[0].removeprefix('flag ')
-  error = [line.strip() for line in text.splitlines() if line.strip()][-1]
-  if 'get_config() takes 0 positional arguments' in error:
-    error = ("this config file takes no ':variant'; expected "
-             f"{flag.split('=', 1)[0]}={flag.split('=', 1)[-1].rsplit(':', 1)[0]}")
-  else:
-    error = error.split(': ', 1)[-1] if re.match(r'[\w.]+(Error|Exception): ', error) else error
-  return f'error: {flag}: {error}'
+    _fail(config_flag.unknown_override(sys.argv, e))
 
 
 def parse_flags(argv):
@@ -157,10 +106,10 @@ def parse_flags(argv):
     asked = {'--help', '-h', '-?', '--helpshort', '--helpfull', '--helpxml'} & set(argv[1:])
     sys.exit(0 if asked and e.code == 1 else e.code)
   except flags.Error as e:
-    traced = _CONFIG_TRACEBACK in str(e) and 'Traceback' in str(e)
-    _fail(config_variant_error(str(e)) if traced else f'{one_line(e)}; see --helpshort')
+    traced = config_flag.CONFIG_TRACEBACK in str(e) and 'Traceback' in str(e)
+    _fail(config_flag.config_variant_error(str(e)) if traced else f'{one_line(e)}; see --helpshort')
   except (AttributeError, KeyError) as e:   # ml_collections: an override of a missing field
-    _fail(unknown_override(argv, e))
+    _fail(config_flag.unknown_override(argv, e))
   except SyntaxError as e:                  # --config=FILE that is not Python
     _fail(f'error: {e.filename}: not a config file ({e.msg}, line {e.lineno}); expected a '
           'Python config file such as configs/tiny_gpt.py')
@@ -179,22 +128,6 @@ def parse_flags(argv):
       _fail(f'error: --{name}={path}: {reason}; expected a config file such as '
             'configs/tiny_gpt.py (the configs/ directory lists them)')
   return rest
-
-
-def config_of(holder, kind: str):
-  """The config a DEFINE_config_file flag loaded; a ValueError when it is of another kind than
-  the command reads (e.g. `describe --config configs/finetune.py`)."""
-  config = holder.value
-  actual = next((k for k, (keys, _) in CONFIG_KINDS.items() if all(x in config for x in keys)),
-                None)
-  if actual == kind:
-    return config
-  what = (f'a {actual} config (read by {CONFIG_KINDS[actual][1]})' if actual else
-          'not a config of any command (no ' + ', '.join(
-              k for k in CONFIG_KINDS[kind][0] if k not in config) + ' section)')
-  raise ValueError(f'--{holder.name}={flags.FLAGS[holder.name].config_filename} is {what}; '
-                   f'expected a {kind} config (read by {CONFIG_KINDS[kind][1]}; '
-                   'docs/training.md lists them)')
 
 
 def join_processes(address, num_processes, process_id, timeout_s: float) -> None:
@@ -305,28 +238,9 @@ def run(main, argv=None, positional: bool = False) -> None:
       _fail(f'error: unexpected arguments {rest[1:]}; expected only flags (--name=value); '
             'see --helpshort')
     return rest
-  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose),
-          argv=named_configs(sys.argv if argv is None else list(argv)), flags_parser=parse)
-
-
-def named_configs(argv: list) -> list:
-  """argv with `--config NAME[:variant]` (a bare name, no such file) as the packaged config's
-  path, so `--config gpt2_small` and `--config configs/gpt2_small.py` both work anywhere."""
-  out = list(argv)
-  for i, arg in enumerate(out):
-    if arg.startswith('--config='):
-      j, flag = i, '--config='
-    elif arg == '--config' and i + 1 < len(out):
-      j, flag = i + 1, ''
-    else:
-      continue
-    value = out[j].removeprefix(flag)
-    name, colon, variant = value.partition(':')
-    if (os.path.exists(name)  # noqa: TID251 (config files are local modules)
-        or not re.fullmatch(r'[A-Za-z_]\w*', name)):
-      continue
-    try:
-      out[j] = flag + configs.config_path(name) + colon + variant
-    except ValueError as e:
-      _fail(one_line(e).replace('error: ', f'error: --config={value}: '))
-  return out
+  try:
+    argv = config_flag.named_configs(sys.argv if argv is None else list(argv))
+  except ValueError as e:
+    _fail(one_line(e))
+  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose), argv=argv,
+          flags_parser=parse)

@@ -1,6 +1,7 @@
 """Process set-up for the commands: glibc malloc tuned for XLA:CPU's step buffers, TensorFlow's
-C++ log settings, and JAX's platform on a host without an accelerator. The standard library
-only: `start` runs before anything else is imported (pretrain_jax/cli/__init__.py)."""
+C++ log settings, JAX's platform on a host without an accelerator, and the host CPU's XLA device
+count (`use_cpu_devices`). The standard library only (JAX is imported late, by
+use_cpu_devices): `start` runs before anything else is imported (pretrain_jax/cli/__init__.py)."""
 import ctypes
 import glob
 import importlib.util
@@ -100,7 +101,7 @@ def keep_freed_memory(cpu_devices: int = 1) -> bool:
   - several devices (pretrain-jax shakespeare's cpu_devices=2): glibc's default arena count. Their
     threads allocate at the same time, and one arena would serialise XLA's compilation and
     steps on its lock. Each device's buffers (tens of MB) still fit a thread arena.
-  Runs before any thread starts (`start`; cli.use_cpu_devices sets the arena count again before
+  Runs before any thread starts (`start`; use_cpu_devices sets the arena count again before
   JAX starts). PRETRAIN_JAX_MALLOC=default leaves glibc alone. Returns whether it applied.
   """
   libc = _glibc()
@@ -116,3 +117,20 @@ def forced_cpu_devices() -> int:
   found = re.findall(r'--xla_force_host_platform_device_count=(\d+)',
                      os.environ.get('XLA_FLAGS', ''))
   return int(found[-1]) if found else 1
+
+
+def use_cpu_devices(count: int) -> None:
+  """Splits the host CPU into `count` XLA devices (0: leave it), before JAX starts its backends;
+  a device count already in XLA_FLAGS wins, and GPU/TPU backends keep their devices."""
+  if not isinstance(count, int) or count < 0:
+    raise ValueError(f'cpu_devices={count!r}; expected 0 (leave it) or a device count')
+  xla_flags = os.environ.get('XLA_FLAGS', '')
+  if count and 'xla_force_host_platform_device_count' not in xla_flags:
+    keep_freed_memory(count)   # arenas for `count` devices, while no thread took one
+    os.environ['XLA_FLAGS'] = (f'{xla_flags} --xla_force_host_platform_device_count={count}'
+                               .strip())
+    import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
+    if jax.default_backend() == 'cpu' and jax.local_device_count() != count:
+      raise ValueError(f'cpu_devices={count} came too late: JAX already runs on '
+                       f'{jax.local_device_count()} CPU device(s); set XLA_FLAGS='
+                       f'--xla_force_host_platform_device_count={count} before starting')

@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 import configs
 from pretrain_jax import cli
-from pretrain_jax.cli import terminal
+from pretrain_jax.cli import process, terminal
 from pretrain_jax.experiments import char_lm
 from pretrain_jax.run import metrics as metrics_lib
 
@@ -53,7 +53,7 @@ def _run(argv):
   config.corpus = _CORPUS.value
   if not os.path.isfile(config.corpus):  # noqa: TID251 (the experiment's local corpus file)
     raise app.UsageError(f'--corpus={config.corpus!r} is not a file')
-  cli.use_cpu_devices(config.cpu_devices)
+  process.use_cpu_devices(config.cpu_devices)
   result = char_lm.run(config, progress)
   g, b = result.get('gpt'), result.get('bert')
   if g and 'steps' in g:
