@@ -5,7 +5,6 @@ import io
 import numpy as np
 import pytest
 
-from pretrain_jax.cli import terminal
 from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.training import evaluate as eval_lib
 
@@ -20,7 +19,7 @@ def _step(params, batch):
 def test_progress_lines_carry_the_running_loss_rate_and_eta():
   ticks = iter([0.0, 10.0, 15.0, 20.0, 35.0])   # the clock at start, then after each batch
   out = io.StringIO()
-  progress = terminal.Progress(total=4, every_s=10.0, out=out, clock=lambda: next(ticks))
+  progress = metrics_lib.Progress(total=4, every_s=10.0, out=out, clock=lambda: next(ticks))
   batches = [{'loss_sum': s} for s in (8.0, 4.0, 12.0, 0.0)]
   metrics = eval_lib.evaluate(_step, None, iter(batches), 4, progress=progress)
   lines = out.getvalue().splitlines()
@@ -34,7 +33,7 @@ def test_progress_lines_carry_the_running_loss_rate_and_eta():
 
 def test_a_whole_split_has_no_eta():
   out = io.StringIO()
-  progress = terminal.Progress(total=0, every_s=0.0, out=out, clock=iter([0.0, 2.0]).__next__)
+  progress = metrics_lib.Progress(total=0, every_s=0.0, out=out, clock=iter([0.0, 2.0]).__next__)
   eval_lib.evaluate(_step, None, iter([{'loss_sum': 6.0}]), 0, progress=progress)
   assert out.getvalue() == 'eval 1 batches | loss 1.5000 | 0.5 batches/s\n'
 

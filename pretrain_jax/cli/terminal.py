@@ -16,13 +16,10 @@ import contextlib
 import json
 import math
 import sys
-import time
 
 from etils import epath
 
 from pretrain_jax import paths
-from pretrain_jax.run.metrics import format_eta
-from pretrain_jax.training import task
 
 LINE_BYTES = 1024   # the stdout line stays under this; the details file takes the rest
 # The files a start writes before its checks against the data can refuse it: the workdir's
@@ -128,25 +125,3 @@ def removed_if_refused(workdir: str):
       except Exception:  # e.g. a file written meanwhile
         pass             # never hides the error being raised
     raise
-
-
-class Progress:
-  """`eval 40/200 batches | loss 2.3456 | 3.1 batches/s | eta 0:00:51` on stderr, at most every
-  `every_s` seconds (the loss is the running one, over the batches so far); `total` 0 = the
-  whole split, of unknown length: no eta."""
-
-  def __init__(self, total: int = 0, every_s: float = 10.0, out=None, clock=time.monotonic):
-    self.total, self.every_s, self._out, self._clock = total, every_s, out, clock
-    self._start = self._last = clock()
-
-  def __call__(self, count: int, totals) -> None:
-    now = self._clock()
-    if now - self._last < self.every_s:
-      return
-    self._last = now
-    rate = count / max(now - self._start, 1e-9)
-    parts = [f'eval {count}/{self.total} batches' if self.total else f'eval {count} batches',
-             f'loss {float(task.total_loss(*totals)):.4f}', f'{rate:.1f} batches/s']
-    if self.total:
-      parts.append(f'eta {format_eta((self.total - count) / rate)}')
-    print(' | '.join(parts), file=self._out or sys.stderr, flush=True)

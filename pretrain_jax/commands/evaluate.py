@@ -19,6 +19,7 @@ from absl import flags
 from pretrain_jax import cli, data, hf
 from pretrain_jax.cli import terminal
 from pretrain_jax.inference import load_pretrained
+from pretrain_jax.run import metrics as metrics_lib
 from pretrain_jax.training import evaluate as eval_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (or checkpoint dir)',
@@ -67,7 +68,7 @@ def _run(argv):
   if count is None:   # the run's own validation, unless other data or batch size are asked for
     same = not (_FILES.value or _SPLIT.value or _BATCH_SIZE.value)
     count = t.eval_batches if same else 20
-  metrics = model.evaluate(batches, count, params=params, progress=terminal.Progress(count))
+  metrics = model.evaluate(batches, count, params=params, progress=metrics_lib.Progress(count))
   step = None if _RANDOM.value else model.step   # the baseline is no checkpoint's step
   what = 'its architecture, random init' if _RANDOM.value else f'step {step}'
   data_name = d.tfds_name or d.files or 'the embedded corpus'

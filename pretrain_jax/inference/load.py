@@ -268,7 +268,7 @@ class Pretrained:
   def evaluate(self, batches, max_batches: int = 0, params=None, progress=None) -> dict:
     """The train loop's validation metrics (training.evaluate) over `batches` of this family's
     layout; `params` replaces the loaded ones (e.g. random_init_params for a baseline);
-    `progress` as training.evaluate's (e.g. cli.terminal.Progress(max_batches))."""
+    `progress` as training.evaluate's (e.g. run.metrics.Progress(max_batches))."""
     t = self.train_config
     max_predictions = step_lib.max_predictions(t, self.data_config) if t else 0
     params = self.params if params is None else params

@@ -182,6 +182,28 @@ def format_eta(seconds: float) -> str:
   return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
+class Progress:
+  """`eval 40/200 batches | loss 2.3456 | 3.1 batches/s | eta 0:00:51` on stderr, at most every
+  `every_s` seconds (the loss is the running one, over the batches so far); `total` 0 = the
+  whole split, of unknown length: no eta."""
+
+  def __init__(self, total: int = 0, every_s: float = 10.0, out=None, clock=time.monotonic):
+    self.total, self.every_s, self._out, self._clock = total, every_s, out, clock
+    self._start = self._last = clock()
+
+  def __call__(self, count: int, totals) -> None:
+    now = self._clock()
+    if now - self._last < self.every_s:
+      return
+    self._last = now
+    rate = count / max(now - self._start, 1e-9)
+    parts = [f'eval {count}/{self.total} batches' if self.total else f'eval {count} batches',
+             f'loss {float(task.total_loss(*totals)):.4f}', f'{rate:.1f} batches/s']
+    if self.total:
+      parts.append(f'eta {format_eta((self.total - count) / rate)}')
+    print(' | '.join(parts), file=self._out or sys.stderr, flush=True)
+
+
 def progress_line(step: int, total: int, scalars: dict) -> str:
   parts = [f'step {step}/{total}', f'loss {scalars["loss"]:.4f}']
   if 'nsp_loss' in scalars:

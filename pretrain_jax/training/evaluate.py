@@ -18,7 +18,7 @@ from pretrain_jax.training import task
 def evaluate(eval_step, params, batches, max_batches: int = 0, progress=None) -> dict:
   """Metrics (floats) over `batches` (max_batches 0: all), plus `batches` and `target_tokens`
   (the LM loss's denominator). `eval_step(params, batch) -> (sums, denominators)`;
-  `progress(count, totals)` (e.g. cli/terminal.Progress) is called after each batch with the
+  `progress(count, totals)` (e.g. run/metrics.Progress) is called after each batch with the
   sums so far.
   """
   totals, count = None, 0
