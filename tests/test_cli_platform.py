@@ -6,10 +6,9 @@ import sys
 
 import jax
 import pytest
+from helpers import ROOT
 
 from pretrain_jax.cli import process
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_cpu_run_with_libtpu_installed_is_quiet():

@@ -6,7 +6,6 @@ sizes are in docs/performance.md. The test requirements pin libtpu, so the compi
 """
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import sys
 import commands
 import jax
 import pytest
+from helpers import ROOT
 
 import configs.tiny_bert
 import configs.tiny_gpt
@@ -22,7 +22,6 @@ import configs.tiny_t5
 from pretrain_jax import chips
 from pretrain_jax.perf import plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(dtype='bfloat16', num_layers=1, attention_impl='splash')
 
 

@@ -9,8 +9,7 @@ import gcs_emulator
 import jax
 import numpy as np
 import pytest
-from test_checkpoint import datasets_with_hook
-from test_gcs import _small
+from modeling import datasets_with_hook, small
 
 from configs import tiny_gpt
 from pretrain_jax import paths
@@ -37,8 +36,8 @@ def train_failing_from(proxy, workdir: str, batch: int, async_save=True, **fault
   """Trains 6 steps (a checkpoint every 2) to `workdir`; from the `batch`-th batch drawn on,
   the proxy fails requests as `fault` says. Returns (the error raised, seconds from the fault
   to it)."""
-  config = _small(tiny_gpt.get_config(), steps=6)
-  config.train.update(checkpoint_every=2, eval_every=0, async_checkpoints=async_save)
+  config = small(tiny_gpt.get_config(), steps=6)
+  config.train.update(log_every=1, checkpoint_every=2, eval_every=0, async_checkpoints=async_save)
   started = []
 
   def hook(drawn, batch_):
@@ -99,8 +98,8 @@ def test_reading_a_checkpoint_under_failing_requests_succeeds_or_stops_with_one_
   """(d) Transient read failures are retried by the clients and the parameters read are the
   same; a permanent refusal is one CheckpointError naming the checkpoint."""
   workdir = 'gs://bucket/read'
-  config = _small(tiny_gpt.get_config(), steps=2)
-  config.train.update(checkpoint_every=2, eval_every=0)
+  config = small(tiny_gpt.get_config(), steps=2)
+  config.train.update(log_every=1, checkpoint_every=2, eval_every=0)
   loop.train_and_evaluate(config, workdir, datasets=datasets_with_hook(config, lambda d, b: b))
   clean = checkpoint.restore_params(workdir)[1]
   failed = proxy.counts['failed']
