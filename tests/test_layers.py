@@ -8,7 +8,8 @@ import pytest
 from modeling import tiny
 
 from pretrain_jax.models import layers
-from pretrain_jax.models.t5 import RelativePositionBias, relative_position_bucket
+from pretrain_jax.models.masks import relative_position_bucket
+from pretrain_jax.models.t5 import RelativePositionBias
 
 
 def _table_and_ids():
@@ -66,9 +67,9 @@ def test_relative_position_bias_is_the_table_at_the_buckets():
   cfg = tiny('t5', relative_buckets=8, relative_max_distance=16)
   module = RelativePositionBias(cfg, bidirectional=True)
   pos = jnp.arange(10)
-  variables = module.init(jax.random.key(0), pos, pos)
+  variables = module.init(jax.random.key(0))
   table = variables['params']['rel_embedding']
   table = table.value if hasattr(table, 'value') else table
   buckets = relative_position_bucket(pos[None, :] - pos[:, None], True, 8, 16)   # (T, S)
   expected = np.transpose(np.asarray(table)[np.asarray(buckets)], (2, 0, 1))[None]
-  np.testing.assert_array_equal(module.apply(variables, pos, pos), expected)
+  np.testing.assert_array_equal(module.apply(variables).dense(10, 10), expected)

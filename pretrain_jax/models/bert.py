@@ -1,8 +1,9 @@
 """BERT: post-LN encoder, learned positions + token types, GELU (erf), MLM and NSP heads.
 
 Positions: learned (the published BERT), fixed sinusoidal, or ALiBi (MosaicBERT: no position
-embedding; a distance bias on every layer's attention logits, built once here and handed to
-the core as its `bias`).
+embedding; a distance bias on every layer's attention logits: one masks.AlibiBias value in
+the mask every layer reads, which the flash kernel computes per block and the other paths
+get as a matrix made once here).
 """
 import flax.linen as nn
 import jax.numpy as jnp
@@ -84,8 +85,9 @@ class BERT(nn.Module):
                            one_hot=True)(positions)
     elif cfg.position_embedding == 'sinusoidal':
       x = x + layers.sinusoidal_positions(positions, cfg.emb_dim).astype(cfg.dtype)
-    else:                                                  # alibi: (1, N, T, T), all layers
-      bias = layers.alibi_bias(inputs.shape[1], cfg.num_heads, cfg.alibi_bias_max)
+    else:                                                  # alibi: one value, all layers
+      bias = layers.stack_bias(cfg, masks.AlibiBias(layers.alibi_slopes(
+          cfg.num_heads, cfg.alibi_bias_max)), inputs.shape[1], inputs.shape[1])
     x = x + layers.embed(cfg, cfg.type_vocab_size, ('type_vocab', 'embed'),
                          'token_type_embeddings', one_hot=True)(token_type_ids)
     x = layers.norm(cfg, 'embeddings_norm')(x)

@@ -161,17 +161,16 @@ def alibi_slopes(num_heads: int, bias_max: float) -> np.ndarray:
 
 
 def alibi_bias(length: int, num_heads: int, bias_max: float) -> jnp.ndarray:
-  """Symmetric ALiBi, as MosaicBERT: (1, N, T, T) float32 logit bias -slope_h * |i - j|. Every
-  head starts out preferring nearby tokens; the steepest sees little beyond a few neighbours.
+  """Symmetric ALiBi, as MosaicBERT: (1, N, T, T) float32 logit bias -slope_h * |i - j| (the
+  matrix of masks.AlibiBias(alibi_slopes(...))). Every head starts out preferring nearby
+  tokens; the steepest sees little beyond a few neighbours.
 
   It reads row indices, not positions: within a packed document positions run on by one, so
   |i - j| is the distance between positions wherever the segment mask lets i see j, and one
   (1, N, T, T) constant, computed inside the program (not embedded in it), serves the whole
   batch with no gradient. (A row with padding in its middle, which no pipeline here makes,
   would count the gap.)"""
-  index = jnp.arange(length)
-  distance = jnp.abs(index[:, None] - index[None, :]).astype(jnp.float32)        # (T, T)
-  return -alibi_slopes(num_heads, bias_max)[None, :, None, None] * distance[None, None]
+  return masks.AlibiBias(alibi_slopes(num_heads, bias_max)).dense(length, length)
 
 
 def activation_fn(name: str):
@@ -286,6 +285,20 @@ def attention_path(cfg: ModelConfig, *, bias: bool = False) -> str:
       cfg.attention_impl, dtype=cfg.dtype, bias=bias,
       dropout=not cfg.deterministic and cfg.attention_dropout_rate > 0,
       backend=ops.current().platform)
+
+
+def stack_bias(cfg: ModelConfig, bias, q_len: int, kv_len: int, rows: int | None = None):
+  """The bias every layer of a stack adds, in the form its attention path reads: the value
+  itself (masks.RelativeBias, masks.AlibiBias) where a kernel computes it per block ('flash'),
+  else its (1, N, T, S) matrix, made once for the whole stack; broadcast to (rows, N, T, S)
+  with the ops form's bias_per_row on the reference path (ops/backends.py says why)."""
+  path = attention_path(cfg, bias=True)
+  if path == 'flash':
+    return bias
+  dense = bias.dense(q_len, kv_len)
+  if rows is None or not ops.current().bias_per_row or path != 'reference':
+    return dense
+  return jnp.broadcast_to(dense, (rows,) + dense.shape[1:])
 
 
 class DecodeCache(nn.Module):

@@ -4,8 +4,10 @@ A dense mask is a bool array, True = the query may see the key; every builder re
 (B or 1, 1, T, S) so masks broadcast over heads and combine with `combine_masks`. Models hand
 the attention core an `AttentionMask`: the small value those builders are made from (a causal
 flag, segment ids, a bidirectional prefix, a bias), which kernels read as it is and the
-reference path turns into its dense matrix (`AttentionMask.dense`). The core never decides
-causality.
+reference path turns into its dense matrix (`AttentionMask.dense`, `AttentionMask.dense_bias`).
+The core never decides causality. A position bias is a value too: T5's `RelativeBias` (a
+bucket table) and ALiBi's `AlibiBias` (one slope per head), functions of key position minus
+query position that a kernel computes block by block (models/flash.py).
 
 Worked example: two documents packed in one row of length 5 plus padding,
 segment_ids = [1, 1, 2, 2, 0], combined with causal_mask(5) gives
@@ -21,6 +23,7 @@ segment_ids = [1, 1, 2, 2, 0], combined with causal_mask(5) gives
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def causal_mask(q_len: int, kv_len: int | None = None, offset=0) -> jnp.ndarray:
@@ -88,6 +91,74 @@ def prefix_mask(prefix: jnp.ndarray) -> jnp.ndarray:
   return (p[:, :, None] & p[:, None, :])[:, None]
 
 
+def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
+                             max_distance: int):
+  """T5's bucketing of key_pos - query_pos: exact for small distances, log-spaced beyond."""
+  buckets = 0
+  if bidirectional:
+    num_buckets //= 2
+    buckets = (relative_position > 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  large = max_exact + (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+                       / np.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(is_small, distance, large)
+
+
+@flax.struct.dataclass
+class RelativeBias:
+  """T5's relative position bias as a value: query i and key j add
+  table[relative_position_bucket(j - i), head] (in `dtype`) to their logit.
+
+  Fields:
+    table: (num_buckets, N) float, the learned bias of each bucket and head.
+    bidirectional: buckets for both signs of j - i (the encoder) or only j <= i (the decoder).
+    max_distance: the distance from which all keys share the last bucket.
+    dtype: the compute dtype the bias is rounded to before it is added (the model's).
+  """
+  table: jax.Array
+  bidirectional: bool = flax.struct.field(pytree_node=False, default=True)
+  max_distance: int = flax.struct.field(pytree_node=False, default=128)
+  dtype: jnp.dtype = flax.struct.field(pytree_node=False, default=jnp.float32)
+
+  @property
+  def num_buckets(self) -> int:
+    return self.table.shape[0]
+
+  def buckets(self, relative_position):
+    return relative_position_bucket(relative_position, self.bidirectional, self.num_buckets,
+                                    self.max_distance)
+
+  def dense(self, q_len: int, kv_len: int, q_offset=0):
+    """(1, N, T, S) bias of queries at q_offset + 0..T-1 and keys at 0..S-1 (a one-hot matmul,
+    as t5x: its gradient is a matmul, not a scatter-add of T*S rows into the buckets)."""
+    q = jnp.arange(q_len) + q_offset
+    buckets = self.buckets(jnp.arange(kv_len)[None, :] - q[:, None])             # (T, S)
+    one_hot = jax.nn.one_hot(buckets, self.num_buckets, dtype=self.table.dtype)  # (T, S, R)
+    bias = jnp.einsum('tsr,rn->nts', one_hot, self.table, precision=jax.lax.Precision.HIGHEST)
+    return bias[None].astype(self.dtype)                                        # (1, N, T, S)
+
+
+@flax.struct.dataclass
+class AlibiBias:
+  """ALiBi (symmetric, as MosaicBERT) as a value: query i and key j add -slopes[head] * |i - j|
+  to their logit; `slopes` (N,) float32 (layers.alibi_slopes)."""
+  slopes: jax.Array
+
+  def dense(self, q_len: int, kv_len: int):
+    """(1, N, T, S) float32 bias."""
+    distance = jnp.abs(jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :])
+    return -self.slopes[None, :, None, None] * distance.astype(jnp.float32)[None, None]
+
+
+BIAS_VALUES = (RelativeBias, AlibiBias)
+
+
 @flax.struct.dataclass
 class AttentionMask:
   """Who may see whom, as a value: what the model's top builds once and every layer reads.
@@ -95,8 +166,9 @@ class AttentionMask:
   The effective mask is `segment_mask(q_segment_ids, kv_segment_ids) AND (causal_mask OR
   prefix_mask(prefix)) AND dense_mask`, each part present only when given, and `bias` is added
   to the logits. Kernels read the parts (splash: segment ids and a causal / full block mask;
-  cuDNN: the causal flag and sequence lengths); `dense()` is the matrix for the paths that
-  materialize one. The four worldviews of the chapter are four values:
+  flash: those, the prefix and a bias value; cuDNN: the causal flag and sequence lengths);
+  `dense()` and `dense_bias()` are the matrices for the paths that materialize one. The four
+  worldviews of the chapter are four values:
 
       BERT       AttentionMask(q_segment_ids=seg)                     bidirectional
       GPT        AttentionMask(q_segment_ids=seg, causal=True)        left to right
@@ -123,8 +195,9 @@ class AttentionMask:
     prefix: (B, T) int or bool, nonzero on the leading tokens of each document that see each
       other bidirectionally; only with `causal` self-attention. A prefix is the start of its
       document (the splash path relies on it: a prefix token sees no token after the prefix).
-    bias: float, broadcastable to (B, N, T, S), added to the logits (T5's relative positions,
-      ALiBi); no kernel-readable mask part.
+    bias: added to the logits: a value (RelativeBias: T5's relative positions; AlibiBias), which
+      the flash kernel computes per block, or a float matrix broadcastable to (B, N, T, S) (a
+      stack's bias made dense once), which only paths that materialize the logits read.
     dense_mask: a bool (B|1, 1, T, S) mask ANDed on top, for callers with a matrix (the decode
       cache); only paths that materialize the mask can read it.
     causal: query i sees keys j <= i (static).
@@ -132,7 +205,7 @@ class AttentionMask:
   q_segment_ids: jax.Array | None = None
   kv_segment_ids: jax.Array | None = None
   prefix: jax.Array | None = None
-  bias: jax.Array | None = None
+  bias: jax.Array | RelativeBias | AlibiBias | None = None
   dense_mask: jax.Array | None = None
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
@@ -149,6 +222,15 @@ class AttentionMask:
                        f'{"given" if self.cross else "None"}')
     if self.cross and self.q_segment_ids is None:
       raise ValueError('AttentionMask.kv_segment_ids needs q_segment_ids (the decoder\'s)')
+
+  @property
+  def bias_is_value(self) -> bool:
+    """The bias is a value a kernel computes (RelativeBias, AlibiBias), not a matrix."""
+    return isinstance(self.bias, BIAS_VALUES)
+
+  def dense_bias(self, q_len: int, kv_len: int):
+    """The bias as a float matrix broadcastable to (B, N, T, S), or None."""
+    return self.bias.dense(q_len, kv_len) if self.bias_is_value else self.bias
 
   def segments(self):
     """(q (B, T), kv (B, S)) segment ids, or None where there are none."""

@@ -1,12 +1,12 @@
 """T5 (v1.0 and v1.1): encoder-decoder, RMSNorm, no dense biases, relative position bias.
 
 v1.0: ReLU feed-forward, LM head tied to the shared embedding with logits scaled by
-d_model**-0.5. v1.1: gated GELU, untied LM head. The relative position bias is computed once per
-stack (bidirectional in the encoder, causal buckets in the decoder) and handed to every layer
-as the attention core's `bias`.
+d_model**-0.5. v1.1: gated GELU, untied LM head. The relative position bias is one value per
+stack (a masks.RelativeBias: bidirectional buckets in the encoder, causal ones in the
+decoder), handed to every layer in its attention mask: the flash kernel reads it as it is, the
+other paths get its matrix, made once per stack (layers.stack_bias).
 """
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,44 +16,20 @@ from pretrain_jax.models.config import ModelConfig
 from pretrain_jax.models.family import Family, TaskLayout
 
 
-def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
-                             max_distance: int):
-  """T5's bucketing of key_pos - query_pos: exact for small distances, log-spaced beyond."""
-  buckets = 0
-  if bidirectional:
-    num_buckets //= 2
-    buckets = (relative_position > 0).astype(jnp.int32) * num_buckets
-    distance = jnp.abs(relative_position)
-  else:
-    distance = -jnp.minimum(relative_position, 0)
-  max_exact = num_buckets // 2
-  is_small = distance < max_exact
-  large = max_exact + (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
-                       / np.log(max_distance / max_exact)
-                       * (num_buckets - max_exact)).astype(jnp.int32)
-  large = jnp.minimum(large, num_buckets - 1)
-  return buckets + jnp.where(is_small, distance, large)
-
-
 class RelativePositionBias(nn.Module):
-  """(T query positions, S key positions) -> bias (1, N, T, S)."""
+  """-> the stack's bias value, masks.RelativeBias: its (buckets, N) table, which the flash
+  kernel reads per block and the other paths make a (1, N, T, S) matrix of."""
   cfg: ModelConfig
   bidirectional: bool
 
   @nn.compact
-  def __call__(self, query_positions, key_positions):
+  def __call__(self):
     cfg = self.cfg
     table = self.param('rel_embedding', layers.partitioned(
         nn.initializers.normal(1.0), ('relpos_buckets', 'heads')),
         (cfg.relative_buckets, cfg.num_heads), cfg.param_dtype)
-    buckets = relative_position_bucket(key_positions[None, :] - query_positions[:, None],
-                                       self.bidirectional, cfg.relative_buckets,
-                                       cfg.relative_max_distance)          # (T, S)
-    # A one-hot matmul, as t5x does: its gradient is a matmul, not a scatter-add of T*S rows
-    # into 32 buckets (serialized atomics on GPUs).
-    one_hot = jax.nn.one_hot(buckets, cfg.relative_buckets, dtype=table.dtype)  # (T, S, R)
-    bias = jnp.einsum('tsr,rn->nts', one_hot, table, precision=jax.lax.Precision.HIGHEST)
-    return bias[None].astype(cfg.dtype)                                  # (1, N, T, S)
+    return masks.RelativeBias(table, bidirectional=self.bidirectional,
+                              max_distance=cfg.relative_max_distance, dtype=cfg.dtype)
 
 
 def _dropout(cfg, x):
@@ -97,21 +73,13 @@ class Encoder(nn.Module):
     cfg = self.cfg
     x = self.shared(tokens)                                              # (B, T, E)
     x = _dropout(cfg, x) if cfg.embedding_dropout else x
-    pos = jnp.arange(tokens.shape[1])
-    bias = RelativePositionBias(cfg, bidirectional=True, name='relpos_bias')(pos, pos)
-    bias = _per_row(cfg, bias, tokens.shape[0])
+    length = tokens.shape[1]
+    bias = layers.stack_bias(cfg, RelativePositionBias(cfg, bidirectional=True,
+                                                       name='relpos_bias')(),
+                             length, length, rows=tokens.shape[0])
     x = layers.apply_stack(EncoderBlock, cfg, cfg.num_layers, 'layers', x,
                            masks.AttentionMask(q_segment_ids=segment_ids, bias=bias))
     return _dropout(cfg, layers.norm(cfg, 'final_norm')(x))              # (B, T, E)
-
-
-def _per_row(cfg: ModelConfig, bias, batch: int):
-  """With the ops form's bias_per_row on the reference attention path: (1, N, T, S) ->
-  (B, N, T, S), once for the whole stack (ops/backends.py says why); otherwise the bias as it
-  is."""
-  if not ops.current().bias_per_row or layers.attention_path(cfg, bias=True) != 'reference':
-    return bias
-  return jnp.broadcast_to(bias, (batch,) + bias.shape[1:])
 
 
 class Decoder(nn.Module):
@@ -132,16 +100,14 @@ class Decoder(nn.Module):
     length = tokens.shape[1]
     # Training: packing/padding segment ids AND causal (a flag). Decode: the whole cache mask.
     decode_index = None
+    relative = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')()
     if cfg.decode:
       dense, decode_index, _ = self.decode_cache(segment_ids)
-      q_pos = jnp.arange(length) + decode_index
-      bias_args = (q_pos, jnp.arange(dense.shape[-1]))
+      self_mask = masks.AttentionMask(
+          dense_mask=dense, bias=relative.dense(length, dense.shape[-1], decode_index))
     else:
-      bias_args = (jnp.arange(length), jnp.arange(length))
-    bias = RelativePositionBias(cfg, bidirectional=False, name='relpos_bias')(*bias_args)
-    bias = _per_row(cfg, bias, tokens.shape[0])
-    self_mask = (masks.AttentionMask(dense_mask=dense, bias=bias) if cfg.decode else
-                 masks.AttentionMask(q_segment_ids=segment_ids, causal=True, bias=bias))
+      bias = layers.stack_bias(cfg, relative, length, length, rows=tokens.shape[0])
+      self_mask = masks.AttentionMask(q_segment_ids=segment_ids, causal=True, bias=bias)
     cross_mask = masks.AttentionMask(q_segment_ids=segment_ids,
                                      kv_segment_ids=encoder_segment_ids)
     x = self.shared(tokens)                                              # (B, T, E)
