@@ -1,6 +1,8 @@
 import importlib
+import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 
 import filelock
@@ -36,6 +38,22 @@ def pytest_configure(config):
   if config.getoption('markexpr') == 'not slow':
     os.environ['XLA_FLAGS'] = ' '.join(
         filter(None, [commands.FAST_COMPILE_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))
+
+
+@pytest.fixture(scope='session')
+def libtpu_python() -> str:
+  """A Python with libtpu, the TPU compiler, for checks that compile ahead of time for a TPU
+  topology (no TPU attached): this one, or $PRETRAIN_JAX_LIBTPU_PYTHON. Fails, naming both,
+  where neither has it (requirements-test.txt installs it)."""
+  if importlib.util.find_spec('libtpu') is not None:
+    return sys.executable
+  other = os.environ.get('PRETRAIN_JAX_LIBTPU_PYTHON')
+  if other and subprocess.run([other, '-c', 'import libtpu'], capture_output=True,
+                              check=False).returncode == 0:
+    return other
+  pytest.fail(f'libtpu (the TPU compiler) is not installed for {sys.executable}, and '
+              f'PRETRAIN_JAX_LIBTPU_PYTHON={other!r} names no Python that has it; expected '
+              '`pip install -r requirements-test.txt`, or that variable set')
 
 
 def session_dir(tmp_path_factory, worker_id):

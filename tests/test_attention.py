@@ -96,8 +96,8 @@ def test_scale_and_dropout_arguments():
   with pytest.raises(ValueError, match='no attention dropout'):
     dot_product_attention(q, k, v, EVERYWHERE, dropout_rng=jax.random.key(0), dropout_rate=0.5,
                           implementation='xla')
-  with pytest.raises(ValueError, match="'flash'"):
-    dot_product_attention(q, k, v, EVERYWHERE, implementation='flash')
+  with pytest.raises(ValueError, match="'flex'"):
+    dot_product_attention(q, k, v, EVERYWHERE, implementation='flex')
 
 
 @pytest.mark.parametrize('impl', ['reference', 'xla'])
@@ -124,8 +124,8 @@ def test_cudnn_runs_as_xla_where_there_is_no_gpu():
   """A GPU config ('cudnn') smoke-tests on a CPU and its checkpoints evaluate there."""
   assert runnable_implementation('cudnn') == 'xla'
   assert runnable_implementation('reference') == 'reference'
-  with pytest.raises(ValueError, match=r"attention implementation 'flash'; expected one of"):
-    runnable_implementation('flash')
+  with pytest.raises(ValueError, match=r"attention implementation 'flex'; expected one of"):
+    runnable_implementation('flex')
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 6, 2, 4), jnp.bfloat16) for i in range(3))
   mask = masks.AttentionMask(q_segment_ids=jnp.array([[1, 1, 1, 2, 2, 0], [1] * 6]),
                              causal=True)
@@ -189,7 +189,11 @@ def test_notes_name_each_fallback():
   t5 = implementation_notes(cfg('t5', position_embedding='relative', attention_impl='splash',
                                 attention_dropout_rate=0.0), 'tpu')
   assert t5 == ["note: splash attention takes no additive bias: the attentions with T5's "
-                "relative position bias run as 'xla'"]
+                "relative position bias run on the 'flash' kernel"]
+  assert "runs in Pallas's interpreter" in implementation_notes(
+      cfg('t5', position_embedding='relative', attention_impl='flash'), 'cpu')[0]
+  assert re.match(r"note: model.attention_impl='flash' is a TPU kernel; on gpu .*'xla'",
+                  implementation_notes(cfg('t5', attention_impl='flash'), 'gpu')[0])
   assert "runs in Pallas's interpreter" in implementation_notes(
       cfg('bert', attention_impl='splash', attention_dropout_rate=0.0), 'cpu')[0]
   dropout = implementation_notes(cfg('gpt', attention_dropout_rate=0.1), 'tpu')

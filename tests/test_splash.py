@@ -74,14 +74,14 @@ def test_mask_to_kernel_calls_literal():
 
 
 def test_what_splash_takes_and_what_falls_back():
-  """Splash reads causal / full masks and segment ids; a bias or a dense matrix runs as
-  'xla'; 'auto' picks it on TPU only where the mask allows."""
+  """Splash reads causal / full masks and segment ids; a bias value runs on the flash kernel,
+  a dense matrix as 'xla'; 'auto' picks it on TPU only where the mask allows."""
   tpu = dict(backend='tpu')
   assert runnable_implementation('splash', **tpu) == 'splash'
-  assert runnable_implementation('splash', bias=True, **tpu) == 'xla'
+  assert runnable_implementation('splash', bias=True, **tpu) == 'flash'
   assert runnable_implementation('splash', dense=True, **tpu) == 'xla'
   assert runnable_implementation('auto', **tpu) == 'splash'
-  assert runnable_implementation('auto', bias=True, **tpu) == 'xla'
+  assert runnable_implementation('auto', bias=True, **tpu) == 'flash'
   assert runnable_implementation('auto', dropout=True, **tpu) == 'reference'
   assert runnable_implementation('splash', backend='cpu') == 'splash'       # the interpreter
   assert runnable_implementation('splash', dtype=jnp.bfloat16, backend='gpu') == 'cudnn'
@@ -108,8 +108,8 @@ def test_splash_matches_reference_outputs_and_gradients(case):
     np.testing.assert_array_equal(got[0, 17:], 0.0)
 
 
-def test_a_biased_mask_runs_as_xla_under_splash():
-  """T5's relative bias and ALiBi are not splash's: the same call gives the 'xla' result."""
+def test_a_bias_matrix_runs_as_xla_under_splash():
+  """A bias matrix is no kernel's: the same call gives the 'xla' result."""
   q, k, v = _qkv(20, seed=3)
   bias = jax.random.normal(jax.random.key(4), (1, N, 20, 20))
   mask = masks.AttentionMask(q_segment_ids=SEG, causal=True, bias=bias)
@@ -119,8 +119,8 @@ def test_a_biased_mask_runs_as_xla_under_splash():
 
 @pytest.mark.parametrize('family', ['gpt', 'bert', 't5'])
 def test_the_models_reach_the_kernel(family):
-  """attention_impl='splash' reaches the kernel from each model (T5: its cross-attention; its
-  self-attentions carry the relative bias), and 'reference' never does."""
+  """attention_impl='splash' reaches a kernel from each model (T5: splash for its
+  cross-attention, flash for its biased self-attentions), and 'reference' never does."""
   params = init(tiny(family))
   args, kwargs = family_of(family).model_inputs(family_of(family).init_batch(8))
   def program(impl):

@@ -12,6 +12,10 @@ packed, padded, cross, relative-position and prefix-LM attention, on whichever p
                as a dense mask, any bias
     splash     Pallas splash attention on TPU (models/splash.py): causal / full block masks
                and segment ids, no bias; off TPU it runs in Pallas's interpreter (tests)
+    flash      a Pallas flash attention kernel on TPU (models/flash.py) that reads the whole
+               value: causal flag, segment ids, prefix and a bias value (T5's relative bias,
+               ALiBi) computed per block, its table's gradient reduced inside; off TPU in
+               Pallas's interpreter (tests)
     auto       per backend, dtype and mask: `runnable_implementation`
 """
 import jax
@@ -20,7 +24,7 @@ import jax.numpy as jnp
 from pretrain_jax import ops
 from pretrain_jax.models import masks
 
-IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash')
+IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash', 'flash')
 HALF = (jnp.bfloat16, jnp.float16)
 # On XLA:CPU the einsum path trains GPT and T5 faster than jax.nn.dot_product_attention's XLA
 # path, and BERT as fast (docs/performance.md, "Attention paths").
@@ -72,13 +76,16 @@ def dot_product_attention(query, key, value, mask: masks.AttentionMask, *, scale
                                  dense=not kernel_readable(mask, t, s), dropout=use_dropout,
                                  backend=backend)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
+  interpret = (backend or jax.default_backend()) != 'tpu'
   if path == 'reference':
-    out = _reference(query, key, value, mask.dense(t, s), mask.bias, scale,
+    out = _reference(query, key, value, mask.dense(t, s), mask.dense_bias(t, s), scale,
                      dropout_rng if use_dropout else None, dropout_rate)
   elif path == 'splash':
     from pretrain_jax.models import splash  # noqa: PLC0415 (Pallas TPU ops: only where asked for)
-    out = splash.attention(query, key, value, mask, scale,
-                           interpret=(backend or jax.default_backend()) != 'tpu')
+    out = splash.attention(query, key, value, mask, scale, interpret=interpret)
+  elif path == 'flash':
+    from pretrain_jax.models import flash  # noqa: PLC0415 (Pallas TPU ops: only where asked for)
+    out = flash.attention(query, key, value, mask, scale, interpret=interpret)
   else:
     out = _jax_nn(query, key, value, mask, scale, path)
   sees = mask.rows_that_see(t, s)        # rows that see nothing: zeros, not an average or NaN
@@ -90,16 +97,17 @@ def dot_product_attention(query, key, value, mask: masks.AttentionMask, *, scale
 def runnable_implementation(implementation: str, *, dtype=jnp.float32, bias: bool = False,
                             dense: bool = False, dropout: bool = False,
                             backend: str = '') -> str:
-  """The path that runs `implementation` here, for queries of `dtype` and a mask with a `bias`,
-  with a part no kernel reads (`dense`: an explicit matrix, e.g. the decode cache's) and
-  attention `dropout` on.
+  """The path that runs `implementation` here, for queries of `dtype` and a mask with a `bias`
+  (a value: masks.RelativeBias, masks.AlibiBias), with a part no kernel reads (`dense`: an
+  explicit matrix, e.g. the decode cache's, or a bias matrix) and attention `dropout` on.
 
-  'auto': 'reference' while attention dropout is on (no kernel has it); on TPU 'splash', or
-  'xla' where the mask has a bias or a dense part; on GPU 'cudnn' for bf16 / fp16, else 'xla';
-  on CPU CPU_AUTO. An explicit choice that cannot run here falls back, with the same result:
-  'cudnn' off GPUs runs as 'xla' (so a GPU config smoke-tests on a laptop and its checkpoints
-  evaluate anywhere); 'splash' with a bias or dense part runs as 'xla', on a GPU as 'auto'
-  picks, and on CPU in Pallas's interpreter. run/notes.py words each fallback for users.
+  'auto': 'reference' while attention dropout is on (no kernel has it); on TPU 'splash', 'flash'
+  where the mask has a bias, 'xla' where it has a dense part; on GPU 'cudnn' for bf16 / fp16,
+  else 'xla'; on CPU CPU_AUTO. An explicit choice that cannot run here falls back, with the
+  same result: 'cudnn' off GPUs runs as 'xla' (so a GPU config smoke-tests on a laptop and its
+  checkpoints evaluate anywhere); 'splash' with a bias runs as 'flash'; 'splash' and 'flash'
+  with a dense part run as 'xla', on a GPU as 'auto' picks, and on CPU in Pallas's
+  interpreter. run/notes.py words each fallback for users.
   """
   _check_name(implementation)
   backend = backend or jax.default_backend()
@@ -107,25 +115,28 @@ def runnable_implementation(implementation: str, *, dtype=jnp.float32, bias: boo
     if dropout:
       return 'reference'
     if backend == 'tpu':
-      return 'xla' if bias or dense else 'splash'
+      return 'xla' if dense else 'flash' if bias else 'splash'
     if backend == 'gpu':
       return 'cudnn' if jnp.dtype(dtype) in map(jnp.dtype, HALF) else 'xla'
     return CPU_AUTO
   if implementation == 'cudnn' and backend != 'gpu':
     return 'xla'
-  if implementation == 'splash':
+  if implementation in ('splash', 'flash'):
     if backend == 'gpu':
       return runnable_implementation('auto', dtype=dtype, bias=bias, dense=dense,
                                      dropout=dropout, backend=backend)
-    if bias or dense:
+    if dense:
       return 'xla'
+    if bias:
+      return 'flash'
   return implementation
 
 
 def kernel_readable(mask: masks.AttentionMask, q_len: int, kv_len: int) -> bool:
-  """Whether a kernel can take `mask` as it is: no explicit matrix, and causal only when
-  queries and keys are the same positions."""
-  return mask.dense_mask is None and not (mask.causal and q_len != kv_len)
+  """Whether a kernel can take `mask` as it is: no explicit matrix (mask or bias), and causal
+  only when queries and keys are the same positions."""
+  return (mask.dense_mask is None and (mask.bias is None or mask.bias_is_value)
+          and not (mask.causal and q_len != kv_len))
 
 
 def _check_name(implementation: str) -> None:
@@ -139,7 +150,8 @@ def _jax_nn(query, key, value, mask, scale, implementation):
   diagonal when told the mask is causal, so it gets the flag (not with a prefix, which makes
   exceptions to causality); XLA's path materializes the same mask, so it gets the whole one."""
   t, s = query.shape[1], key.shape[1]
-  bias = None if mask.bias is None else mask.bias.astype(query.dtype)
+  bias = mask.dense_bias(t, s)
+  bias = None if bias is None else bias.astype(query.dtype)
   flag = implementation == 'cudnn' and mask.causal and mask.prefix is None and t == s
   if (implementation == 'cudnn' and mask.dense_mask is None and mask.prefix is None
       and mask.segments() is not None):

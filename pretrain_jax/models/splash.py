@@ -11,8 +11,8 @@ The translation, part by part (the kernel runs per row of the batch, heads first
                          takes the call it belongs to (where(prefix, full, causal)): both
                          calls are exact softmaxes, so outputs and gradients are the dense
                          mask's, for the cost of one full and one causal pass
-    bias                 none: splash adds no logit bias (T5's relative bias and ALiBi run as
-                         'xla'; attention.runnable_implementation)
+    bias                 none: splash adds no logit bias (T5's relative bias and ALiBi run on
+                         the flash kernel, models/flash.py; attention.runnable_implementation)
 
 Lengths are padded to a multiple of 128 (splash's key blocks are whole TPU lanes) with
 segment id 0, which no real token sees. On a mesh, the kernel runs under shard_map over the

@@ -16,17 +16,17 @@ def implementation_notes(cfg, backend: str = '') -> list:
   if impl == 'cudnn' and backend != 'gpu':
     notes.append(f"note: model.attention_impl='cudnn' needs a GPU with cuDNN; on {backend} "
                  "attention runs as 'xla' (the same computation)")
-  if impl == 'splash' and backend == 'gpu':
+  if impl in ('splash', 'flash') and backend == 'gpu':
     runs = runnable_implementation('auto', dtype=cfg.dtype, backend=backend)
-    notes.append(f"note: model.attention_impl='splash' is a TPU kernel; on gpu attention runs "
+    notes.append(f"note: model.attention_impl={impl!r} is a TPU kernel; on gpu attention runs "
                  f'as {runs!r} (the same computation)')
-  elif impl == 'splash':
+  elif impl in ('splash', 'flash'):
     if backend != 'tpu':
-      notes.append(f"note: model.attention_impl='splash' is a TPU kernel; on {backend} it runs "
+      notes.append(f"note: model.attention_impl={impl!r} is a TPU kernel; on {backend} it runs "
                    "in Pallas's interpreter (exact, slow: for tests)")
-    if biased:
+    if biased and impl == 'splash':
       notes.append(f"note: splash attention takes no additive bias: the attentions with "
-                   f"{biased} run as 'xla'")
+                   f"{biased} run on the 'flash' kernel")
   if impl == 'auto' and cfg.attention_dropout_rate > 0 and backend != 'cpu':
     notes.append(f"note: model.attention_dropout_rate={cfg.attention_dropout_rate}: training "
                  "attention runs as 'reference' (no kernel has attention dropout); set it to 0 "
