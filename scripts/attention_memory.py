@@ -86,9 +86,10 @@ def attention_tensor_bytes(cfg: ModelConfig, q_len: int, kv_len: int) -> int:
 
 
 def measure(name: str, length: int, impl: str, hbm_gib, topology: str = '',
-            dtype: str = 'bfloat16', rows=(1, 2)) -> dict:
+            dtype: str = 'bfloat16', rows=(1, 2), scan_layers: bool = False) -> dict:
   config = CONFIGS[name].get_config()
   config.model.update(dtype=dtype, param_dtype='float32', attention_impl=impl,
+                      scan_layers=scan_layers,
                       attention_dropout_rate=0.0, max_len=max(config.model.max_len, length))
   config.data.seq_len = length
   devices = topology_devices(topology)
@@ -97,6 +98,7 @@ def measure(name: str, length: int, impl: str, hbm_gib, topology: str = '',
   fixed = one['peak'] - rows[0] * row
   cfg = ModelConfig.from_config(config.model)
   out = {'model': name, 'seq_len': length, 'impl': impl, 'dtype': dtype,
+         'scan_layers': scan_layers,
          'device': devices[0].device_kind if topology else jax.default_backend(),
          'topology': topology or None, 'mosaic_calls': one['mosaic_calls'],
          'rows': list(rows), 'peak_first_gib': one['peak'] / GIB, 'row_gib': row / GIB,
@@ -114,6 +116,9 @@ def main(argv=None):
   parser.add_argument('--impls', default='reference,splash')
   parser.add_argument('--hbm_gib', default='16,32', help='chip memory sizes (v5e: 16, v4: 32)')
   parser.add_argument('--dtype', default='bfloat16', help='compute dtype')
+  parser.add_argument('--scan_layers', action='store_true',
+                      help='one nn.scan over the layers (compiles in a fraction of the time and '
+                      'host memory)')
   parser.add_argument('--rows', default='1,2',
                       help='the two batch sizes (rows per device) whose peaks give a row')
   parser.add_argument('--topology', default='',
@@ -124,8 +129,8 @@ def main(argv=None):
     for length in (int(x) for x in args.lengths.split(',')):
       for impl in args.impls.split(','):
         rows = tuple(int(x) for x in args.rows.split(','))
-        print(json.dumps(measure(name, length, impl, hbm, args.topology, args.dtype, rows)),
-              flush=True)
+        print(json.dumps(measure(name, length, impl, hbm, args.topology, args.dtype, rows,
+                                 args.scan_layers)), flush=True)
 
 
 if __name__ == '__main__':
