@@ -130,6 +130,17 @@ def test_the_models_reach_the_kernel(family):
   assert 'pallas_call' not in program('reference')
 
 
+def test_splash_runs_inside_scanned_layers():
+  """With scan_layers the kernel is first made inside nn.scan's trace; the cached kernel still
+  serves the next trace (its block maps are concrete), with the reference's outputs."""
+  from modeling import forward, init, tiny
+  cfg = tiny('gpt', scan_layers=True)
+  params, x = init(cfg), jnp.arange(3, 11)[None]
+  np.testing.assert_allclose(forward(cfg.replace(attention_impl='splash'), params, x),
+                             forward(cfg.replace(attention_impl='reference'), params, x),
+                             atol=1e-5, rtol=0)
+
+
 class Packed:
   """Synthetic GPT batches repacked as two documents and tail padding per row; with `prefix`,
   prefix-LM rows (objectives/prefix_lm.py) seeded by the batch index."""

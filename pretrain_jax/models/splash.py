@@ -19,6 +19,7 @@ segment id 0, which no real token sees. On a mesh, the kernel runs under shard_m
 batch and head axes the logical rules in context give ('batch', 'heads'; training/step.py
 traces the steps with them).
 """
+import concurrent.futures
 import functools
 
 import flax.linen as nn
@@ -50,10 +51,13 @@ def kernel(kind: str, q_len: int, kv_len: int, heads: int, interpret: bool):
   sizes = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
                             block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
                             block_kv_dq=bkv)
-  with jax.ensure_compile_time_eval():  # concrete block maps, so the cached kernel outlives
-    return splash.make_splash_mha(       # the trace that first asks for it
-        splash.MultiHeadMask([block] * heads), block_sizes=sizes, head_shards=1,
-        q_seq_shards=1, interpret=interpret)
+  # Made in a thread of its own, where no trace is active (JAX's trace state is per thread):
+  # its block maps are concrete arrays, so the cached kernel outlives the trace that first asks
+  # for it, an nn.scan's too (which ensure_compile_time_eval does not escape).
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(functools.partial(
+        splash.make_splash_mha, splash.MultiHeadMask([block] * heads), block_sizes=sizes,
+        head_shards=1, q_seq_shards=1, interpret=interpret)).result()
 
 
 def calls(mask, lengths, padded):
