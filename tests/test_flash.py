@@ -14,9 +14,9 @@ import pytest
 from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from modeling import tiny
-from test_train import tiny_config
+from modeling import tiny, tiny_config
 
+from pretrain_jax import ops
 from pretrain_jax.models import ModelConfig, build, family_of, flash, layers
 from pretrain_jax.models.attention import (
   dot_product_attention,
@@ -24,6 +24,7 @@ from pretrain_jax.models.attention import (
   runnable_implementation,
 )
 from pretrain_jax.models.masks import AlibiBias, AttentionMask, RelativeBias
+from pretrain_jax.ops import backends
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training import synthetic
@@ -68,7 +69,7 @@ def test_flash_matches_reference_outputs_and_gradients(case):
 
   def grad(impl):
     def loss(q, k, v, table):
-      out = dot_product_attention(q, k, v, mask=make_mask(table), implementation=impl)
+      out = dot_product_attention(q, k, v, make_mask(table), implementation=impl)
       return jnp.sum(out * probe), out
     return jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
   (_, got), got_grads = jax.jit(grad('flash'))(q, k, v, table)
@@ -194,8 +195,7 @@ def lowering(names):
                                                         bias=AlibiBias(SLOPES))}
 
   def loss(q, k, v, seg, table):
-    return sum(jnp.sum(dot_product_attention(q, k, v, mask=make(table, seg),
-                                             implementation='flash', backend='tpu'))
+    return sum(jnp.sum(dot_product_attention(q, k, v, make(table, seg), implementation='flash'))
                for make in masks_of.values()).astype(jnp.float32)
   x = jax.ShapeDtypeStruct((2, 384, N, 64), jnp.bfloat16)
   args = (x, x, x, jax.ShapeDtypeStruct((2, 384), jnp.int32),
@@ -205,7 +205,7 @@ def lowering(names):
     device = topologies.get_topology_desc(
         platform='tpu', topology_name=name, chip_config_name='default',
         chips_per_host_bounds=(2, 2, 1), num_slices=1).devices[0]
-    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 4)),
+    step = jax.jit(ops.bind(backends.for_platform('tpu'), jax.grad(loss, argnums=(0, 1, 2, 4))),
                    in_shardings=jax.sharding.SingleDeviceSharding(device))
     text = step.lower(*args).compile().as_text()
     out[name] = {'device': device.device_kind,
@@ -237,7 +237,7 @@ def sharded_vs_single():
 
   def loss(q, k, v, seg, table):
     mask = CASES['t5_decoder'][1](table).replace(q_segment_ids=seg)
-    return jnp.sum(dot_product_attention(q, k, v, mask=mask, implementation='flash') * probe)
+    return jnp.sum(dot_product_attention(q, k, v, mask, implementation='flash') * probe)
   rows = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
   grad = jax.grad(loss, argnums=(0, 4))
   sharded = jax.jit(mesh_lib.traced_in(mesh, grad),

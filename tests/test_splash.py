@@ -15,7 +15,7 @@ import pytest
 from helpers import train_losses
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from modeling import init, tiny, tiny_config
+from modeling import forward, init, tiny, tiny_config
 
 from pretrain_jax.models import build, family_of, masks, splash
 from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
@@ -133,7 +133,6 @@ def test_the_models_reach_the_kernel(family):
 def test_splash_runs_inside_scanned_layers():
   """With scan_layers the kernel is first made inside nn.scan's trace; the cached kernel still
   serves the next trace (its block maps are concrete), with the reference's outputs."""
-  from modeling import forward, init, tiny
   cfg = tiny('gpt', scan_layers=True)
   params, x = init(cfg), jnp.arange(3, 11)[None]
   np.testing.assert_allclose(forward(cfg.replace(attention_impl='splash'), params, x),
