@@ -32,29 +32,19 @@ LOGICAL_RULES = (
 )
 
 
-def mesh_shape(mesh_config: MeshConfig, num_devices: int, slices: int = 1) -> tuple:
-  """config.mesh -> (data, fsdp, tensor) sizes of one slice of `num_devices`; one -1 takes the
-  devices left over."""
-  sizes = list(mesh_config.sizes.values())
+def make_mesh(mesh_config: MeshConfig, devices: Sequence = None) -> Mesh:
+  """The mesh over AXES: `dcn` spans the slices (jax.Device.slice_index; 1 where devices have
+  none), config.mesh's axes the devices of a slice, where one -1 takes the devices left over."""
+  devices = list(jax.devices() if devices is None else devices)
+  slices = len({getattr(d, 'slice_index', 0) for d in devices})
+  per_slice, sizes = len(devices) // slices, list(mesh_config.sizes.values())
   if -1 in sizes:
-    sizes[sizes.index(-1)] = num_devices // math.prod(s for s in sizes if s != -1)
-  if math.prod(sizes) != num_devices:
+    sizes[sizes.index(-1)] = per_slice // math.prod(s for s in sizes if s != -1)
+  if math.prod(sizes) != per_slice:
     where = f' in each of {slices} slices' if slices > 1 else ''
     raise ValueError(f'config.mesh {mesh_config.sizes} makes a mesh of {math.prod(sizes)} '
-                     f'devices; expected the {num_devices} available{where}')
-  return tuple(sizes)
-
-
-def slice_count(devices: Sequence) -> int:
-  """The slices `devices` come from (jax.Device.slice_index; 1 where devices have none)."""
-  return len({getattr(d, 'slice_index', 0) for d in devices})
-
-
-def make_mesh(mesh_config: MeshConfig, devices: Sequence = None) -> Mesh:
-  """The mesh over AXES: `dcn` spans the slices, config.mesh's axes the devices of a slice."""
-  devices = list(jax.devices() if devices is None else devices)
-  slices = slice_count(devices)
-  shape = (1,) + mesh_shape(mesh_config, len(devices) // slices, slices)
+                     f'devices; expected the {per_slice} available{where}')
+  shape = (1, *sizes)
   if slices > 1:   # each slice's devices in a topology-aware layout, slices side by side
     grid = mesh_utils.create_hybrid_device_mesh(shape, (slices, 1, 1, 1), devices,
                                                 allow_split_physical_axes=True)
