@@ -138,9 +138,7 @@ def check_objective(model_cfg, objective: str, data_nsp: bool = False) -> None:
 def check_same_config(config) -> None:
   """Refuses a multi-process run whose processes were given different configs: each would train
   with its own (e.g. its learning rate on its replica), and on a fresh workdir nothing else
-  compares them."""
-  if jax.process_count() == 1:
-    return
+  compares them. (One process: gather_json gives no others.)"""
   first, *others = agreement.gather_json(json.loads(config.to_json()))
   for i, other in enumerate(others, 1):
     shown = [f'{k}: {a!r} on process 0, {b!r} on process {i}'
