@@ -37,7 +37,5 @@ def evaluate(eval_step, params, batches, max_batches: int = 0, progress=None) ->
 def random_init_params(cfg: ModelConfig, seed: int = 0):
   """Fresh parameters of the same architecture (the 'before pre-training' baseline)."""
   model = build(cfg.replace(deterministic=True, decode=False))
-  args, kwargs = family_of(cfg).model_inputs(family_of(cfg).init_batch(8, cfg.nsp))
-  def init(key):
-    return model.init(key, *args, **kwargs)['params']
+  init = state_lib.init_params_fn(model, family_of(cfg).init_batch(8, cfg.nsp))
   return nn.unbox(state_lib.run_once(init, jax.random.key(seed)))

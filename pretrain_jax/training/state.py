@@ -25,9 +25,8 @@ class TrainState(flax.struct.PyTreeNode):
 
 def abstract_params(model) -> dict:
   """ShapeDtypeStructs of the parameters (no shardings)."""
-  args, kwargs = family_of(model.cfg).model_inputs(family_of(model.cfg).init_batch(8))
-  return nn.meta.unbox(jax.eval_shape(
-      lambda rng: model.init(rng, *args, **kwargs)['params'], jax.random.key(0)))
+  init = init_params_fn(model, family_of(model.cfg).init_batch(8))
+  return nn.meta.unbox(jax.eval_shape(init, jax.random.key(0)))
 
 
 def _opt_state_shardings(abstract, param_shardings, mesh: Mesh):
@@ -48,7 +47,7 @@ def _opt_state_shardings(abstract, param_shardings, mesh: Mesh):
   return jax.tree_util.tree_map_with_path(sharding_of, abstract.opt_state)
 
 
-def _init_params(model, batch: dict):
+def init_params_fn(model, batch: dict):
   """rng -> the model's fresh (logically boxed) params for `batch`'s layout."""
   args, kwargs = family_of(model.cfg).model_inputs(batch)
   return lambda rng: model.init({'params': rng, 'dropout': rng}, *args, **kwargs)['params']
@@ -56,7 +55,7 @@ def _init_params(model, batch: dict):
 
 def param_shardings(model, mesh: Mesh, batch: dict):
   """The model's parameter shardings (their logical axes through mesh.LOGICAL_RULES)."""
-  specs = nn.get_partition_spec(jax.eval_shape(_init_params(model, batch), jax.random.key(0)))
+  specs = nn.get_partition_spec(jax.eval_shape(init_params_fn(model, batch), jax.random.key(0)))
   return nn.logical_to_mesh_sharding(specs, mesh, mesh_lib.LOGICAL_RULES)
 
 
@@ -73,7 +72,7 @@ def abstract_state(model, tx, mesh: Mesh, batch: dict, trainable=None):
   boxed params, rng) -> boxed params` makes the state's params something else (LoRA's factors
   and head: training/lora.py).
   """
-  fresh = _init_params(model, batch)
+  fresh = init_params_fn(model, batch)
 
   def init_params(rng):
     params = fresh(rng)
