@@ -51,10 +51,6 @@ def _watched():
   """Polls the stop notices while the caller blocks in the run's first agreement (the only one
   a peer's notice can precede). Only then: a process that stops on its own after an agreed
   decision prints its own error, not its peer's."""
-  if _AGREED or not _ON_PEER_STOP or distributed.global_state.client is None:
-    yield
-    _AGREED[:] = [True]
-    return
   done, me = threading.Event(), f'{_NOTICES}{jax.process_index()}'
 
   def poll():
@@ -68,7 +64,8 @@ def _watched():
         _ON_PEER_STOP[0](notices[0])
         return
 
-  threading.Thread(target=poll, name='peer_stop_watch', daemon=True).start()
+  if not _AGREED and _ON_PEER_STOP and distributed.global_state.client is not None:
+    threading.Thread(target=poll, name='peer_stop_watch', daemon=True).start()
   try:
     yield
   finally:
