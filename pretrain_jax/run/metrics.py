@@ -1,6 +1,7 @@
 """Progress lines, TensorBoard scalars (tensorboardX: no TensorFlow runtime) and metrics.jsonl;
 throughput and MFU. Only process 0 writes. gs:// cannot append: there the event files (written
 locally) and metrics.jsonl are rewritten whole at most every `flush_sec` (docs/cloud_tpu.md)."""
+import contextlib
 import json
 import math
 import os
@@ -138,17 +139,12 @@ class MetricWriter:
 
 def _records_up_to(path: epath.Path, step: int) -> list:
   """metrics.jsonl's lines of steps <= step, each ending in a newline (not a torn last line)."""
-  if not path.is_file():
-    return []
-  return [line + '\n' for line in path.read_text().splitlines()
-          if line.strip() and _step_of(line) <= step]
-
-
-def _step_of(line: str) -> float:
-  try:
-    return json.loads(line).get('step', 0)
-  except ValueError:
-    return math.inf
+  kept = []
+  for line in path.read_text().splitlines() if path.is_file() else []:
+    with contextlib.suppress(ValueError):
+      if line.strip() and json.loads(line).get('step', 0) <= step:
+        kept.append(line + '\n')
+  return kept
 
 
 def interval_mean(rows: list) -> dict:
