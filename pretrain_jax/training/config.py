@@ -73,9 +73,8 @@ class TrainConfig(Section):
     self.check(self.optimizer in OPTIMIZERS, 'optimizer', f'one of {OPTIMIZERS}')
     for name in ('adam_b1', 'adam_b2'):
       self.check(0 <= getattr(self, name) < 1, name, 'a value in [0, 1)')
-    for name in ('weight_decay', 'z_loss'):
+    for name in ('weight_decay', 'z_loss', 'grad_clip'):
       self.check(getattr(self, name) >= 0, name, 'a number >= 0 (0 turns it off)')
-    self.check(self.grad_clip >= 0, 'grad_clip', '>= 0 (0 disables clipping)')
     self.check(self.microbatches > 0, 'microbatches', 'a positive number of microbatches')
     self.check(self.loss_chunk_len >= 0, 'loss_chunk_len',
                'a number of positions >= 0 (0 = all at once)')
