@@ -10,6 +10,7 @@ and exit 2. `--verbose` restores the libraries' INFO logs and every traceback.
 """
 import argparse
 import asyncio
+import functools
 import inspect
 import logging as py_logging
 import os
@@ -98,8 +99,9 @@ def define(define_flags):
     _fail(config_flag.unknown_override(sys.argv, e))
 
 
-def parse_flags(argv):
-  """absl's flag parsing (an absl.app flags_parser), with a parse error as one line, exit 2."""
+def parse_flags(argv, positional: bool = True):
+  """absl's flag parsing (an absl.app flags_parser), with a parse error as one line, exit 2;
+  arguments that are not flags are one too unless `positional`."""
   try:
     rest = flags.FLAGS(argv)
   except SystemExit as e:   # absl's --help / --helpfull print the usage, then exit 1
@@ -127,6 +129,9 @@ def parse_flags(argv):
       reason = one_line(e.__cause__ or e)[7:] if found else 'no such file'
       _fail(f'error: --{name}={path}: {reason}; expected a config file such as '
             'configs/tiny_gpt.py (the configs/ directory lists them)')
+  if not positional and len(rest) > 1:
+    _fail(f'error: unexpected arguments {rest[1:]}; expected only flags (--name=value); '
+          'see --helpshort')
   return rest
 
 
@@ -231,16 +236,9 @@ def run(main, argv=None, positional: bool = False) -> None:
     import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
 
     jax.config.update('jax_compilation_cache_dir', str(paths.cache_dir() / 'jax'))
-
-  def parse(argv):
-    rest = parse_flags(argv)
-    if not positional and len(rest) > 1:
-      _fail(f'error: unexpected arguments {rest[1:]}; expected only flags (--name=value); '
-            'see --helpshort')
-    return rest
   try:
     argv = config_flag.named_configs(sys.argv if argv is None else list(argv))
   except ValueError as e:
     _fail(one_line(e))
   app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose), argv=argv,
-          flags_parser=parse)
+          flags_parser=functools.partial(parse_flags, positional=positional))
