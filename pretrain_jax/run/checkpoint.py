@@ -60,9 +60,6 @@ class Checkpointer:
     self.step = None      # the last step trained (poll): where a failure stops the run
     self._error, self._done, self._lagged = None, False, agreement.Lagged()
 
-  def all_steps(self) -> list:
-    return list(self.manager.all_steps())
-
   def save(self, step: int, state, data_state) -> None:
     """Starts writing; returns once arrays are copied off the devices (the donated state
     buffers are safe to reuse). All processes must call this."""
@@ -165,7 +162,7 @@ class Checkpointer:
     none restores, moving nothing. Step 0 (WEIGHTS_ONLY_STEP) is never restored here: when it is
     the one left, the result is (None, None) and the caller starts from its weights."""
     failures = []
-    for s in sorted(set(self.all_steps()) - {WEIGHTS_ONLY_STEP}, reverse=True):
+    for s in sorted(set(complete_steps(self.workdir)) - {WEIGHTS_ONLY_STEP}, reverse=True):
       restored = None
       try:
         restored = _restore_verified(self.directory / str(s),
@@ -178,7 +175,7 @@ class Checkpointer:
       if restored is not None:
         failures.append((s, f'checkpoint {s} failed to verify on another process'))
     else:
-      if WEIGHTS_ONLY_STEP not in self.all_steps():
+      if WEIGHTS_ONLY_STEP not in complete_steps(self.workdir):
         raise CheckpointError('no checkpoint under {} restores: {}. Nothing was moved or '
                               'deleted; inspect the files, or train in a new workdir'.format(
                                   self.directory, ' | '.join(f for _, f in failures)))

@@ -203,7 +203,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     if state is not None:
       train_iter.set_state(data_state)
       notes = [f'restored step {int(state.step)} from {where}']
-    elif ckpt_lib.WEIGHTS_ONLY_STEP in checkpointer.all_steps():  # an import: its weights, and
+    elif newest is not None:   # only an import's step 0 (WEIGHTS_ONLY_STEP): its weights, and
       state = steps.state_from(ckpt_lib.read_params(     # with this run's optimizer state
           where, ckpt_lib.WEIGHTS_ONLY_STEP, steps.abstract_state.params))
       notes = [f'starting from the weights of checkpoint 0 in {where} with a fresh optimizer '
@@ -308,4 +308,4 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
           'non_padding_fraction': getattr(train_iter, 'real_fraction', None),
           'step_time_sec': step_time,
           'params': optax.tree_utils.tree_size(state.params),
-          'checkpoint_steps': checkpointer.all_steps()}
+          'checkpoint_steps': ckpt_lib.complete_steps(workdir)}
