@@ -223,3 +223,27 @@ def test_plan_refuses_bad_input_in_one_line(args, named):
   done = commands.run('plan', '--config', 'tiny_gpt', *args)
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
   assert done.stderr.startswith('error: ') and named in done.stderr
+
+
+def test_activation_bytes_per_row_stay_near_korthikantis_bound():
+  """What a row costs the TPU compiler's train step (one v5e chip, so no collective's buffer
+  is per row): the peak at 4 rows less the peak at 2, per row, against Korthikanti et al.'s
+  34 h bytes per token per layer (16-bit activations, 1-byte dropout masks, no (T, T) tensor)
+  plus one float32 (T, V) logits array for the loss. The compiler pinned here gives 1.04x;
+  a second f32 (T, V) array, an f32 dropout mask or any 5 h bytes per token per layer more
+  (an f32 copy of the residual stream and the MLP input) passes 1.15x. Heads of 128 are whole
+  TPU tiles, so padding neither hides nor adds bytes."""
+  layers, length, width, vocab = 2, 512, 256, 1024
+  config = tiny(configs.tiny_gpt, model=dict(
+      num_layers=layers, emb_dim=width, num_heads=2, head_dim=128, mlp_dim=4 * width,
+      max_len=length, vocab_size=vocab, dropout_rate=0.1, attention_dropout_rate=0.0),
+      data=dict(seq_len=length))
+  planner = plan.Planner(config, 'v5litepod-1')
+  peaks = []
+  for rows in (2, 4):
+    compiled, _, message = planner.train(rows)
+    assert compiled is not None, message
+    peaks.append(plan.memory(compiled)['hbm_bytes_per_chip'])
+  per_row = (peaks[1] - peaks[0]) / 2
+  bound = 34 * width * layers * length + 4 * vocab * length
+  assert bound < per_row < 1.15 * bound, (per_row, bound)
