@@ -86,7 +86,7 @@ class GPT(nn.Module):
 
   def logits(self, hidden):                                               # (..., E)
     head = self.wte.attend if self.cfg.tie_embeddings else self.lm_head
-    return head(hidden).astype(jnp.float32)                               # (..., V)
+    return layers.constrain(head(hidden), 'batch', 'length', 'vocab').astype(jnp.float32)
 
   def classify(self, hidden, segment_ids=None):                           # (B, T, E)
     """Class logits (B, C) from each row's LAST real token (the last nonzero segment id, so
