@@ -247,3 +247,18 @@ def test_activation_bytes_per_row_stay_near_korthikantis_bound():
   per_row = (peaks[1] - peaks[0]) / 2
   bound = 34 * width * layers * length + 4 * vocab * length
   assert bound < per_row < 1.15 * bound, (per_row, bound)
+
+
+def test_fsdp_keeps_each_chip_s_activations_to_its_rows():
+  """fsdp 4 on a v5e-4, 8 rows (2 per chip): no chip's program holds the logits or the MLP's
+  hidden activations of all 8 rows. Left to XLA's propagation, the activations followed the
+  fsdp-sharded weights (their features split, the whole batch gathered): 4x the bytes per row."""
+  config = tiny(configs.tiny_gpt, mesh={'data': 1, 'fsdp': 4, 'tensor': 1})
+  planner = plan.Planner(config, 'v5litepod-4')
+  compiled, _, message = planner.train(8)
+  assert compiled is not None, message
+  m, length = planner.run.model, planner.run.data.seq_len
+  shapes = set(re.findall(r'\w+\[(\d+),(\d+),(\d+)\]', compiled.as_text()))
+  assert (str(2), str(length), str(m.vocab_size)) in shapes          # each chip's own rows
+  for features in (m.vocab_size, m.mlp_dim):
+    assert (str(8), str(length), str(features)) not in shapes
