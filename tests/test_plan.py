@@ -119,7 +119,7 @@ def plans():
     ('gpt_v5e_3d', 3),      # causal with packed segment ids: forward, dq, dkv
     ('bert_v4', 3),         # full with padding (segment id 0)
     ('prefix_lm_v4', 6),    # two calls: causal, and full over the prefixes
-    ('t5_v5e', 3),          # cross-attention only (the self-attentions have the bias)
+    ('t5_v5e', 9),          # cross-attention on splash, both self-attentions on flash (bias)
 ])
 def test_splash_lowers_through_mosaic_for_each_mask(plans, case, kernels_per_layer):
   planner, out = plans[case]
