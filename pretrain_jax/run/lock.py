@@ -39,9 +39,10 @@ class WorkdirLock:
   lost = False    # set by refresh() when the lock on storage is another trainer's now
   version = None  # the storage's version of this trainer's record
 
-  def __init__(self, workdir: str, *, heartbeat_sec: float = HEARTBEAT_SEC):
+  def __init__(self, workdir: str, *, heartbeat_sec: float = HEARTBEAT_SEC,
+               stale_sec: float = STALE_SEC):
     self.path = paths.resolve(workdir) / LOCK_FILE
-    self.heartbeat_sec = heartbeat_sec
+    self.heartbeat_sec, self.stale_sec = heartbeat_sec, stale_sec
     self.record, self._thread, self._stop = None, None, threading.Event()
 
   def acquire(self) -> str:
@@ -49,7 +50,7 @@ class WorkdirLock:
     message = ''
     if not self._claim(None):
       holder, age, version = self._read()
-      reason = 'it vanished' if holder is None else stale_reason(holder, age)
+      reason = 'it vanished' if holder is None else stale_reason(holder, age, self.stale_sec)
       # (a takeover fails when another trainer's came first; a lock that vanished is created)
       if not reason or not (self._claim(version) or self._claim(None)):
         holder = (self._read()[0] if reason else holder) or {}
@@ -215,7 +216,7 @@ class GcsLock(WorkdirLock):
       pass  # taken over or removed by hand: not ours to delete
 
 
-def stale_reason(holder: dict, age: float) -> str:
+def stale_reason(holder: dict, age: float, stale_sec: float) -> str:
   """Why the lock `holder` (its file `age` seconds old) is stale, or '' when it is alive."""
   if holder.get('host') == socket.gethostname():
     try:
@@ -225,8 +226,8 @@ def stale_reason(holder: dict, age: float) -> str:
     except PermissionError:
       pass  # alive: another user's
   heartbeat_age = time.time() - holder['heartbeat'] if 'heartbeat' in holder else age
-  if heartbeat_age > STALE_SEC:
-    return f'heartbeat {heartbeat_age:.0f} s old (> {STALE_SEC:.0f} s)'
+  if heartbeat_age > stale_sec:
+    return f'heartbeat {heartbeat_age:.0f} s old (> {stale_sec:.0f} s)'
   return ''
 
 
