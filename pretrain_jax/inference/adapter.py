@@ -39,15 +39,7 @@ def read_trained(workdir: str, config, step=None) -> tuple:
   frozen, head = lora.split(state_lib.abstract_params(build(cfg)), head_names(cfg))
   factors = jax.eval_shape(lambda: lora.init_factors(jax.random.key(0), frozen,
                                                       lc.target_names, lc.rank))
-  done = checkpoint.complete_steps(workdir)
-  step = (done or [None])[-1] if step is None else int(step)
-  if step not in done:
-    raise FileNotFoundError(f'no checkpoint {"" if step is None else step} under '
-                            f'{checkpoint.checkpoint_dir(workdir)}; steps there: {done}')
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                        {lora.FACTORS: factors, **head})
-  return checkpoint.read_params(checkpoint.checkpoint_dir(workdir), step, target), step
+  return checkpoint.read_on_one_device(workdir, {lora.FACTORS: factors, **head}, step)
 
 
 def merged_params(backbone, workdir: str, config, step=None) -> tuple:

@@ -278,6 +278,15 @@ def restore_params(workdir: str, step=None):
   checksums or are not all finite.
   """
   config = workdir_lib.load_config(workdir)
+  abstract = state_lib.abstract_params(build(ModelConfig.from_config(config.model)))
+  params, step = read_on_one_device(workdir, abstract, step)
+  return config, params, step
+
+
+def read_on_one_device(workdir: str, abstract, step=None) -> tuple:
+  """(the arrays of checkpoint `step` (default: the latest) shaped as the `abstract` tree, on
+  the default device; step): FileNotFoundError for a step that is not there, CheckpointError
+  (naming the other steps) for one that does not verify."""
   done = complete_steps(workdir)
   step = (done or [None])[-1] if step is None else int(step)
   if step not in done:
@@ -285,10 +294,9 @@ def restore_params(workdir: str, step=None):
                             f'{checkpoint_dir(workdir)}; steps there: {done}')
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                        state_lib.abstract_params(build(ModelConfig.from_config(config.model))))
+                        abstract)
   try:
-    params = read_params(checkpoint_dir(workdir), step, target)
+    return read_params(checkpoint_dir(workdir), step, target), step
   except CheckpointError as e:
     others = [s for s in done if s != step]
     raise CheckpointError(f'{e}; load another step (steps there: {others}) or retrain') from e
-  return config, params, step
