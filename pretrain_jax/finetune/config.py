@@ -9,8 +9,7 @@ from typing import ClassVar
 
 from pretrain_jax.data.config import TaskConfig, TaskDataConfig
 from pretrain_jax.sections import Section
-from pretrain_jax.training.config import MeshConfig, TrainConfig
-from pretrain_jax.training.lora import LoraConfig
+from pretrain_jax.training.config import LoraConfig, MeshConfig, TrainConfig
 
 MODES = ('full', 'linear_probe', 'scratch', 'lora')
 

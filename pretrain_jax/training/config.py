@@ -1,7 +1,8 @@
-"""The train and mesh sections of a config, as frozen dataclasses (pretrain_jax/sections.py).
+"""The train, mesh and lora sections of a config, as frozen dataclasses (pretrain_jax/sections.py).
 
 Each field's comment is its documentation. Checks that read two sections are called where both
-are known: mesh.check_config, loop.check_objective, data.check_lengths.
+are known: mesh.check_config, loop.check_objective, data.check_lengths. No JAX here: configs/
+and the commands' flags import this module before a command's flags are checked.
 """
 import dataclasses
 from typing import Any, ClassVar, NamedTuple
@@ -13,6 +14,9 @@ OPTIMIZERS = ('adamw', 'adafactor')
 SCHEDULES = ('cosine', 'linear', 'rsqrt', 'constant')
 MESH_AXES = ('data', 'fsdp', 'tensor')
 FLOAT32_MAX = 3.4028234663852886e38   # numpy.finfo(numpy.float32).max
+# LoRA's target names -> the Dense2D modules each adapts (the names every family's layers use)
+TARGETS = {'q': ('query',), 'k': ('key',), 'v': ('value',), 'o': ('out',),
+           'mlp': ('wi', 'wi_0', 'wi_1', 'wo')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +117,40 @@ class MeshConfig(Section):
     sizes = list(self.sizes.values())
     if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
       raise ValueError(f'config.mesh {self.sizes}: expected positive sizes and at most one -1')
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig(Section):
+  """config.lora of a fine-tune in mode 'lora' (training/lora.py applies it)."""
+  SECTION: ClassVar[str] = 'lora'
+
+  rank: int = 8                     # r: the rank of each update A @ B
+  alpha: float = 16.0               # the update is scaled by alpha / rank
+  targets: str = 'q,k,v,o,mlp'      # comma-separated: attention q, k, v, o and the MLP's
+                                    # kernels (wi / wi_0 / wi_1 / wo) of every layer
+  learning_rate: float = 1e-3       # the peak rate of a LoRA fine-tune (the factors start at
+                                    # zero update and take a larger one than full fine-tuning);
+                                    # 0 = train.learning_rate
+  base: str = ''                    # filled in: the exact checkpoint the adapter was trained on
+  base_fingerprint: str = ''        # filled in: lora.fingerprint() of its frozen weights
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+  @property
+  def target_names(self) -> tuple:
+    return tuple(t.strip() for t in self.targets.split(',') if t.strip())
+
+  def validate(self) -> None:
+    self.check(self.rank >= 1, 'rank', 'a positive rank')
+    self.check(self.alpha > 0, 'alpha', 'a positive scale numerator (the update is '
+               'alpha / rank * A @ B)')
+    names = self.target_names
+    self.check(bool(names) and all(t in TARGETS for t in names) and len(set(names)) == len(names),
+               'targets', f'distinct comma-separated names of {", ".join(TARGETS)}')
+    self.check(self.learning_rate >= 0, 'learning_rate',
+               '0 (train.learning_rate) or a positive rate')
 
 
 class RunConfig(NamedTuple):

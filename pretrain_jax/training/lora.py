@@ -16,11 +16,11 @@ sees only the trained leaves and a checkpoint holds the adapter alone.
 `merge(trained, frozen, plan, scale)` is what the steps run; `unmerged_apply` computes the same
 outputs the textbook way, h = x W + scale * (x A) B, by intercepting each targeted layer (the
 reference the merged form is tested against). `fingerprint` names a base's weights, so an
-adapter refuses a base it was not trained on.
+adapter refuses a base it was not trained on. The config section, `LoraConfig` (rank, alpha,
+targets), is in training/config.py, which loads no JAX (configs/ import it).
 """
-import dataclasses
 import hashlib
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import flax
 import flax.linen as nn
@@ -28,49 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pretrain_jax.sections import Section
+from pretrain_jax.training.config import TARGETS, LoraConfig
 
-# target name -> the Dense2D modules it adapts (the names every family's layers use), and how
-# many trailing kernel dims are the layer's outputs where that is not "all but the first".
-TARGETS = {'q': ('query',), 'k': ('key',), 'v': ('value',), 'o': ('out',),
-           'mlp': ('wi', 'wi_0', 'wi_1', 'wo')}
+# How many trailing kernel dims are the layer's outputs where that is not "all but the first".
 KERNEL_NDIM = {'query': 3, 'key': 3, 'value': 3, 'out': 3, 'wi': 2, 'wi_0': 2, 'wi_1': 2,
                'wo': 2}   # without a scanned layer axis
 FACTORS = 'lora'          # the trained tree's key for the factors
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig(Section):
-  """config.lora of a fine-tune in mode 'lora'."""
-  SECTION: ClassVar[str] = 'lora'
-
-  rank: int = 8                     # r: the rank of each update A @ B
-  alpha: float = 16.0               # the update is scaled by alpha / rank
-  targets: str = 'q,k,v,o,mlp'      # comma-separated: attention q, k, v, o and the MLP's
-                                    # kernels (wi / wi_0 / wi_1 / wo) of every layer
-  learning_rate: float = 1e-3       # the peak rate of a LoRA fine-tune (the factors start at
-                                    # zero update and take a larger one than full fine-tuning);
-                                    # 0 = train.learning_rate
-  base: str = ''                    # filled in: the exact checkpoint the adapter was trained on
-  base_fingerprint: str = ''        # filled in: fingerprint() of its frozen weights
-
-  @property
-  def scale(self) -> float:
-    return self.alpha / self.rank
-
-  @property
-  def target_names(self) -> tuple:
-    return tuple(t.strip() for t in self.targets.split(',') if t.strip())
-
-  def validate(self) -> None:
-    self.check(self.rank >= 1, 'rank', 'a positive rank')
-    self.check(self.alpha > 0, 'alpha', 'a positive scale numerator (the update is '
-               'alpha / rank * A @ B)')
-    names = self.target_names
-    self.check(bool(names) and all(t in TARGETS for t in names) and len(set(names)) == len(names),
-               'targets', f'distinct comma-separated names of {", ".join(TARGETS)}')
-    self.check(self.learning_rate >= 0, 'learning_rate',
-               '0 (train.learning_rate) or a positive rate')
 
 
 class Target(NamedTuple):
