@@ -1,4 +1,4 @@
-"""The chapter-41 experiment in PyTorch: the reference side of `scripts/shakespeare.py`.
+"""The chapter-41 experiment in PyTorch: the reference side of `pretrain-jax shakespeare`.
 
   python scripts/shakespeare_torch.py --corpus tinyshakespeare.txt [--seed 0]
 
@@ -7,8 +7,8 @@ pre-LN blocks with separate q/k/v/o Linear layers, a final LayerNorm and a Linea
 causal mask for GPT, none for BERT), PyTorch's default initialisation, Adam at 3e-3 with cosine
 decay to 0, clip 1.0, batch 64, context 48. Data splits, training batches (same generator and
 seed) and evaluation batches are the project's (`pretrain_jax.experiments.char_lm`), so the two
-scripts differ only in the framework. Needs torch (the `test` extra). Prints a summary on
-stderr and one JSON line whose shared keys mean what scripts/shakespeare.py's do: seed;
+runs differ only in the framework. Needs torch (the `test` extra). Prints a summary on
+stderr and one JSON line whose shared keys mean what `pretrain-jax shakespeare`'s do: seed;
 gpt.train_seconds, final_train_loss, valid_perplexity; bert.train_seconds, final_train_loss,
 heldout_top1, heldout_top5 and the means over config.eval_draws maskings (heldout_top1_mean,
 ...; char_lm.mlm_draws), plus framework and threads; no random-init baselines.

@@ -177,7 +177,7 @@ class Launcher:
     """Starts training on every worker; with watch, also recovers it until it finishes."""
     if not train_args:
       raise LaunchError('run needs the arguments of pretrain-jax train after --, e.g. -- --config '
-                        'configs/gpt2_small.py --workdir gs://BUCKET/runs/gpt2')
+                        'configs/gpt2_small.py --workdir gs://my-bucket/runs/gpt2')
     if self.preflight is not None and self.tpu.tpu_type:
       self.preflight(self.tpu.tpu_type)
     state, description = self.describe()

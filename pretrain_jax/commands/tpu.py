@@ -3,7 +3,7 @@ r"""Cloud TPU VM slices through `gcloud`: create, ship the code, train, watch, r
   pretrain-jax tpu create --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot
   pretrain-jax tpu setup  --name ptj --zone us-west4-a
   pretrain-jax tpu run    --name ptj --zone us-west4-a --tpu_type v5litepod-16 --spot \
-      --watch -- --config gpt2_small --workdir gs://BUCKET/runs/gpt2
+      --watch -- --config gpt2_small --workdir gs://my-bucket/runs/gpt2
   pretrain-jax tpu status|stop|delete --name ptj --zone us-west4-a
   pretrain-jax tpu logs   --name ptj --zone us-west4-a [--worker 1] [--follow]
 
@@ -158,7 +158,7 @@ def check_train_args(args) -> None:
   workdir, config_arg = gcloud.workdir_of(args), gcloud.flag_of(args, 'config')
   if not workdir or not config_arg:
     raise ValueError(f'pretrain-jax train arguments {args} need --config and --workdir; e.g. -- '
-                     '--config gpt2_small --workdir gs://BUCKET/runs/gpt2')
+                     '--config gpt2_small --workdir gs://my-bucket/runs/gpt2')
   bucket = workdir[5:].split('/', 1)[0] if workdir.startswith('gs://') else ''
   if not bucket:
     raise ValueError(f'--workdir {workdir} is not in a Cloud Storage bucket; expected '

@@ -2,7 +2,7 @@ r"""Train a SentencePiece tokenizer (T5 sentinels last, BERT specials, size a mu
 
   pretrain-jax train_tokenizer --output /tmp/pydoc.model               # embedded corpus
   pretrain-jax train_tokenizer --output c4.model --vocab_size 32000 \
-      --tfds_name c4/en:3.1.0 --tfds_data_dir gs://BUCKET/tensorflow_datasets
+      --tfds_name c4/en:3.1.0 --tfds_data_dir gs://my-bucket/tensorflow_datasets
   pretrain-jax train_tokenizer --output mine.model --files 'data/*.jsonl.gz' --type bpe
 
 Layout: 0 <pad>, 1 </s>, 2 <unk>, 3 [CLS], 4 [SEP], 5 [MASK], learned pieces, filler, then
