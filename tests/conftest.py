@@ -9,6 +9,7 @@ import filelock
 import jax
 import pytest
 
+import configs.tiny_bert
 import configs.tiny_gpt
 from configs import common
 from pretrain_jax import data
@@ -147,6 +148,19 @@ def gpt_workdir(tmp_path_factory, worker_id):
       patch.setenv('PRETRAIN_JAX_CACHE', f'{path}_cache')
       loop.train_and_evaluate(modeling.small(configs.tiny_gpt.get_config()), path)
   return once_per_session(tmp_path_factory, worker_id, 'small_gpt_6_steps', build)
+
+
+@pytest.fixture(scope='session')
+def bert_nsp_workdir(gpt_workdir, tmp_path_factory, worker_id):
+  """A small BERT with NSP (configs/tiny_bert.py, modeling.small) trained 3 steps, once per
+  session, with gpt_workdir's data cache; read it, never write to it."""
+  def build(path):
+    config = modeling.small(configs.tiny_bert.get_config(), steps=3)
+    config.model.nsp = config.data.nsp = True
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv('PRETRAIN_JAX_CACHE', f'{gpt_workdir}_cache')
+      loop.train_and_evaluate(config, path)
+  return once_per_session(tmp_path_factory, worker_id, 'small_bert_nsp_3_steps', build)
 
 
 @pytest.fixture(scope='module')

@@ -32,6 +32,8 @@ def run_script(script, *args, cwd=ROOT, fresh=False):
     # fine-tuning's default config reads its overrides when the flag is defined
     ('finetune.py', ['--init', 'nowhere', '--task', 'word_order', '--workdir', 'W'],
      '--config.model.emb_dim=64', 'emb_dim', None),
+    # so does shakespeare's (it was a 52-line AttributeError traceback)
+    ('shakespeare.py', ['--corpus', 'x'], '--config.gpt.train.stepz=3', 'stepz', 'steps'),
 ])
 def test_override_of_a_missing_field_is_one_line(script, args, flag, field, hint, tmp_path):
   args = [str(tmp_path / 'w') if a == 'W' else a for a in args]

@@ -12,12 +12,11 @@ import modeling
 import numpy as np
 import optax
 import pytest
-from conftest import once_per_session
 from helpers import ROOT
 from modeling import small
 
 import pretrain_jax
-from configs import tiny_bert, tiny_t5
+from configs import tiny_t5
 from pretrain_jax import data, inference
 from pretrain_jax.cli import terminal
 from pretrain_jax.data import corpus
@@ -29,7 +28,8 @@ from pretrain_jax.run import loop
 from pretrain_jax.training import evaluate as eval_lib
 from pretrain_jax.training import task
 
-# gpt_workdir: a small GPT trained 6 steps, once per session (tests/conftest.py).
+# gpt_workdir: a small GPT trained 6 steps, bert_nsp_workdir: a small BERT with NSP trained 3
+# steps, once per session (tests/conftest.py).
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -145,18 +145,6 @@ def test_generate_text_gpt_and_t5(gpt_workdir, cache, tmp_path):
     inference.generate_text(t5, ['The <extra_id_0> of <extra_id_150>.'], max_new_tokens=4)
   with pytest.raises(ValueError, match='fill_mask'):
     inference.fill_mask(t5, 'a [MASK]')
-
-
-@pytest.fixture(scope='module')
-def bert_nsp_workdir(cache, tmp_path_factory, worker_id):
-  """A small BERT with NSP (configs/tiny_bert.py, modeling.small) trained 3 steps, once per session
-  (tests/conftest.py): read it, never write to it."""
-
-  def build(path):
-    config = small(tiny_bert.get_config(), steps=3)
-    config.model.nsp = config.data.nsp = True
-    loop.train_and_evaluate(config, path)
-  return once_per_session(tmp_path_factory, worker_id, 'small_bert_nsp_3_steps', build)
 
 
 def test_fill_mask_recovers_the_word_of_an_overfit_sentence(bert_nsp_workdir):

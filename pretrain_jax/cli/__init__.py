@@ -7,6 +7,7 @@ and exit 2. `--verbose` restores the libraries' INFO logs and every traceback.
   terminal.py        how a command ends: a summary on stderr, one JSON line on stdout
   finetune_flags.py  the flags finetune and transfer share
   config_flag.py     the --config flag: names, kinds, ml_collections' errors as one line
+  usage.py           a command's --help: its docstring and flags, required ones marked
 """
 import argparse
 import asyncio
@@ -22,7 +23,7 @@ import warnings
 from absl import app, flags, logging
 
 from pretrain_jax import paths
-from pretrain_jax.cli import config_flag, process
+from pretrain_jax.cli import config_flag, process, usage
 from pretrain_jax.cli.config_flag import CONFIG_HELP, config_of  # noqa: F401 (cli.* to commands)
 
 # At import: process.start() must run before any thread starts (glibc's arena limit binds only
@@ -57,11 +58,15 @@ def _fail(line: str) -> None:
 
 
 def argument_parser(description: str, **kw):
-  """argparse.ArgumentParser whose errors are one `error: ...; see --help` line, exit 2."""
+  """argparse.ArgumentParser whose errors are one `error: ...; see --help` line, exit 2, and
+  whose usage names the command as typed (`pretrain-jax NAME`, not the module's file)."""
 
   class Parser(argparse.ArgumentParser):
     def error(self, message):
       _fail(f'error: {message}; see --help')
+  name = sys.argv[0].rsplit('/', 1)[-1]
+  if name.endswith('.py'):   # `python -m` and the dispatcher set argv[0] to the module's file
+    kw.setdefault('prog', f'pretrain-jax {name[:-3]}')
   return Parser(description=description, **kw)
 
 
@@ -101,15 +106,21 @@ def define(define_flags):
 
 def parse_flags(argv, positional: bool = True):
   """absl's flag parsing (an absl.app flags_parser), with a parse error as one line, exit 2;
-  arguments that are not flags are one too unless `positional`."""
+  arguments that are not flags are one too unless `positional`. --help prints usage.help_text."""
+  if usage.asked(argv):
+    print(usage.help_text(), end='')
+    sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
-  except SystemExit as e:   # absl's --help / --helpfull print the usage, then exit 1
-    asked = {'--help', '-h', '-?', '--helpshort', '--helpfull', '--helpxml'} & set(argv[1:])
+  except SystemExit as e:   # absl's --helpfull / --helpxml print the usage, then exit 1
+    asked = {'--helpfull', '--helpxml'} & set(argv[1:])
     sys.exit(0 if asked and e.code == 1 else e.code)
   except flags.Error as e:
     traced = config_flag.CONFIG_TRACEBACK in str(e) and 'Traceback' in str(e)
-    _fail(config_flag.config_variant_error(str(e)) if traced else f'{one_line(e)}; see --helpshort')
+    missing = usage.missing_required() if 'must have a value other than None' in str(e) else []
+    _fail(config_flag.config_variant_error(str(e)) if traced else
+          f'error: {", ".join(missing)} required; see --help' if missing else
+          f'{one_line(e)}; see --helpshort')
   except (AttributeError, KeyError) as e:   # ml_collections: an override of a missing field
     _fail(config_flag.unknown_override(argv, e))
   except SyntaxError as e:                  # --config=FILE that is not Python
@@ -232,13 +243,16 @@ def run(main, argv=None, positional: bool = False) -> None:
   reads them): absl hands them to main, where `del argv` dropped them without a word."""
   if 'verbose' not in flags.FLAGS:
     flags.DEFINE_bool('verbose', False, 'show library logs and full tracebacks')
-  if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):   # a rerun loads its compiled steps
-    import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
 
-    jax.config.update('jax_compilation_cache_dir', str(paths.cache_dir() / 'jax'))
+  def checked(argv):   # JAX loads only once the flags are checked: a refusal takes no seconds
+    if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):   # a rerun loads its compiled steps
+      import jax  # noqa: PLC0415 (start-up order: cli loads before JAX)
+
+      jax.config.update('jax_compilation_cache_dir', str(paths.cache_dir() / 'jax'))
+    return main(argv)
   try:
     argv = config_flag.named_configs(sys.argv if argv is None else list(argv))
   except ValueError as e:
     _fail(one_line(e))
-  app.run(lambda argv: call(main, argv, verbose=flags.FLAGS.verbose), argv=argv,
+  app.run(lambda argv: call(checked, argv, verbose=flags.FLAGS.verbose), argv=argv,
           flags_parser=functools.partial(parse_flags, positional=positional))

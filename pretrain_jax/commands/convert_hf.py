@@ -35,8 +35,6 @@ COMMANDS = ('import', 'export')
 def _run(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise app.UsageError(f'expected one command, {" or ".join(COMMANDS)}; got {argv[1:]}')
-  if not _HF_DIR.value or not _WORKDIR.value:
-    raise app.UsageError('both --hf_dir and --workdir are required')
   from pretrain_jax.hf import convert  # noqa: PLC0415 (after the usage checks)
   if argv[1] == 'import':
     result = convert.import_hf(_HF_DIR.value, _WORKDIR.value, configs.base_config,
@@ -55,6 +53,7 @@ def _run(argv):
 
 
 def main(argv=None) -> None:
+  flags.mark_flags_as_required(['hf_dir', 'workdir'])
   cli.run(_run, argv, positional=True)
 
 

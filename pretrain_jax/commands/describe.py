@@ -12,13 +12,13 @@ from ml_collections import config_flags
 
 from pretrain_jax import cli
 from pretrain_jax.cli import terminal
-from pretrain_jax.models import ModelConfig, describe
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, cli.CONFIG_HELP, lock_config=True)
 
 
 def _run(argv):
   del argv
+  from pretrain_jax.models import ModelConfig, describe  # noqa: PLC0415 (JAX: after the flag checks)
   cfg = ModelConfig.from_config(cli.config_of(_CONFIG, 'pre-training').model)
   rows, total = describe.parameter_table(cfg)
   last = f'total ({len(rows)} arrays)'

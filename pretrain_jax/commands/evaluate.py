@@ -16,11 +16,8 @@ Prints what it measured on what (stderr), then one JSON line of metrics.
 
 from absl import flags
 
-from pretrain_jax import cli, data, hf
+from pretrain_jax import cli, data
 from pretrain_jax.cli import terminal
-from pretrain_jax.inference import load_pretrained
-from pretrain_jax.run import metrics as metrics_lib
-from pretrain_jax.training import evaluate as eval_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir (or checkpoint dir)',
                                required=True)
@@ -39,6 +36,10 @@ _STEP = flags.DEFINE_integer('step', None, 'checkpoint step (default: latest)', 
 
 def _run(argv):
   del argv
+  from pretrain_jax import hf  # noqa: PLC0415 (JAX: after the flag checks)
+  from pretrain_jax.inference import load_pretrained  # noqa: PLC0415 (as above)
+  from pretrain_jax.run import metrics as metrics_lib  # noqa: PLC0415 (as above)
+  from pretrain_jax.training import evaluate as eval_lib  # noqa: PLC0415 (as above)
   if _RANDOM.value and _STEP.value is not None:
     raise ValueError(f'--random_init with --step {_STEP.value}: a random init has no step; '
                      'expected one of them')

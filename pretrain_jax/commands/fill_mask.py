@@ -8,9 +8,8 @@ import sys
 
 from absl import app, flags
 
-from pretrain_jax import cli, inference
+from pretrain_jax import cli
 from pretrain_jax.cli import terminal
-from pretrain_jax.inference import load_pretrained
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'BERT workdir, checkpoint or HF directory',
                                required=True)
@@ -20,9 +19,10 @@ _TOP_K = flags.DEFINE_integer('top_k', 5, 'candidates per mask')
 
 def _run(argv):
   del argv
+  from pretrain_jax import inference  # noqa: PLC0415 (JAX: after the flag checks)
   if _TOP_K.value < 1:
     raise app.UsageError(f'--top_k={_TOP_K.value}; expected >= 1')
-  model = load_pretrained(_WORKDIR.value)
+  model = inference.load_pretrained(_WORKDIR.value)
   masks = inference.fill_mask(model, _TEXT.value, _TOP_K.value)
   for m in masks:
     print(f"[MASK]@{m['position']}: " + ', '.join(

@@ -11,9 +11,8 @@ import sys
 
 from absl import flags
 
-from pretrain_jax import cli, inference
+from pretrain_jax import cli
 from pretrain_jax.cli import terminal
-from pretrain_jax.inference import load_pretrained, text
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'training workdir, checkpoint or HF directory',
                                required=True)
@@ -27,8 +26,10 @@ _SEED = flags.DEFINE_integer('seed', 0, 'sampling seed')
 
 def _run(argv):
   del argv
+  from pretrain_jax import inference  # noqa: PLC0415 (JAX: after the flag checks)
+  from pretrain_jax.inference import text  # noqa: PLC0415 (as above)
   text.check_sampling(_MAX.value, _TEMPERATURE.value, _TOP_K.value, _TOP_P.value)  # before load
-  model = load_pretrained(_WORKDIR.value)
+  model = inference.load_pretrained(_WORKDIR.value)
   results = inference.generate_text(model, _PROMPT.value, max_new_tokens=_MAX.value,
                                     temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                     top_p=_TOP_P.value, seed=_SEED.value)

@@ -20,17 +20,17 @@ from ml_collections import config_flags
 import configs
 from pretrain_jax import cli
 from pretrain_jax.cli import process, terminal
-from pretrain_jax.experiments import char_lm
-from pretrain_jax.run import metrics as metrics_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', configs.config_path('shakespeare_char'),
-                                          'experiment config: a name or a file')
+# (cli.define: the default config reads the --config.* overrides here, at definition)
+_CONFIG = cli.define(lambda: config_flags.DEFINE_config_file(
+    'config', configs.config_path('shakespeare_char'), 'experiment config: a name or a file'))
 _CORPUS = flags.DEFINE_string('corpus', None, 'path of tinyshakespeare.txt', required=True)
 
 
 def progress(name: str, steps: int, chars_per_step: int):
   """A train() callback printing step, loss, characters/s and ETA on stderr after every jitted
   call; the pace counts from the end of the first call (which compiles)."""
+  from pretrain_jax.run import metrics as metrics_lib  # noqa: PLC0415 (JAX: after the flags)
   first = []
 
   def report(done, metrics):
@@ -49,6 +49,7 @@ def progress(name: str, steps: int, chars_per_step: int):
 
 def _run(argv):
   del argv
+  from pretrain_jax.experiments import char_lm  # noqa: PLC0415 (JAX: after the flag checks)
   config = cli.config_of(_CONFIG, 'chapter experiment')
   config.corpus = _CORPUS.value
   if not os.path.isfile(config.corpus):  # noqa: TID251 (the experiment's local corpus file)

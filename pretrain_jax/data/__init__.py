@@ -8,6 +8,15 @@ Public API (see DESIGN.md for the batch keys of each objective):
   host_batch_size(global_batch_size, process_count), assemble_global_batch(host_batches)
 """
 import importlib
+import os
+
+# TensorFlow (tf.data, tfds: loaded only by this package) reads its C++ log settings when it
+# loads; without these a library call that starts it (a task's data, Pretrained.predict) prints
+# its INFO lines, oneDNN's first, to the user's terminal. A value the user set wins; the
+# commands set them first (cli/process.start). oneDNN only changes TF's float kernels, which
+# the pipelines do not run.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')   # TensorFlow's C++ errors only
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # its notice comes before that applies
 
 # Imported on first use (PEP 562), so that `pretrain_jax.data.tokenizer` alone (a Hugging Face
 # T5's sentinels, say) does not start TensorFlow, which the pipeline needs.
