@@ -45,7 +45,7 @@ MISTAKES = [
     ('pretrain-jax benchmark --suite gpu --variants baseline,fp9', 'fp9'),
     ('pretrain-jax transfer --init a --task word_order --workdir w --modes full,lora2', 'lora2'),
     ('pretrain-jax tpu run --name a --zone b --tpu_type v5e-3', 'v5e-3'),
-    ('pretrain-jax transfer --init a --task word_order --workdir w --sizes 200,all', 'all'),
+    ('pretrain-jax transfer --init a --task word_order --workdir w --sizes 200,ten', "'ten'"),
 ]
 # Lines with placeholders the parse must accept.
 ACCEPTED = [
@@ -150,16 +150,16 @@ def test_each_kind_of_mistake_fails_naming_it_and_placeholders_pass(parsed):
 
 
 def _documented(page: str, *words) -> DocCommand:
-  (found,) = [c for c in doc_commands.documented_commands()
+  """The first command of a code block of `page` whose arguments include `words`."""
+  return next(c for c in doc_commands.documented_commands()
               if c.where.startswith(page + ':') and not c.fragment
-              and all(w in c.argv for w in words)]
-  return found
+              and all(w in c.argv for w in words))
 
 
 @pytest.mark.slow   # after the main job's tiny BERT (shared with test_finetune's slow set)
 def test_lora_on_word_order_runs_as_documented(bert_init, tmp_path):
   """docs/finetuning.md's LoRA command from runs/tiny/bert, 2 steps instead of 200."""
-  doc = _documented('docs/finetuning.md', 'lora')
+  doc = _documented('docs/finetuning.md', 'finetune', '--mode', 'lora')
   cwd = tmp_path / 'clone'
   (cwd / 'runs' / 'tiny').mkdir(parents=True)
   os.symlink(bert_init, cwd / 'runs' / 'tiny' / 'bert')
