@@ -17,7 +17,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.max_len = 512                   # position table rows
   m.type_vocab_size = 2             # token types (sentence A / B)
   m.nsp = True                      # next-sentence-prediction head (pooler + 2-way classifier)
-  m.dtype = 'float32'               # compute dtype ('bfloat16' on TPU/GPU)
+  m.dtype = 'auto'                  # compute dtype: bfloat16 on TPU and GPU, float32 on CPU;
+                                    # or 'float32' | 'bfloat16' anywhere
   m.param_dtype = 'float32'         # parameter and optimizer-state storage dtype
   m.attention_impl = 'auto'         # per backend (attention.runnable_implementation); or
                                     # 'reference' | 'xla' | 'cudnn' | 'splash'

@@ -16,7 +16,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.head_dim = 64                   # d_kv
   m.mlp_dim = 2048                  # d_ff
   m.max_len = 512                   # longest input the data pipeline may produce
-  m.dtype = 'float32'               # compute dtype ('bfloat16' on TPU/GPU)
+  m.dtype = 'auto'                  # compute dtype: bfloat16 on TPU and GPU, float32 on CPU;
+                                    # or 'float32' | 'bfloat16' anywhere
   m.param_dtype = 'float32'         # parameter and optimizer-state storage dtype
   m.attention_impl = 'auto'         # per backend (attention.runnable_implementation); or
                                     # 'reference' | 'xla' | 'cudnn' | 'splash'

@@ -192,8 +192,12 @@ def test_notes_name_each_fallback():
                 "relative position bias run on the 'flash' kernel"]
   assert "runs in Pallas's interpreter" in implementation_notes(
       cfg('t5', position_embedding='relative', attention_impl='flash'), 'cpu')[0]
-  assert re.match(r"note: model.attention_impl='flash' is a TPU kernel; on gpu .*'xla'",
+  # (on a GPU model.dtype='auto' computes bf16, which cuDNN runs; float32 runs on 'xla')
+  assert re.match(r"note: model.attention_impl='flash' is a TPU kernel; on gpu .*'cudnn'",
                   implementation_notes(cfg('gpt', attention_impl='flash'), 'gpu')[0])
+  assert re.match(r"note: model.attention_impl='flash' is a TPU kernel; on gpu .*'xla'",
+                  implementation_notes(cfg('gpt', attention_impl='flash', dtype='float32'),
+                                       'gpu')[0])
   assert "runs in Pallas's interpreter" in implementation_notes(
       cfg('bert', attention_impl='splash', attention_dropout_rate=0.0), 'cpu')[0]
   dropout = implementation_notes(cfg('gpt', attention_dropout_rate=0.1), 'tpu')

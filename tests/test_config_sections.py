@@ -91,7 +91,10 @@ def test_an_unknown_fine_tune_key_is_refused_naming_it():
     (ModelConfig, model(num_layers=0), r'^model\.num_layers=0; expected a positive integer'),
     (ModelConfig, model(num_layers='2'), r"^model\.num_layers='2'; expected an integer"),
     (ModelConfig, model(dense_bias='yes'), r"^model\.dense_bias='yes'; expected True or False"),
-    (ModelConfig, model(dtype='fp8'), r"^model\.dtype='fp8'; expected one of \['bfloat16'"),
+    (ModelConfig, model(dtype='fp8'),
+     r"^model\.dtype='fp8'; expected 'auto' or one of \['bfloat16'"),
+    (ModelConfig, model(param_dtype='auto'),
+     r"^model\.param_dtype='auto'; expected one of \['bfloat16'"),
     (ModelConfig, model(activation='swish'), r"^model\.activation='swish'; expected one of"),
     (ModelConfig, model(dropout_rate=1.0), r'^model\.dropout_rate=1\.0; expected in \[0, 1\)'),
     (ModelConfig, model(family='t5', position_embedding='learned'),
@@ -183,7 +186,7 @@ def test_an_old_model_section_loads_with_the_defaults_of_newer_keys():
   """A config.json model section written before the layer switches, ALiBi and the prefix LM
   existed: the missing keys take their defaults (the family's layer choices for those left
   None), and the section round-trips through to_dict."""
-  old = model()
+  old = model(dtype='float32')        # (a config.json names a dtype)
   for key in ('norm', 'dense_bias', 'kernel_init', 'fold_query_scale', 'mlp_dropout',
               'embedding_dropout', 'alibi_bias_max', 'prefix_lm', 'head_bias', 'num_classes'):
     old.pop(key, None)
@@ -195,6 +198,25 @@ def test_an_old_model_section_loads_with_the_defaults_of_newer_keys():
   assert 'deterministic' not in cfg.to_dict() and 'decode' not in cfg.to_dict()
   with pytest.raises(ValueError, match=r"^config\.model lacks \['vocab_size'\]"):
     ModelConfig.from_config({k: v for k, v in old.items() if k != 'vocab_size'})
+
+
+def test_auto_dtype_follows_the_platform_and_an_explicit_one_wins():
+  """model.dtype='auto' (the published configs') stays 'auto' in the config (config.json
+  records it so), and resolves per device: bfloat16 on TPUs and GPUs with bf16 tensor cores,
+  float32 on CPUs and older GPUs; parameters stay float32; an explicit dtype is kept."""
+  cfg = ModelConfig.from_config(model())
+  assert cfg.dtype == 'auto' and cfg.to_dict()['dtype'] == 'auto'
+  assert ModelConfig.from_config(cfg.to_dict()) == cfg
+  gpu = dataclasses.make_dataclass('Gpu', ['platform', 'compute_capability'])
+  for device, dtype in [('cpu', jnp.float32), ('tpu', jnp.bfloat16), ('gpu', jnp.bfloat16),
+                        (gpu('gpu', '9.0'), jnp.bfloat16), (gpu('gpu', '8.0'), jnp.bfloat16),
+                        (gpu('gpu', '7.5'), jnp.float32), (gpu('gpu', 'gfx90a'), jnp.bfloat16)]:
+    resolved = cfg.resolved(device)
+    assert (resolved.dtype, resolved.param_dtype) == (dtype, jnp.float32), device
+    assert resolved.to_dict()['dtype'] == jnp.dtype(dtype).name
+  for name in ('float32', 'bfloat16'):
+    explicit = ModelConfig.from_config(model(dtype=name))
+    assert {jnp.dtype(explicit.resolved(p).dtype).name for p in ('cpu', 'tpu')} == {name}
 
 
 def test_an_old_fine_tune_config_reads_its_task_without_pairs():

@@ -158,6 +158,17 @@ def test_bf16_compute_with_fp32_params_is_finite_and_close(family):
   assert np.mean(np.argmax(half, -1) == np.argmax(full, -1)) > 0.9
 
 
+def test_auto_dtype_computes_float32_on_cpu_bit_for_bit():
+  """model.dtype='auto' (the default) built on a CPU is the float32 model: the same logits,
+  bit for bit, so CPU results did not move when it became the default."""
+  cfg = tiny('gpt')
+  params, x = init(cfg), tokens((2, 12), 11)
+  assert cfg.dtype == 'auto' and jax.default_backend() == 'cpu'
+  auto = forward(cfg, params, x)
+  np.testing.assert_array_equal(auto, forward(cfg.replace(dtype='float32'), params, x))
+  assert not np.array_equal(auto, forward(cfg.replace(dtype='bfloat16'), params, x))
+
+
 PUBLISHED = {'bert_base': 110_106_428, 'gpt2_small': 124_439_808, 'gpt2_medium': 354_823_168,
              't5_small': 60_506_624, 't5_v1_1_base': 247_577_856}
 

@@ -22,11 +22,12 @@ import configs.tiny_t5
 from pretrain_jax import chips
 from pretrain_jax.perf import plan
 
-TINY = dict(dtype='bfloat16', num_layers=1, attention_impl='splash')
+TINY = dict(num_layers=1, attention_impl='splash')
 
 
 def tiny(module, **changes):
-  """A tiny config, one layer (T5: one per stack), bf16, splash attention."""
+  """A tiny config, one layer (T5: one per stack), splash attention; its dtype the published
+  'auto' (bf16 on a TPU)."""
   config = module.get_config()
   config.model.update(TINY, **({'num_decoder_layers': 1} if 'num_decoder_layers' in
                                config.model else {}))
@@ -123,7 +124,7 @@ def plans():
 ])
 def test_splash_lowers_through_mosaic_for_each_mask(plans, case, kernels_per_layer):
   planner, out = plans[case]
-  assert out['fits'] and out['attention_impl'] == 'splash'
+  assert out['fits'] and out['attention_impl'] == 'splash' and out['dtype'] == 'bfloat16'
   # one layer; Pallas's interpreter (the CPU's splash) would lower to no Mosaic call at all
   assert out['attention_kernels'] == kernels_per_layer
   assert planner.devices[0].platform == 'tpu'
@@ -148,6 +149,15 @@ def test_a_data_fsdp_tensor_mesh_compiles_sharded(plans):
   state = sum(math.prod(x.shape) * x.dtype.itemsize
               for x in jax.tree.leaves(planner.steps.abstract_state))
   assert out['argument_bytes'] < state / 2
+
+
+def test_an_explicit_dtype_overrides_auto_on_a_tpu(plans):
+  """The plans above are of model.dtype='auto': bf16 on a TPU, said in the summary. An
+  explicit float32 stays float32 there (the planner's steps, before any compile)."""
+  assert 'computing in bfloat16' in plan.summary(plans['t5_v5e'][1])[0]
+  planner = plan.Planner(tiny(configs.tiny_gpt, model={'dtype': 'float32'}), 'v5litepod-1')
+  assert planner.steps.model_config.dtype == jax.numpy.float32
+  assert planner.describe(8)['dtype'] == 'float32'
 
 
 def megascale_transfers(hlo: str) -> list:
@@ -196,6 +206,7 @@ def test_plan_command_reports_a_config_too_large_as_a_result():
   assert done.returncode == 0, done.stderr
   line = json.loads(done.stdout.strip().splitlines()[-1])
   assert line['fits'] is False and line['batch_size'] == 8
+  assert line['dtype'] == 'bfloat16'     # tiny_gpt's model.dtype='auto' on a TPU, no flag
   assert (line['topology'], line['chips'], line['slices']) == ('v5litepod-1', 1, 1)
   assert line['hbm_capacity_bytes'] == 16 * 2**30
   assert 'RESOURCE_EXHAUSTED' in done.stderr and 'HBM' in done.stderr
@@ -258,7 +269,12 @@ def test_fsdp_keeps_each_chip_s_activations_to_its_rows():
   compiled, _, message = planner.train(8)
   assert compiled is not None, message
   m, length = planner.run.model, planner.run.data.seq_len
-  shapes = set(re.findall(r'\w+\[(\d+),(\d+),(\d+)\]', compiled.as_text()))
+  text = compiled.as_text()
+  shapes = set(re.findall(r'\w+\[(\d+),(\d+),(\d+)\]', text))
   assert (str(2), str(length), str(m.vocab_size)) in shapes          # each chip's own rows
   for features in (m.vocab_size, m.mlp_dim):
     assert (str(8), str(length), str(features)) not in shapes
+  # The published config's model.dtype='auto', compiled for a TPU: every matmul (a TPU
+  # `convolution`) computes bf16, none float32.
+  dots = re.findall(r'= (\w+)\[[\d,]*\]\S* convolution\(', text)
+  assert m.dtype == 'auto' and dots and set(dots) == {'bf16'}

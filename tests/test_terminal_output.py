@@ -49,6 +49,9 @@ def test_main_job_ends_with_a_compact_line(tmp_path, gpt_workdir):
   assert gpt['held_out_loss_random_init'] == round(held_out['random_init']['lm_loss'], 4)
   assert f'every number in {line["details"]}' in done.stderr
   assert done.stderr.strip().splitlines()[-1].startswith('next: pretrain-jax generate ')
+  # the published model.dtype='auto', resolved for the CPU the run's steps ran on
+  assert re.search(r"gpt: [\d,]+ parameters, mesh .*, computing in float32, steps 0\.\.2",
+                   done.stderr)
 
 
 def test_describe_counts_layers_in_order_under_a_header_with_a_total():
@@ -157,3 +160,5 @@ def test_the_summary_of_a_finished_run_says_it_is_complete():
   line = terminal.run_summary(result)
   assert 'already complete at step 20' in line and '--config.train.steps' in line
   assert 'already' not in terminal.run_summary(dict(result, start_step=10))
+  assert 'steps 10-20 of 20, computing in bfloat16; ' in terminal.run_summary(
+      dict(result, start_step=10, dtype='bfloat16'))

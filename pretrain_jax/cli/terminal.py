@@ -76,8 +76,10 @@ def run_summary(result: dict) -> str:
     return (f"{result['family']} in {result['workdir']}: already complete at step "
             f"{result['steps']}, nothing trained (a larger --config.train.steps continues it); "
             f'checkpoints: {saved}')
+  computed = f", computing in {result['dtype']}" if result.get('dtype') else ''
   return (f"{result['family']} in {result['workdir']}: steps {result['start_step']}-"
-          f"{result['step']} of {result['steps']}{stopped}; train loss {num('train_loss')}, "
+          f"{result['step']} of {result['steps']}{computed}{stopped}; train loss "
+          f"{num('train_loss')}, "
           f"validation loss {num('eval_loss')} (accuracy {num('eval_accuracy', '.3f')}); "
           f'checkpoints: {saved}')
 

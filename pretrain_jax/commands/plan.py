@@ -1,8 +1,9 @@
 """Will a config fit a Cloud TPU slice, at what batch, how fast at best: its train and eval
-steps compiled by the TPU compiler (libtpu) for an accelerator type, on this machine.
+steps compiled by the TPU compiler (libtpu) for an accelerator type, on this machine, as a run
+on that slice computes them (model.dtype='auto' is bfloat16 there).
 
   pretrain-jax plan --config gpt2_small --topology v5litepod-8 \\
-      --config.model.dtype=bfloat16 --config.model.attention_dropout_rate=0
+      --config.model.attention_dropout_rate=0
   pretrain-jax plan --config bert_base --topology v4-32 --slices 2 --fit
 
 --topology is a Cloud TPU accelerator type as gcloud names it (v4-8, v5litepod-16 or v5e-16,
@@ -16,7 +17,8 @@ multiple of the data-parallel shards times the microbatches) from a few compiles
 compiles a multislice run: N slices joined over the data-center network (the mesh's `dcn`
 axis). Needs the TPU compiler: pip install 'pretrain_jax[tpu]' (or libtpu). The last stdout line
 is one JSON object: fits, hbm_bytes_per_chip, hbm_capacity_bytes, batch_size,
-max_batch_size (with --fit), flops_per_chip, attention_kernels, topology, chips, slices, ...
+max_batch_size (with --fit), dtype (the compute dtype), flops_per_chip, attention_kernels,
+topology, chips, slices, ...
 """
 import os
 
@@ -46,7 +48,7 @@ LINE_KEYS = ('fits', 'hbm_bytes_per_chip', 'hbm_capacity_bytes', 'batch_size', '
              'next_batch_size', 'planned_batch_size', 'eval_fits', 'eval_hbm_bytes_per_chip',
              'buffer_bytes', 'argument_bytes', 'temp_bytes', 'code_bytes', 'flops_per_chip',
              'model_flops_per_chip', 'bytes_accessed_per_chip', 'step_time_floor_s',
-             'tokens_per_s_ceiling', 'attention_impl', 'biased_attention_impl',
+             'tokens_per_s_ceiling', 'dtype', 'attention_impl', 'biased_attention_impl',
              'attention_kernels', 'topology', 'chips',
              'slices', 'mesh', 'compile_s', 'eval_compile_s', 'fit_compiles', 'fit_compile_s')
 

@@ -99,7 +99,9 @@ def hf_batch(family, **given) -> dict:
 @dataclasses.dataclass
 class Pretrained:
   """A loaded model: `.config` (ml_collections), `.model_config`, `.params`, `.tokenizer`,
-  `.path` (the directory it was loaded from, for messages)."""
+  `.path` (the directory it was loaded from, for messages). `.model_config.dtype` is as the
+  checkpoint recorded it: 'auto' computes in its devices' dtype (bfloat16 on TPU and GPU,
+  float32 on CPU), wherever the checkpoint was trained."""
   config: ml_collections.ConfigDict
   model_config: ModelConfig
   params: Any
@@ -274,9 +276,10 @@ class Pretrained:
     params = self.params if params is None else params
     leaf = jax.tree.leaves(params)[0]
     device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
-    eval_step = jax.jit(ops.bind(   # in its devices' ops form, as make_steps's
+    eval_step = jax.jit(ops.bind(   # in its devices' ops form and dtype, as make_steps's
         backends.for_platform(device.platform), step_lib.make_eval_step(
-            build(self.model_config.replace(deterministic=True, decode=False)),
+            build(self.model_config.resolved(device).replace(deterministic=True,
+                                                             decode=False)),
             t.loss_chunk_len if t else 0, max_predictions)))
     keys = set(family_of(self.model_config).batch_keys)   # (drops e.g. ids the model never reads)
     return eval_lib.evaluate(eval_step, params, ({k: v for k, v in b.items() if k in keys}
@@ -294,7 +297,8 @@ def split_checkpoint_path(path: str):
 def load_pretrained(path: str, step: int | None = None, **model_overrides) -> Pretrained:
   """Load a training workdir (latest or `step`), one of its checkpoints, or a HF directory.
 
-  `model_overrides` are ModelConfig fields (e.g. dtype=jnp.bfloat16, attention_impl='xla').
+  `model_overrides` are ModelConfig fields (e.g. dtype='float32' where the checkpoint's
+  'auto' would compute in bfloat16, attention_impl='xla').
   """
   if not paths.resolve(path).is_dir():
     raise FileNotFoundError(f'{path!r} is not a directory; expected a training workdir, a '

@@ -3,8 +3,10 @@
 `build(ModelConfig)` returns the Linen module of the config's family; `family_of(cfg)` its
 record (pretrain_jax.models.family.Family): batch keys, example batch, heads, FLOPs.
 """
+import jax
+
 from pretrain_jax.models import bert, gpt, t5
-from pretrain_jax.models.config import ModelConfig
+from pretrain_jax.models.config import AUTO, ModelConfig
 from pretrain_jax.models.family import Family, Head
 
 FAMILIES = {f.name: f for f in (bert.FAMILY, gpt.FAMILY, t5.FAMILY)}
@@ -21,6 +23,11 @@ def family_of(cfg_or_name) -> Family:
 
 
 def build(cfg: ModelConfig):
+  """The module of `cfg`, whose compute dtype is concrete: a config still `dtype='auto'`
+  computes in the default device's (ModelConfig.resolved); make_steps resolves for its mesh's
+  devices before it builds."""
+  if cfg.dtype == AUTO:
+    cfg = cfg.resolved(jax.devices()[0])
   return family_of(cfg).model(cfg)
 
 

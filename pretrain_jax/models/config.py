@@ -27,6 +27,25 @@ FAMILY_LAYER_DEFAULTS = {
                fold_query_scale=True, mlp_dropout=True, embedding_dropout=True),
 }
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+AUTO = 'auto'   # model.dtype: the compute dtype of the devices the model runs on (auto_dtype)
+# NVIDIA GPUs from this compute capability on (Ampere) have bfloat16 tensor cores.
+MIN_BF16_CAPABILITY = 8.0
+
+
+def auto_dtype(device):
+  """model.dtype='auto''s compute dtype on `device` (a jax.Device, or a platform name):
+  bfloat16 where the matrix units compute it natively at full rate (TPUs; GPUs with bfloat16
+  tensor cores), else float32 (CPUs, whose XLA emulates bfloat16 dots, and older GPUs)."""
+  platform = getattr(device, 'platform', device)
+  if platform == 'tpu':
+    return jnp.bfloat16
+  if platform != 'gpu':
+    return jnp.float32
+  capability = getattr(device, 'compute_capability', None)
+  try:
+    return jnp.float32 if float(capability) < MIN_BF16_CAPABILITY else jnp.bfloat16
+  except (TypeError, ValueError):   # unknown (a platform name, another vendor's): bfloat16
+    return jnp.bfloat16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +61,9 @@ class ModelConfig(Section):
   mlp_dim: int
   max_len: int = 512
   num_decoder_layers: int = 0           # T5 only; 0 = same as num_layers
-  dtype: Any = jnp.float32               # compute dtype
-  param_dtype: Any = jnp.float32         # storage dtype
+  dtype: Any = AUTO                      # compute dtype: 'auto' (auto_dtype: bfloat16 on TPU
+                                         # and GPU, float32 on CPU), 'float32', 'bfloat16'
+  param_dtype: Any = jnp.float32         # parameter and optimizer-state storage dtype
   attention_impl: str = 'auto'           # see pretrain_jax.models.attention.IMPLEMENTATIONS
   activation: str = 'gelu'
   position_embedding: str = 'learned'
@@ -91,8 +111,9 @@ class ModelConfig(Section):
         object.__setattr__(self, name, value)
     for name in ('dtype', 'param_dtype'):   # a name (config.json, the command line) or a type
       value = getattr(self, name)
-      if isinstance(value, str):
-        self.check(value in DTYPES, name, f'one of {sorted(DTYPES)}')
+      if isinstance(value, str) and not (name == 'dtype' and value == AUTO):
+        self.check(value in DTYPES, name, ("'auto' or " if name == 'dtype' else '')
+                   + f'one of {sorted(DTYPES)}')
         object.__setattr__(self, name, DTYPES[value])
     super().__post_init__()
 
@@ -136,11 +157,19 @@ class ModelConfig(Section):
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
 
+  def resolved(self, device) -> 'ModelConfig':
+    """This config with a concrete compute dtype for `device` (a jax.Device or a platform
+    name): dtype='auto' becomes auto_dtype(device), an explicit dtype stays. The one place
+    'auto' is resolved: training.step.make_steps (its mesh's devices, so `plan` compiles what
+    a TPU would), load.Pretrained.evaluate (its parameters' device) and models.build (the
+    default device, for a config nobody resolved) call it."""
+    return self.replace(dtype=auto_dtype(device)) if self.dtype == AUTO else self
+
   def to_dict(self) -> dict:
     """The config.model dict from_config reads back: dtypes by name, no eval/decode switches."""
     out = super().to_dict()
     for key in ('deterministic', 'decode'):
       del out[key]
     for key in ('dtype', 'param_dtype'):
-      out[key] = jnp.dtype(out[key]).name
+      out[key] = out[key] if out[key] == AUTO else jnp.dtype(out[key]).name
     return out

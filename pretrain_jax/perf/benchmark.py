@@ -151,7 +151,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
   trainer = step_lib.make_steps(model_cfg, t, mesh,
                                 max_predictions=step_lib.max_predictions(t, data),
                                 init_length=data.seq_len)
-  max_predictions = trainer.max_predictions
+  model_cfg, max_predictions = trainer.model_config, trainer.max_predictions   # dtype resolved
   batch_np = synthetic_batch(config)
   state = trainer.create_state(t.seed)
   params = optax.tree_utils.tree_size(state.params)

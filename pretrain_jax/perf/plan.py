@@ -188,7 +188,7 @@ class Planner:
 
   def describe(self, batch_size: int) -> dict:
     """The numbers of a plan that do not need a compile."""
-    chip, m = self.topology.chip, self.run.model
+    chip, m = self.topology.chip, self.steps.model_config   # its dtype resolved for the chips
     one = batch_shapes(self.config, 1, None)
     rows = {k: np.broadcast_to(np.zeros((1,) + s.shape[1:], s.dtype),
                                (batch_size,) + s.shape[1:]) for k, s in one.items()}
@@ -203,7 +203,8 @@ class Planner:
     return {'topology': self.topology.tpu_type, 'topology_name': self.topology.name,
             'chips': chips, 'slices': self.slices, 'hosts': self.hosts,
             'mesh': {k: int(v) for k, v in self.mesh.shape.items()},
-            'batch_size': batch_size, 'tokens_per_step': int(tokens),
+            'batch_size': batch_size, 'dtype': np.dtype(m.dtype).name,
+            'tokens_per_step': int(tokens),
             'model_flops_per_chip': model_flops / chips, **paths,
             'hbm_capacity_bytes': chip.hbm_bytes, 'peak_flops_per_chip': chip.peak_flops,
             'hbm_bytes_per_s': chip.hbm_bytes_per_s}
@@ -318,7 +319,7 @@ def summary(out: dict) -> list:
   where = (f"{out['topology']} ({out['topology_name']}, {out['chips']} chips"
            f"{', ' + str(out['slices']) + ' slices' if out['slices'] > 1 else ''}), mesh "
            + ' x '.join(f'{k} {v}' for k, v in out['mesh'].items() if v > 1 or k != 'dcn'))
-  lines = [where]
+  lines = [where + f", computing in {out['dtype']}"]
   verdict = 'fits' if out['fits'] else 'does NOT fit'
   lines.append(f"batch {out['batch_size']}: {verdict}"
                + (f"; the compiler: {out['compiler_message']}" if out.get('compiler_message')

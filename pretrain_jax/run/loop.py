@@ -8,6 +8,7 @@ import os
 import signal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -178,6 +179,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     check_same_config(config)
     steps = step_lib.make_steps(model_cfg, t, mesh, max_predictions=step_lib.max_predictions(
         t, run.data), init_length=run.data.seq_len, adapter=adapter)
+    model_cfg = steps.model_config            # its compute dtype resolved for the mesh
     if datasets is None:
       check_objective(model_cfg, run.data.objective, run.data.nsp)
     newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
@@ -224,8 +226,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     notes += [start and opt_lib.schedule_change(t, old_steps, start), opt_lib.warmup_warning(t),
               f'{model_cfg.family}: {optax.tree_utils.tree_size(state.params):,} parameters'
               + (f' trained, {optax.tree_utils.tree_size(adapter.frozen):,} frozen'
-                 if adapter is not None else '') + f', mesh {dict(mesh.shape)}, steps '
-              f'{start}..{t.steps}',
+                 if adapter is not None else '') + f', mesh {dict(mesh.shape)}, computing '
+              f'in {jnp.dtype(model_cfg.dtype).name}, steps {start}..{t.steps}',
               *implementation_notes(model_cfg)]   # attention paths other than the config says
     for note in filter(None, notes):
       writer.line(note)
@@ -299,7 +301,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
         break
 
   step_time = clock.mean_step_time()
-  return {'family': model_cfg.family, 'workdir': workdir, 'start_step': start, 'step': step,
+  return {'family': model_cfg.family, 'dtype': jnp.dtype(model_cfg.dtype).name,
+          'workdir': workdir, 'start_step': start, 'step': step,
           'steps': t.steps, 'preempted': stop.requested and step < t.steps,
           'stop_requested': stop.requested,
           'train_loss': last.get('loss'), 'eval_loss': eval_metrics.get('loss'),

@@ -10,6 +10,7 @@ def implementation_notes(cfg, backend: str = '') -> list:
   """One line per way a ModelConfig's `attention_impl` runs other than it says, on this
   backend (or `backend`; the training loop prints them at start)."""
   impl, backend = cfg.attention_impl, backend or jax.default_backend()
+  cfg = cfg.resolved(backend)     # (model.dtype='auto': the paths of that backend's dtype)
   biased = {'t5': "T5's relative position bias", 'alibi': 'the ALiBi bias'}.get(
       'alibi' if cfg.position_embedding == 'alibi' else cfg.family)
   notes = []

@@ -42,8 +42,8 @@ ALLOWABLE_KEYS = ('train.learning_rate', 'train.warmup_steps', 'train.schedule',
                   'train.adam_b1', 'train.adam_b2', 'train.z_loss', 'train.microbatches',
                   'train.seed', 'train.prng_impl', 'train.fp8')
 # Model keys that say how the weights run, not what they are: a run starting from an import's
-# weights (checkpoint 0) may set them (the import writes float32, reference attention, no
-# remat); a trained checkpoint's resume may not.
+# weights (checkpoint 0) may set them (the import writes the defaults: dtype and attention_impl
+# 'auto', no remat); a trained checkpoint's resume may not.
 RUN_MODEL_KEYS = ('model.dtype', 'model.attention_impl', 'model.remat', 'model.dropout_rate',
                   'model.attention_dropout_rate', 'model.mlp_dropout', 'model.embedding_dropout')
 # Every other key but mesh.* (checkpoints restore onto any mesh) must match config.json, e.g.

@@ -123,6 +123,7 @@ class Steps(NamedTuple):
   max_predictions: int     # LM head positions per row (0 = every position)
   scan_steps: Callable     # jitted (state, batches (K, B, ...)) -> (state, metrics (K,)): K
                            # train steps in one dispatch, the same as K calls of train_step
+  model_config: ModelConfig  # the config the steps compute: its dtype resolved for the mesh
 
   @property
   def state_shardings(self):
@@ -143,13 +144,16 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
   """The one path from a model and a `config.train` section to jitted, sharded steps.
 
   `init_length`: the length of the batch that sizes the parameters (they do not depend on it).
-  The ops form (ops/__init__.py) is chosen here, once, from the mesh's devices: every program
-  the steps trace, the state's init included, computes it.
+  The ops form (ops/__init__.py) and the compute dtype of `model.dtype='auto'`
+  (ModelConfig.resolved) are chosen here, once, from the mesh's devices: every program the
+  steps trace, the state's init included, computes them (Steps.model_config is the resolved
+  config).
   `adapter` (a lora.Adapter): the state trains `adapter.trainable(fresh params, rng)` alone and
   every step reads `adapter.merge(params, frozen)`, the frozen weights placed once with their
   shardings and passed to each call.
   """
   form = backends.for_device(mesh.devices.flat[0], t.fp8)
+  model_cfg = model_cfg.resolved(mesh.devices.flat[0])
   tx, schedule = opt_lib.make_optimizer(t), opt_lib.make_schedule(t)
   if t.freeze_backbone:                 # a linear probe: only the active heads' parameters
     heads = family_of(model_cfg).active_heads(model_cfg)
@@ -191,4 +195,4 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
   return Steps(jit(train_step, shardings, rows, **train),
                jit(eval_step, shardings.params, rows, out_shardings=replicated), abstract,
                ops.bind(form, init_state), NamedSharding(mesh, rows), max_predictions,
-               jit(scan, shardings, P(None, mesh_lib.BATCH_AXES), **train))
+               jit(scan, shardings, P(None, mesh_lib.BATCH_AXES), **train), model_cfg)
