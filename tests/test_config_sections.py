@@ -182,6 +182,27 @@ def test_an_old_config_json_without_a_newer_key_loads_with_its_default(tmp_path)
     workdir_lib.check_config(config, str(work))
 
 
+@pytest.mark.parametrize('recorded, refused', [('float32', False), ('bfloat16', True)])
+def test_a_run_recorded_with_a_dtype_resumes_under_auto_where_auto_means_it(
+    tmp_path, recorded, refused):
+  """A workdir recorded before model.dtype='auto' (dtype 'float32') resumes on this CPU under
+  the published 'auto', which computes in float32 here, and keeps its recorded dtype; one
+  recorded as bfloat16 is still refused (the same command would now compute in float32)."""
+  config = tiny_gpt.get_config()
+  assert config.model.dtype == 'auto'
+  old = json.loads(config.to_json())
+  old['model']['dtype'] = recorded
+  work = tmp_path / 'run'
+  work.mkdir()
+  (work / 'config.json').write_text(json.dumps(old))
+  if refused:
+    with pytest.raises(ValueError, match=r"model\.dtype: 'bfloat16' -> 'auto'"):
+      workdir_lib.check_config(config, str(work))
+  else:
+    assert workdir_lib.check_config(config, str(work)) == old
+    assert config.model.dtype == 'float32'    # what the resumed run records and computes in
+
+
 def test_an_old_model_section_loads_with_the_defaults_of_newer_keys():
   """A config.json model section written before the layer switches, ALiBi and the prefix LM
   existed: the missing keys take their defaults (the family's layer choices for those left

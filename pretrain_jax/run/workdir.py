@@ -12,12 +12,14 @@ are known (it checks again, then records).
 import json
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import traverse_util
 
 from pretrain_jax import data, paths
 from pretrain_jax.data.config import TaskConfig, data_section
 from pretrain_jax.models import ModelConfig
+from pretrain_jax.models.config import AUTO, auto_dtype
 from pretrain_jax.run import agreement
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
@@ -134,6 +136,7 @@ def check_config(config, workdir: str, untrained: bool = False):
   import's step 0, so only the model must match (the run brings its own train and data)."""
   saved = read_config(workdir)
   if saved is not None:
+    _keep_recorded_dtype(saved, config)
     lines = config_differences(resolved(saved), resolved(config.to_dict()),
                                TrainConfig.from_config(config.train).allow_config_change)
     if untrained:
@@ -150,6 +153,19 @@ def check_config(config, workdir: str, untrained: bool = False):
                        'the same settings, name safe keys in --config.train.allow_config_change, '
                        'or use a new workdir')
   return saved
+
+
+def _keep_recorded_dtype(saved: dict, config) -> None:
+  """A run recorded with an explicit model.dtype resumes under model.dtype='auto' (the
+  published configs' default) where 'auto' computes in that dtype on this host's devices: the
+  recorded value stays (a CPU run recorded as float32 resumes; on a TPU, where 'auto' means
+  bfloat16, the difference is still refused)."""
+  recorded = (saved.get('model') or {}).get('dtype')
+  if (config.get('model') is None or config.model.get('dtype') != AUTO or recorded in (None, AUTO)
+      or jnp.dtype(auto_dtype(jax.devices()[0])).name != recorded):
+    return
+  with config.unlocked():
+    config.model.dtype = recorded
 
 
 def write_config(config, workdir: str, tokenizer_path: str, start_step,
