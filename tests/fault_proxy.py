@@ -1,7 +1,10 @@
 """A fault-injecting HTTP proxy on 127.0.0.1 in front of the GCS emulator (tests only; standard
-library). Every client the library uses (gcsfs, google-cloud-storage, TensorStore) talks to it
-through `proxy.env` (gcs_emulator.env of its port); it forwards each request to the emulator,
-or fails it as the rules in force say:
+library, and `cryptography`, google-auth's, for one test certificate). Every client the library
+uses talks to it through `proxy.env`: gcsfs, google-cloud-storage and TensorStore as to the
+emulator (gcs_emulator.env of its port), and TensorFlow's GCS file system (tf.data's reads of a
+tfds dataset on gs://), which knows no emulator, as an HTTPS proxy (`https_proxy`): its TLS to
+www.googleapis.com / storage.googleapis.com ends here, with a certificate `CURL_CA_BUNDLE`
+trusts. It forwards each request to the emulator, or fails it as the rules in force say:
 
   with gcs_emulator.serve() as upstream, fault_proxy.serve(upstream) as proxy:
     os.environ.update(proxy.env)
@@ -20,20 +23,29 @@ matching rule of those in force applies. `counts` says what was forwarded and fa
 """
 import collections
 import contextlib
+import datetime
 import http.client
 import http.server
 import json
+import os
 import random
 import re
 import socket
+import ssl
+import tempfile
 import threading
 import urllib.parse
 
 import gcs_emulator
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 HOP_BY_HOP = {'connection', 'keep-alive', 'transfer-encoding', 'content-length',
               'proxy-connection', 'te', 'upgrade', 'trailer'}
 REASONS = {403: 'Forbidden', 429: 'Too Many Requests', 503: 'Service Unavailable'}
+GCS_HOSTS = ('www.googleapis.com', 'storage.googleapis.com')   # TensorFlow's, fixed in its code
 
 
 class Rule:
@@ -80,15 +92,18 @@ def object_names(method: str, target: str, body: bytes, sessions: dict) -> list:
 class FaultProxy:
   """The proxy's rules and counts; `serve` runs it."""
 
-  def __init__(self, upstream_port: int, seed: int = 0):
+  def __init__(self, upstream_port: int, seed: int = 0, ca_file: str = '',
+               tls: ssl.SSLContext | None = None):
     self.upstream_port, self.port = upstream_port, None
+    self.ca_file, self.tls = ca_file, tls
     self.rules, self.lock, self.random = [], threading.Lock(), random.Random(seed)
     self.counts = collections.Counter()   # 'forwarded', 'failed', and per fault
     self.sessions = {}                    # upload_id -> the (bucket, name) it uploads
 
   @property
   def env(self) -> dict:
-    return gcs_emulator.env(self.port)
+    return dict(gcs_emulator.env(self.port), https_proxy=f'http://127.0.0.1:{self.port}',
+                CURL_CA_BUNDLE=self.ca_file)
 
   def fail(self, fault, *, prefix: str = '', fraction: float = 1.0, after: int = 0,
            delay: float = 0.0) -> None:
@@ -136,6 +151,16 @@ def _handler(proxy: FaultProxy):
             return out
           out += chunk
       return self.rfile.read(int(self.headers.get('Content-Length', 0)))
+
+    def do_CONNECT(self):
+      """An HTTPS client's tunnel (TensorFlow's): TLS ends here; the requests inside it are
+      forwarded to the emulator as the others are."""
+      self.send_response(200, 'Connection established')
+      self.end_headers()
+      self.connection = proxy.tls.wrap_socket(self.connection, server_side=True)
+      self.rfile = self.connection.makefile('rb')
+      self.wfile = self.connection.makefile('wb', buffering=0)
+      self.close_connection = False
 
     def _drop(self):
       self.close_connection = True
@@ -202,17 +227,60 @@ class _Server(http.server.ThreadingHTTPServer):
     del request, client_address   # a client that gave up on an answer (a slow one): expected
 
 
+def _certificates(folder: str) -> tuple:
+  """(the file of a CA made for this proxy, a TLS server context with a certificate it signed
+  for GCS_HOSTS): what an HTTPS client trusts through CURL_CA_BUNDLE."""
+  now = datetime.datetime.now(datetime.UTC)
+
+  def certificate(subject, key, issuer, issuer_key, *extensions):
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(days=1))
+               .not_valid_after(now + datetime.timedelta(days=7)))
+    for extension, critical in extensions:
+      builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+  ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+  ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, 'fault_proxy test CA')])
+  ca = certificate(ca_name, ca_key, ca_name, ca_key,
+                   (x509.BasicConstraints(ca=True, path_length=None), True),
+                   (x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                  key_encipherment=False, data_encipherment=False,
+                                  key_agreement=False, key_cert_sign=True, crl_sign=True,
+                                  encipher_only=False, decipher_only=False), True),
+                   (x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False))
+  server = certificate(
+      x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GCS_HOSTS[0])]), key, ca_name, ca_key,
+      (x509.SubjectAlternativeName([x509.DNSName(h) for h in GCS_HOSTS]), False),
+      (x509.BasicConstraints(ca=False, path_length=None), True),
+      (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+      (x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), False))
+  pem = serialization.Encoding.PEM
+  ca_file, server_file = os.path.join(folder, 'ca.pem'), os.path.join(folder, 'server.pem')
+  with open(ca_file, 'wb') as f:
+    f.write(ca.public_bytes(pem))
+  with open(server_file, 'wb') as f:
+    f.write(server.public_bytes(pem) + key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+  context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+  context.load_cert_chain(server_file)
+  return ca_file, context
+
+
 @contextlib.contextmanager
 def serve(upstream_env: dict, seed: int = 0):
   """A FaultProxy on a free port of 127.0.0.1 in front of the emulator whose environment is
   `upstream_env` (gcs_emulator.serve's); forwards everything until told to fail."""
-  proxy = FaultProxy(int(upstream_env['STORAGE_EMULATOR_HOST'].rsplit(':', 1)[1]), seed)
-  server = _Server(('127.0.0.1', 0), _handler(proxy))
-  proxy.port = server.server_address[1]
-  thread = threading.Thread(target=server.serve_forever, name='fault_proxy', daemon=True)
-  thread.start()
-  try:
-    yield proxy
-  finally:
-    server.shutdown()
-    server.server_close()
+  with tempfile.TemporaryDirectory(prefix='fault_proxy') as folder:
+    proxy = FaultProxy(int(upstream_env['STORAGE_EMULATOR_HOST'].rsplit(':', 1)[1]), seed,
+                       *_certificates(folder))
+    server = _Server(('127.0.0.1', 0), _handler(proxy))
+    proxy.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, name='fault_proxy', daemon=True)
+    thread.start()
+    try:
+      yield proxy
+    finally:
+      server.shutdown()
+      server.server_close()
