@@ -1,7 +1,9 @@
 """Cloud Storage outages that cannot be ridden out, through tests/fault_proxy.py in front of the
 GCS emulator: each ends in one error naming what failed, within the clients' own retry
-deadlines, with the last complete checkpoint restorable (docs/training.md, storage faults)."""
+deadlines, with the last complete checkpoint restorable, and a checkpoint that cannot be read
+is skipped and kept, never replaced or deleted (docs/training.md, storage faults)."""
 import os
+import re
 import time
 
 import fault_proxy
@@ -117,3 +119,79 @@ def test_reading_a_checkpoint_under_failing_requests_succeeds_or_stops_with_one_
       checkpoint.restore_params(workdir)
   finally:
     proxy.clear()
+
+
+# (b) Checkpoints that cannot be read: evaluation and resumption take the newest that reads.
+
+def trained(workdir: str, steps: int) -> dict:
+  """Trains a tiny GPT on synthetic data to `steps` in `workdir`, a checkpoint every 2 steps,
+  the newest 2 kept."""
+  config = small(tiny_gpt.get_config(), steps=steps)
+  config.train.update(log_every=1, checkpoint_every=2, eval_every=0, keep_checkpoints=2)
+  return loop.train_and_evaluate(config, workdir,
+                                 datasets=datasets_with_hook(config, lambda d, b: b))
+
+
+def generations(prefix: str) -> dict:
+  """{name: generation} of the objects under gs://bucket/<prefix>, listed by
+  google-cloud-storage (gcsfs would answer from its listing cache): a rewrite changes them."""
+  from google.cloud import storage  # noqa: PLC0415 (gs:// only)
+  return {b.name: b.generation for b in storage.Client().list_blobs('bucket', prefix=prefix)}
+
+
+def skipped(err: str, step: int) -> list:
+  """The lines of `err` saying checkpoint `step` was skipped as unreadable."""
+  return [line for line in err.splitlines()
+          if re.match(rf'checkpoint {step} under \S+ could not be read \(.*Forbidden.*\); '
+                      'skipped', line)]
+
+
+@pytest.mark.parametrize('unreadable,read', [
+    ('state/', 'state'), pytest.param('', 'commit_success.txt', marks=pytest.mark.slow)])
+def test_an_unreadable_newest_checkpoint_is_skipped_and_kept(proxy, capsys, unreadable, read):
+  """Every read of checkpoint 4's arrays refused (the restore fails), or of all its files (the
+  listing cannot tell it is complete): evaluation reads 2, saying so in one line; the resumed
+  run trains from 2, saves neither over 4 nor deletes any checkpoint (orbax's rotation would
+  read every folder's state), and 4's files are the ones written before; the next run
+  rotates."""
+  workdir = f'gs://bucket/unreadable_{read}'
+  trained(workdir, 4)
+  written = generations(f'unreadable_{read}/checkpoints/4/')
+  capsys.readouterr()
+  proxy.fail(403, prefix=f'{workdir}/checkpoints/4/{unreadable}')
+  try:
+    assert checkpoint.restore_params(workdir)[2] == 2
+    lines = skipped(capsys.readouterr().err, 4)
+    assert len(lines) == 1 and read in lines[0], lines
+    resumed = trained(workdir, 6)
+  finally:
+    proxy.clear()
+  err = capsys.readouterr().err
+  assert resumed['start_step'] == 2 and resumed['step'] == 6
+  assert len(skipped(err, 4)) == 1 and 'resuming from step 2' in skipped(err, 4)[0], err
+  assert 'not saving step 4' in err
+  assert checkpoint.complete_steps(workdir) == [2, 4, 6]   # none rotated away (keep 2)
+  assert generations(f'unreadable_{read}/checkpoints/4/') == written
+  assert checkpoint.restore_params(workdir, 4)[2] == 4
+  if not unreadable:   # (the slow case only: one more run)
+    assert trained(workdir, 8)['checkpoint_steps'] == [6, 8]   # the next run rotates
+
+
+def test_no_readable_checkpoint_is_one_error_naming_them_all(proxy):
+  workdir = 'gs://bucket/none_readable'
+  trained(workdir, 4)
+  for step in (2, 4):
+    proxy.fail(403, prefix=f'{workdir}/checkpoints/{step}/')
+  try:
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'no checkpoint under \S+ could be read: \S+/checkpoints/4 '
+                             r'\(.*Forbidden.*\) \| \S+/checkpoints/2 \(.*Forbidden'):
+      checkpoint.restore_params(workdir)
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'no checkpoint under \S+ restores: .*checkpoints/2 could not '
+                             r'be read .*checkpoints/4 could not be read .*rerun the same '
+                             r'command'):
+      trained(workdir, 6)
+  finally:
+    proxy.clear()
+  assert checkpoint.complete_steps(workdir) == [2, 4]   # nothing moved, deleted or trained

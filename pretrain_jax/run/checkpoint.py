@@ -2,6 +2,7 @@
 state's checksums (checksums.py), verified on restore; layout: docs/training.md.
 `restore_params(workdir)` is the entry point for evaluation / generation scripts."""
 import contextlib
+import functools
 import sys
 import time
 
@@ -11,7 +12,7 @@ from etils import epath
 
 from pretrain_jax import paths
 from pretrain_jax.models import ModelConfig, build
-from pretrain_jax.run import agreement
+from pretrain_jax.run import agreement, listing
 from pretrain_jax.run import workdir as workdir_lib
 from pretrain_jax.run.checksums import CheckpointError, shard_checksums, verify
 from pretrain_jax.training import state as state_lib
@@ -34,9 +35,12 @@ def _log(text: str) -> None:
 
 class Checkpointer:
   """A CheckpointManager over items `state` (pytree), `data` and `checksums` (JSON). Made with
-  the workdir lock held (lock.hold): process 0 deletes the folders of interrupted saves (orbax's
-  cleanup_tmp_directories: local `*.orbax-checkpoint-tmp*`, on gs:// step folders without
-  commit_success.txt), which are a live trainer's saves when another holds the workdir.
+  the workdir lock held (lock.hold): process 0 deletes the folders of interrupted saves (what
+  orbax's cleanup_tmp_directories deletes: local `*.orbax-checkpoint-tmp*`, on gs:// step
+  folders without commit_success.txt), which are a live trainer's saves when another holds the
+  workdir; a folder the storage would not say that of is kept (listing.py), as is a checkpoint
+  the restore could not read: this run never saves at its step (`save`) and deletes no
+  checkpoint (orbax's rotation reads every folder's state first), the next run rotates.
 
   A background save's failure is raised as CheckpointSaveError on every process at the same
   step: by `poll` (each step, agreed agreement.Lagged.LAG steps late), `check` and `wait`."""
@@ -45,25 +49,35 @@ class Checkpointer:
                timeout_sec: int = 1200):
     # timeout_sec: on several hosts, a save failing on one leaves the others in orbax's commit
     # barriers; they give up after this long, and then every host stops with the error.
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep or None, enable_async_checkpointing=async_save,
+    self.names = listing.NameFormat()
+    self.options = functools.partial(
+        ocp.CheckpointManagerOptions, enable_async_checkpointing=async_save,
         async_options=ocp.AsyncOptions(timeout_secs=int(timeout_sec)),
-        cleanup_tmp_directories=True)
+        step_name_format=self.names)
     self.workdir, self.directory = workdir, checkpoint_dir(workdir)
-    unfinished = ocp.utils.tmp_checkpoints(self.directory) if jax.process_index() == 0 else []
-    if unfinished:   # (orbax names none of the folders it deletes)
-      _log(f'removing unfinished checkpoint folders (an interrupted save, or the deletion of an '
-           f'old checkpoint) under {self.directory}: '
-           f'{", ".join(sorted(t.get().name for t in unfinished))}')
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    if jax.process_index() == 0:
+      unfinished = listing.list_steps(self.directory).unfinished
+      if unfinished:
+        _log(f'removing unfinished checkpoint folders (an interrupted save, or the deletion of '
+             f'an old checkpoint) under {self.directory}: '
+             f'{", ".join(sorted(p.name for p in unfinished))}')
+      for path in unfinished:
+        path.rmtree()
+    self.manager = ocp.CheckpointManager(self.directory,
+                                         options=self.options(max_to_keep=keep or None))
     self.pending = None   # the step of the save that may still be writing
     self.step = None      # the last step trained (poll): where a failure stops the run
     self._error, self._done, self._lagged = None, False, agreement.Lagged()
 
-  def save(self, step: int, state, data_state) -> None:
+  def save(self, step: int, state, data_state) -> bool:
     """Starts writing; returns once arrays are copied off the devices (the donated state
-    buffers are safe to reuse). All processes must call this."""
+    buffers are safe to reuse), True. All processes must call this. False, writing nothing, at
+    a step whose checkpoint could not be read when the run started: it stays as it was."""
     self.wait()   # orbax waits for the previous save here anyway; this names its failure
+    if int(step) in self.names.kept:
+      _log(f'not saving step {step}: checkpoint {step}, which could not be read when this run '
+           'started, is kept as it was')
+      return False
     data = saved_data_state(agreement.gather_json(data_state))
     sums = {}
     for part in agreement.gather_json(shard_checksums(state)):
@@ -77,6 +91,7 @@ class Checkpointer:
           checksums=ocp.args.JsonSave(sums)))
     except Exception as e:
       raise self._save_error(e) from e
+    return True
 
   def _run(self, *calls) -> None:
     """Runs orbax's `calls` until one raises, keeping its error (orbax raises each once)."""
@@ -158,35 +173,57 @@ class Checkpointer:
   def restore(self, abstract_state):
     """(state placed with abstract_state's shardings, whatever mesh saved it, this host's data
     state) of the newest checkpoint that restores and verifies on every process. Newer damaged
-    ones are moved aside to `<step>.corrupt-<time>` with a message. Raises CheckpointError when
-    none restores, moving nothing. Step 0 (WEIGHTS_ONLY_STEP) is never restored here: when it is
-    the one left, the result is (None, None) and the caller starts from its weights."""
+    ones are moved aside to `<step>.corrupt-<time>`; newer ones the storage would not read
+    (listing.is_unreadable, on any process) are skipped and kept as they were, and this run
+    never saves at their steps (`save`): one line each. Raises CheckpointError when none
+    restores, moving nothing. Step 0 (WEIGHTS_ONLY_STEP) is never restored here: when it is the
+    one left, the result is (None, None) and the caller starts from its weights."""
+    found = listing.list_steps(self.directory)
+    unreadable = {int(k): v for part in agreement.gather_json(
+        {str(k): v for k, v in found.unreadable.items()}) for k, v in part.items()}
     failures = []
-    for s in sorted(set(complete_steps(self.workdir)) - {WEIGHTS_ONLY_STEP}, reverse=True):
-      restored = None
+    for s in sorted(set(found.complete) - set(unreadable) - {WEIGHTS_ONLY_STEP}, reverse=True):
+      restored, status, why = None, 'ok', ''
       try:
         restored = _restore_verified(self.directory / str(s),
                                      state=ocp.args.StandardRestore(abstract_state),
                                      data=ocp.args.JsonRestore())
       except CheckpointError as e:
-        failures.append((s, str(e)))
-      if agreement.all_processes(restored is not None):
+        status = 'unreadable' if listing.is_unreadable(e) else 'damaged'
+        why = str(e) if status == 'damaged' else listing.why(e)
+      statuses = agreement.gather_json(status)
+      if set(statuses) == {'ok'}:
         break
-      if restored is not None:
-        failures.append((s, f'checkpoint {s} failed to verify on another process'))
+      if 'unreadable' in statuses:   # (a read that failed anywhere proves no damage)
+        unreadable[s] = why if status == 'unreadable' else 'unreadable on another process'
+      else:
+        failures.append((s, why or f'checkpoint {s} failed to verify on another process'))
     else:
-      if WEIGHTS_ONLY_STEP not in complete_steps(self.workdir):
+      if WEIGHTS_ONLY_STEP not in found.complete:
+        what = [f for _, f in failures] + [
+            f'checkpoint {self.directory / str(k)} could not be read ({v})'
+            for k, v in sorted(unreadable.items())]
         raise CheckpointError('no checkpoint under {} restores: {}. Nothing was moved or '
-                              'deleted; inspect the files, or train in a new workdir'.format(
-                                  self.directory, ' | '.join(f for _, f in failures)))
+                              'deleted; {}'.format(self.directory, ' | '.join(what), (
+                                  'rerun the same command once the storage reads them'
+                                  if unreadable else
+                                  'inspect the files, or train in a new workdir')))
       s = WEIGHTS_ONLY_STEP
     for bad, why in failures:
       aside = self._move_aside(bad, 'corrupt')
       _log(f'checkpoint {bad} is damaged and was moved aside to {aside}: {why}; '
            f'resuming from step {s}')
+    for kept, why in sorted(unreadable.items()):
+      if kept > s:
+        _log(f'checkpoint {kept} under {self.directory} could not be read ({why}); skipped and '
+             f'kept as it was (this run does not save over it): resuming from step {s}')
     if failures:
       agreement.barrier('pretrain_jax: damaged checkpoints moved aside')
       self.manager.reload()
+    if unreadable:   # (no rotation: see the class doc)
+      self.names.kept |= set(unreadable)
+      self.manager.close()
+      self.manager = ocp.CheckpointManager(self.directory, options=self.options())
     if s == WEIGHTS_ONLY_STEP:
       return None, None
     return restored['state'], host_data_state(restored['data'], s)
@@ -228,17 +265,6 @@ def host_data_state(data: dict, step) -> dict:
   return data['processes'][jax.process_index()]
 
 
-def _why(error) -> str:
-  """'Type: first line' of the innermost cause: orbax's own message is a TensorStore repr; its
-  cause names the array and the damage (`Error reading "params.h_0.attn.key.kernel/0.0.0" ...:
-  Truncated Zstd-compressed stream`)."""
-  chain = [error]
-  while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__) not in (None, *chain):
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
-  root = next((e for e in reversed(chain) if str(e).strip()), error)
-  return f'{type(root).__name__}: {(str(root).strip().splitlines() or [repr(root)])[0][:400]}'
-
-
 def _restore_verified(path: epath.Path, **items) -> dict:
   """`items` (with the checksums when saved) of the checkpoint at `path`, its `state` verified;
   any failure is a CheckpointError naming the checkpoint. Read without a CheckpointManager: a
@@ -249,14 +275,15 @@ def _restore_verified(path: epath.Path, **items) -> dict:
     with contextlib.closing(ocp.Checkpointer(ocp.CompositeCheckpointHandler())) as reader:
       restored = reader.restore(path, args=ocp.args.Composite(**items))
   except Exception as e:
-    raise CheckpointError(f'checkpoint {path} failed to restore ({_why(e)})') from e
+    raise CheckpointError(f'checkpoint {path} failed to restore ({listing.why(e)})') from e
   verify(restored['state'], restored.get('checksums'), path)
   return restored
 
 
 def complete_steps(workdir: str) -> list:
-  """Steps of the finished checkpoints, ascending (on gs://: those with commit_success.txt)."""
-  return sorted(ocp.utils.checkpoint_steps(checkpoint_dir(workdir)))
+  """Steps of the finished checkpoints, ascending (on gs://: those with commit_success.txt);
+  not those the storage would not say that of (listing.list_steps: unreadable)."""
+  return listing.list_steps(checkpoint_dir(workdir)).complete
 
 
 def read_params(directory: epath.Path, step: int, target):
@@ -284,19 +311,36 @@ def restore_params(workdir: str, step=None):
 
 
 def read_on_one_device(workdir: str, abstract, step=None) -> tuple:
-  """(the arrays of checkpoint `step` (default: the latest) shaped as the `abstract` tree, on
-  the default device; step): FileNotFoundError for a step that is not there, CheckpointError
-  (naming the other steps) for one that does not verify."""
-  done = complete_steps(workdir)
-  step = (done or [None])[-1] if step is None else int(step)
-  if step not in done:
+  """(the arrays of checkpoint `step` shaped as the `abstract` tree, on the default device;
+  step). Without a step, the newest that reads: each newer one the storage would not read
+  (listing.is_unreadable) is skipped with a line, and CheckpointError names them all when none
+  reads. FileNotFoundError for a step that is not there, CheckpointError (naming the other
+  steps) for one that does not read or verify."""
+  directory = checkpoint_dir(workdir)
+  found = listing.list_steps(directory)
+  done, unreadable = found.complete, dict(found.unreadable)
+  tries = sorted(set(done) | set(unreadable), reverse=True) if step is None else [int(step)]
+  if not tries or tries[0] not in (*done, *unreadable):
     raise FileNotFoundError(f'no checkpoint {"" if step is None else step} under '
-                            f'{checkpoint_dir(workdir)}; steps there: {done}')
+                            f'{directory}; steps there: {done}')
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                         abstract)
-  try:
-    return read_params(checkpoint_dir(workdir), step, target), step
-  except CheckpointError as e:
-    others = [s for s in done if s != step]
-    raise CheckpointError(f'{e}; load another step (steps there: {others}) or retrain') from e
+  for s in tries:
+    try:
+      if s in unreadable:
+        raise CheckpointError(f'checkpoint {directory / str(s)} could not be read '
+                              f'({unreadable[s]})')
+      return read_params(directory, s, target), s
+    except CheckpointError as e:
+      if step is not None or not (s in unreadable or listing.is_unreadable(e)):
+        others = [o for o in done if o != s]
+        raise CheckpointError(f'{e}; load another step (steps there: {others}) or '
+                              'retrain') from e
+      unreadable[s] = unreadable.get(s) or listing.why(e)
+      _log(f'checkpoint {s} under {directory} could not be read ({unreadable[s]}); skipped, '
+           'kept as it was')
+  raise CheckpointError('no checkpoint under {} could be read: {}. Nothing was moved or '
+                        'deleted; rerun once the storage reads them'.format(
+                            directory, ' | '.join(f'{directory / str(s)} ({unreadable[s]})'
+                                                  for s in tries)))

@@ -14,7 +14,7 @@ import optax
 
 from pretrain_jax import data, paths
 from pretrain_jax.models import cost, family_of
-from pretrain_jax.run import agreement
+from pretrain_jax.run import agreement, listing
 from pretrain_jax.run import checkpoint as ckpt_lib
 from pretrain_jax.run import lock as lock_lib
 from pretrain_jax.run import metrics as metrics_lib
@@ -182,7 +182,9 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     model_cfg = steps.model_config            # its compute dtype resolved for the mesh
     if datasets is None:
       check_objective(model_cfg, run.data.objective, run.data.nsp)
-    newest = (ckpt_lib.complete_steps(workdir) or [None])[-1]
+    # A step folder the storage would not read counts: no fresh start over checkpoints.
+    found = listing.list_steps(ckpt_lib.checkpoint_dir(workdir))
+    newest = max([*found.complete, *found.unreadable], default=None)
     workdir_lib.check_config(config, paths.resolve(workdir),   # before any data are prepared
                              untrained=newest == ckpt_lib.WEIGHTS_ONLY_STEP)
     train_iter, eval_iter, opened = open_datasets(run, datasets, workdir, tokenizer)
@@ -292,12 +294,13 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
           writer.flush()
         except Exception as e:  # the save matters more
           writer.line(f'warning: metrics not written before saving step {step} ({e}); saving')
-        checkpointer.save(step, state, train_iter.get_state())
+        saved = checkpointer.save(step, state, train_iter.get_state())
       if eval_now or save_now:
         clock.pause()                       # not training throughput
       if stopping:
         checkpointer.wait()                 # announce only a complete checkpoint
-        writer.line(f'{stop.name or "SIGTERM"}: saved step {step}; exiting')
+        writer.line(f'{stop.name or "SIGTERM"}: {"saved" if saved else "kept checkpoint"} '
+                    f'step {step}; exiting')
         break
 
   step_time = clock.mean_step_time()
