@@ -2,8 +2,11 @@
 GCS emulator: each ends in one error naming what failed, within the clients' own retry
 deadlines, with the last complete checkpoint restorable, and a checkpoint that cannot be read
 is skipped and kept, never replaced or deleted (docs/training.md, storage faults)."""
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import fault_proxy
@@ -11,10 +14,13 @@ import gcs_emulator
 import jax
 import numpy as np
 import pytest
+from helpers import ROOT, one_device_env
 from modeling import datasets_with_hook, small
 
 from configs import tiny_gpt
-from pretrain_jax import paths
+from pretrain_jax import data, paths
+from pretrain_jax.data import corpus, sources
+from pretrain_jax.data.config import DataConfig
 from pretrain_jax.run import checkpoint, loop
 from pretrain_jax.run import lock as lock_lib
 
@@ -195,3 +201,151 @@ def test_no_readable_checkpoint_is_one_error_naming_them_all(proxy):
   finally:
     proxy.clear()
   assert checkpoint.complete_steps(workdir) == [2, 4]   # nothing moved, deleted or trained
+
+
+# (a) A data read that keeps failing: tfds data in the bucket, read by TensorFlow's GCS client.
+
+def test_a_failed_read_of_the_input_pipeline_names_the_file():
+  """TensorFlow's read errors name the file after `when reading`, wrapped in its op's text; an
+  error of the pipeline's own (a bug) is left as it is."""
+  import tensorflow as tf  # noqa: PLC0415
+  spent = tf.errors.AbortedError(None, None, (
+      '{{function_node __wrapped__IteratorGetNext_device_/job:localhost}} All 10 retry attempts '
+      "failed. The last failure: HTTP response code 503 with body '{}'\n\t when reading "
+      'gs://b/d/x.tfrecord-00000-of-00001 [Op:IteratorGetNext] name: '))
+  assert str(sources.read_error(spent)) == (
+      'reading gs://b/d/x.tfrecord-00000-of-00001 failed (AbortedError: All 10 retry attempts '
+      "failed. The last failure: HTTP response code 503 with body '{}')")
+  gone = tf.errors.NotFoundError(None, None, '/data/x.tfrecord; No such file or directory')
+  assert str(sources.read_error(gone)).startswith('reading /data/x.tfrecord failed (NotFound')
+  assert sources.read_error(tf.errors.InvalidArgumentError(None, None, 'shapes differ')) is None
+  assert sources.read_error(ValueError('a bug')) is None
+
+
+DOCUMENTS = 8   # of 150 characters: an epoch of a stream every few steps, each reopening the file
+
+
+@pytest.fixture(scope='module')
+def bucket_data(proxy, tmp_path_factory):
+  """(config, local files) of a 1-layer GPT whose data are DOCUMENTS short documents prepared as
+  tfds in gs://bucket/prepared, streamed from there (shuffle_buffer 1) by TensorFlow's GCS
+  client through the proxy; a char tokenizer, trained in the module's cache."""
+  folder = tmp_path_factory.mktemp('data')
+  files = str(folder / 'docs.jsonl')
+  with open(files, 'w') as f:
+    f.writelines(json.dumps({'text': d[:150]}) + '\n'
+                 for d in corpus.embedded_documents()[:DOCUMENTS])
+  config = small(tiny_gpt.get_config(), steps=8)
+  config.model.vocab_size = 384
+  config.data.update(files=files, tokenizer_type='char', tokenizer_vocab_size=300,
+                     shuffle_buffer=1, validation_fraction=0.1)
+  config.train.update(log_every=1, checkpoint_every=2, eval_every=0)
+  sources.open_source(DataConfig.from_config(config.data), data_dir=str(folder / 'prepared'))
+  paths.copy_tree(str(folder / 'prepared'), 'gs://bucket/prepared')
+  config.data.prepared_dir = 'gs://bucket/prepared'
+  return config, files
+
+
+def failing_from_batch(monkeypatch, proxy, n, **fault):
+  """data.make_dataset's train split has the proxy fail requests as `fault` says from its n-th
+  batch drawn on; returns the list that gets the time it began."""
+  real, began = data.make_dataset, []
+
+  def make(data_config, tokenizer, *, split, **kw):
+    it = real(data_config, tokenizer, split=split, **kw)
+    if split != data_config.train_split:
+      return it
+    nxt, drawn = it.__next__, [0]
+
+    class Hooked(type(it)):
+      def __next__(self):
+        drawn[0] += 1
+        if drawn[0] == n:
+          proxy.fail(**fault)
+          began.append(time.monotonic())
+        return nxt()
+    it.__class__ = Hooked
+    return it
+  monkeypatch.setattr(data, 'make_dataset', make)
+  return began
+
+
+def test_a_data_read_refused_for_good_stops_with_one_error_naming_the_file(
+    proxy, bucket_data, monkeypatch):
+  """Permission to read the data lost mid-run (403: TensorFlow does not retry it): one
+  DataReadError naming the tfrecord file and the same command to resume; the newest complete
+  checkpoint restores (the slow test below resumes from it)."""
+  config, _ = bucket_data
+  workdir = 'gs://bucket/data_refused'
+  with monkeypatch.context() as patch:
+    began = failing_from_batch(patch, proxy, 3, fault=403, prefix='gs://bucket/prepared/')
+    try:
+      with pytest.raises(Exception) as raised:
+        loop.train_and_evaluate(config, workdir)
+    finally:
+      proxy.clear()
+  seconds, error = time.monotonic() - began[0], str(raised.value)
+  print(f'stopped {seconds:.1f} s after the fault began: {error}')
+  assert type(raised.value).__name__ == 'DataReadError', error
+  assert re.match(r'reading gs://bucket/prepared/\S+\.tfrecord-\d+-of-\d+ failed '
+                  r'\(PermissionDeniedError: .*403', error), error
+  newest = int(re.search(r'newest complete checkpoint is step (\d+): .* rerun the same '
+                         r'command', error).group(1))
+  assert checkpoint.complete_steps(workdir)[-1] == newest
+  assert checkpoint.restore_params(workdir)[2] == newest
+
+
+@pytest.mark.slow
+def test_a_data_outage_the_client_retries_out_is_one_line_and_a_rerun_rides_out_a_flaky_one(
+    proxy, bucket_data):
+  """`pretrain-jax train` reading its data from the bucket: every read fails (503) from step 3
+  on; TensorFlow's GCS client retries each (its own setting, GCS_RETRY_CONFIG_*: 6 retries 0.1 s
+  apart and doubling, read when TensorFlow loads, hence a process of its own) and the run stops
+  with one `error:` line naming the file. The same command, with 30% of the data reads failing,
+  resumes from the newest checkpoint and finishes: the client's retries ride those out."""
+  config, files = bucket_data
+  workdir = 'gs://bucket/data_cli'
+  env = dict(one_device_env(), **proxy.env, PRETRAIN_JAX_CACHE=os.environ['PRETRAIN_JAX_CACHE'],
+             GCS_RETRY_CONFIG_MAX_RETRIES='6', GCS_RETRY_CONFIG_INIT_DELAY_TIME_US='100000')
+  argv = [sys.executable, '-m', 'pretrain_jax.commands.train', '--workdir', workdir,
+          '--config', os.path.join(ROOT, 'configs', 'tiny_gpt.py'),
+          *[f'--config.{k}={v}' for k, v in [
+              ('model.num_layers', 1), ('model.vocab_size', 384), ('train.batch_size', 4),
+              ('train.steps', 8), ('train.log_every', 1), ('train.checkpoint_every', 2),
+              ('train.eval_every', 0), ('data.seq_len', 64), ('data.files', files),
+              ('data.prepared_dir', config.data.prepared_dir), ('data.tokenizer_type', 'char'),
+              ('data.tokenizer_vocab_size', 300), ('data.shuffle_buffer', 1),
+              ('data.validation_fraction', 0.1)]]]
+  run = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+  err, began = [], None
+  try:
+    for line in run.stderr:
+      err.append(line)
+      if line.startswith('step 3/8'):
+        proxy.fail(503, prefix='gs://bucket/prepared/')
+        began = time.monotonic()
+    run.wait(timeout=600)
+  finally:
+    proxy.clear()
+  seconds = time.monotonic() - began
+  errors = [line for line in err if line.startswith('error:')]
+  print(f'503s: stopped {seconds:.1f} s after the fault began ({proxy.counts}): {errors}')
+  assert run.returncode == 2 and len(errors) == 1 and errors[0] == err[-1], ''.join(err)
+  assert 'Traceback' not in ''.join(err)
+  assert re.match(r'error: reading gs://bucket/prepared/\S+\.tfrecord-\d+-of-\d+ failed '
+                  r'\(AbortedError: All 6 retry attempts failed.* 503', errors[0])
+  newest = int(re.search(r'newest complete checkpoint is step (\d+)', errors[0]).group(1))
+  assert checkpoint.complete_steps(workdir)[-1] == newest
+  failed = proxy.counts['failed']
+  proxy.fail(503, prefix='gs://bucket/prepared/', fraction=0.3)
+  try:
+    again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600, check=False)
+  finally:
+    proxy.clear()
+  print(f'30% of reads failing: {proxy.counts["failed"] - failed} failed and were retried')
+  assert again.returncode == 0, again.stderr[-3000:]
+  result = json.loads(again.stdout.strip().splitlines()[-1])
+  assert result['start_step'] == newest and result['step'] == 8
+  assert proxy.counts['failed'] > failed

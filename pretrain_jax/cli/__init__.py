@@ -34,7 +34,7 @@ process.start()
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, PermissionError, FloatingPointError)
 USER_ERROR_NAMES = ('LockHeld', 'CheckpointError', 'CheckpointSaveError', 'UsageError',
-                    'PathError', 'PeerError')
+                    'PathError', 'PeerError', 'DataReadError')
 _JOINED = []   # non-empty once join_processes succeeded: this process is one of several
 _ANNOUNCE = []   # share_stops's announce(line): tells the other processes this one stops
 _STOPPING = threading.Lock()   # held by whichever of an error and a peer's notice stops first

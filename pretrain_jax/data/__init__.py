@@ -20,8 +20,9 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # its notice comes before t
 
 # Imported on first use (PEP 562), so that `pretrain_jax.data.tokenizer` alone (a Hugging Face
 # T5's sentinels, say) does not start TensorFlow, which the pipeline needs.
-_WHERE = {'DataIterator': 'pipeline', 'assemble_global_batch': 'pipeline',
-          'check_lengths': 'pipeline', 'host_batch_size': 'pipeline', 'make_dataset': 'pipeline',
+_WHERE = {'DataIterator': 'pipeline', 'DataReadError': 'sources',
+          'assemble_global_batch': 'pipeline', 'check_lengths': 'pipeline',
+          'host_batch_size': 'pipeline', 'make_dataset': 'pipeline',
           'Tokenizer': 'tokenizer', 'load_tokenizer': 'tokenizer', 'open_tokenizer': 'tokenizer',
           'train_sentencepiece': 'tokenizer'}
 __all__ = sorted(_WHERE)

@@ -184,6 +184,9 @@ class DataIterator:
       raise StopIteration
     if isinstance(item, BaseException):
       self._thread = None
+      failed = sources.read_error(item)
+      if failed is not None:
+        raise failed from item
       raise item
     batch, state = item
     self._state = state

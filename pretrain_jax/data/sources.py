@@ -19,6 +19,7 @@ all runs instead (`tfds_name` + `tfds_data_dir` on gs://), as t5x does.
 """
 import functools
 import hashlib
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -37,6 +38,34 @@ cache_dir = paths_lib.cache_dir
 
 class PeerError(RuntimeError):
   """Another process of the run failed (its own error says why); this one stops too."""
+
+
+class DataReadError(RuntimeError):
+  """A data file could not be read: the storage refused or failed after its client's retries
+  (TensorFlow's GCS client: GCS_RETRY_CONFIG_MAX_RETRIES, 10 by default), or it is gone."""
+
+
+# TensorFlow's errors of a read that failed in the storage or found the file gone or cut short.
+_READ_ERRORS = ('NotFoundError', 'PermissionDeniedError', 'UnauthenticatedError',
+                'UnavailableError', 'AbortedError', 'DeadlineExceededError',
+                'ResourceExhaustedError', 'FailedPreconditionError', 'DataLossError')
+
+
+def read_error(error) -> DataReadError | None:
+  """The input pipeline's `error` as a DataReadError naming the file when it is a failed read
+  (TensorFlow's I/O errors say `... when reading gs://b/x.tfrecord-00000-of-00001`, gcsfs's
+  OSError names the object), else None (a bug, which keeps its traceback)."""
+  is_tf = isinstance(error, tf.errors.OpError) and type(error).__name__ in _READ_ERRORS
+  if not (is_tf or isinstance(error, OSError)):
+    return None
+  text = error.message if is_tf else str(error)
+  found = (re.search(r'when reading (\S+)', text) or re.search(r'\b(gs://\S+)', text)
+           or re.search(r"'?(/\S+?)'?(?:[;:,]|\s|$)", text))
+  name = getattr(error, 'filename', None) or (found.group(1) if found else 'a data file')
+  why = re.sub(r'\{\{function_node [^}]*\}\}|\s*when reading \S+|\s*\[Op:\w+\].*', '',
+               text, flags=re.DOTALL)
+  return DataReadError(f'reading {name} failed ({type(error).__name__}: '
+                       f'{" ".join(why.split())[:300]})')
 
 
 class Source:

@@ -150,6 +150,26 @@ def check_same_config(config) -> None:
                        'file on every host')
 
 
+@contextlib.contextmanager
+def stop_on_unreadable_data(checkpointer, step: int):
+  """A data read that failed for good (data.DataReadError: its client's retries spent) ends the
+  run in one line: the file, the step, and the checkpoint the same command resumes from."""
+  try:
+    yield
+  except data.DataReadError as e:
+    if jax.process_count() == 1:   # (on several, a peer may be in a step, not in an agreement)
+      with contextlib.suppress(Exception):   # a failed save is its own line (close)
+        checkpointer.wait()
+    try:   # (the storage that failed the read may fail the listing too)
+      done = ckpt_lib.complete_steps(checkpointer.workdir)
+      newest = f'step {done[-1]}' if done else 'none'
+    except Exception as listing_failed:
+      newest = f'unknown (listing it failed too: {type(listing_failed).__name__})'
+    raise data.DataReadError(
+        f'{e}; stopped training after step {step}. The newest complete checkpoint is {newest}: '
+        'once the data can be read, rerun the same command to resume from it') from e
+
+
 def close_at_end(iterator):
   """An ExitStack exit for a data iterator. A multi-process run that raised leaves it open: its
   process leaves at once (cli._exit), and waiting for the prefetch thread's read would let a
@@ -243,7 +263,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
     cleanup.callback(profiler.stop)         # (a run that ended inside the traced steps)
     cleanup.push(lambda raised, *_: checkpointer.close(raised is not None))  # the last save
     while step < t.steps:
-      batch = global_batch(next(train_iter), steps.batch_sharding)
+      with stop_on_unreadable_data(checkpointer, step):
+        batch = global_batch(next(train_iter), steps.batch_sharding)
       if step == start:
         tokens_per_step, flops_per_step = cost.batch_cost(
             model_cfg, batch, steps.max_predictions, t.freeze_backbone)
@@ -280,9 +301,10 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, data=None, init_p
         writer.line(metrics_lib.progress_line(step, t.steps, last))
       if eval_now:
         eval_iter.set_state(eval_start)     # the same batches every time
-        eval_metrics = eval_lib.evaluate(
-            steps.eval_step, state.params,
-            (global_batch(b, steps.batch_sharding) for b in eval_iter), t.eval_batches)
+        with stop_on_unreadable_data(checkpointer, step):
+          eval_metrics = eval_lib.evaluate(
+              steps.eval_step, state.params,
+              (global_batch(b, steps.batch_sharding) for b in eval_iter), t.eval_batches)
         for evaluator in evaluators:
           eval_metrics.update(evaluator(state.params))
         writer.write(step, eval_metrics, prefix='eval')
