@@ -9,6 +9,7 @@ import math
 import re
 import subprocess
 import sys
+import types
 
 import commands
 import jax
@@ -20,6 +21,7 @@ import configs.tiny_gpt
 import configs.tiny_prefix_lm
 import configs.tiny_t5
 from pretrain_jax import chips
+from pretrain_jax.perf import fit as fit_lib
 from pretrain_jax.perf import plan
 
 TINY = dict(num_layers=1, attention_impl='splash')
@@ -78,22 +80,61 @@ def test_libtpu_describes_each_family_s_topology(tpu_type):
 # -- the batch search ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('limit, fixed, per_row, curve, start', [
-    (37, 1.0, 1.0, 1.0, 64), (37, 5.0, 0.3, 1.3, 1), (1, 2.0, 3.0, 1.0, 4), (0, 99.0, 1.0, 1.0, 8),
-    (500, 0.0, 0.01, 0.8, 2)])
-def test_largest_batch_is_the_largest_multiple_that_fits(limit, fixed, per_row, curve, start):
-  """Against a probe whose batches fit up to `limit` units, whatever its bytes' curve: the
-  answer fits, the next multiple does not, in at most about twice a bisection's probes."""
-  unit, capacity = 8, fixed + per_row * max(limit, 1) ** curve + 0.5
+def linear_probe(unit, fixed, per_row, capacity, jump=0):
+  """A compiler whose peak is fixed + per_row x units (+ `jump` from 2 units on), refusing
+  above `capacity`, and the batches it was asked for."""
+  asked = []
 
   def probe(batch):
+    asked.append(batch)
     n = batch // unit
-    return fixed + per_row * n ** curve if n <= limit else None
-  best, _, seen = plan.largest_batch(probe, unit, capacity, start=start)
-  assert best == limit * unit
-  assert (limit + 1) in seen and seen[limit + 1] is None
-  assert limit == 0 or seen[limit] is not None
-  assert len(seen) <= 2 * math.ceil(math.log2(max(limit, start) + 2)) + 3
+    peak = fixed + per_row * n + (jump if n >= 2 else 0)
+    return peak if peak <= capacity else None
+  return probe, asked
+
+
+@pytest.mark.parametrize('fixed, per_row, jump, start', [
+    (1000, 1000, 0, 1), (5000, 300, 2000, 1), (2000, 3000, 0, 4), (200, 10, 500, 2),
+    (200, 1, 500, 7), (3000, 1000, 9000, 12), (15000, 1000, 0, 1), (15000, 1001, 0, 2)])
+def test_a_linear_peak_finds_the_largest_batch_in_four_compiles(fixed, per_row, jump, start):
+  """A peak linear in the units from 2 on (with a jump from 1 to 2) and a configured batch that
+  fits or not: the largest batch that fits, in at most 4 compiles; where the configured batch
+  fits, the last compile checks one unit more (refused). Bytes are whole numbers, as the
+  compiler's are."""
+  unit, capacity = 8, 16_000
+  probe, asked = linear_probe(unit, fixed, per_row, capacity, jump)
+  best, seen = fit_lib.largest_batch(probe, unit, capacity, start=start)
+  limit = max((n for n in range(1, 100_000) if fixed + per_row * n + (jump if n >= 2 else 0)
+               <= capacity), default=0)
+  assert best == limit * unit and (limit == 0 or seen[limit] is not None)
+  assert len(asked) == len(seen) <= fit_lib.FIT_COMPILES
+  assert seen.get(limit + 1, 0) is None or limit < start
+
+
+def test_a_refused_configured_batch_of_one_unit_ends_the_search():
+  """The launcher's preflight: the configured batch (1 unit) was compiled and refused, so no
+  batch fits and no more is compiled (the bytes only grow with the rows)."""
+  probe, asked = linear_probe(8, 15000, 1001, 16000)
+  best, seen = fit_lib.largest_batch(probe, 8, 16000, start=1, known={1: None})
+  assert best == 0 and seen == {1: None} and asked == []
+
+
+@pytest.mark.parametrize('curve', [0.8, 1.3])
+def test_a_curved_peak_answers_a_batch_that_fits_in_four_compiles(curve):
+  """Off the line (the bytes grow slower or faster than the rows) the answer is a batch the
+  compiler accepted, the budget holds, and the exactness flag says whether one more was
+  refused."""
+  unit, capacity = 4, 40.0
+
+  def probe(batch):
+    peak = 1.0 + (batch // unit) ** curve
+    return peak if peak <= capacity else None
+  best, seen = fit_lib.largest_batch(probe, unit, capacity, start=3)
+  assert best and probe(best) is not None and len(seen) <= fit_lib.FIT_COMPILES
+  limit = max(n for n in range(1, 1000) if probe(n * unit) is not None)
+  assert best // unit <= limit
+  assert (seen.get(best // unit + 1, 0) is None) == (best // unit == limit and
+                                                      (limit + 1) in seen)
 
 
 # -- the TPU compiler ----------------------------------------------------------------------
@@ -136,6 +177,41 @@ def test_splash_lowers_through_mosaic_for_each_mask(plans, case, kernels_per_lay
                                          out['bytes_accessed_per_chip'] / chip.hbm_bytes_per_s)
   # The compiler's FLOPs (Mosaic kernels count none) against the analytic matmul count.
   assert 0.5 < out['flops_per_chip'] / out['model_flops_per_chip'] < 2
+
+
+STACK = dict(num_layers=4)
+
+
+@pytest.fixture(scope='module')
+def scanned():
+  """A 4-layer tiny GPT on one v5e chip, its layers scanned, in 2 microbatches, with the loss
+  in chunks of 64 positions: three loops, two of them nested."""
+  return _plan(tiny(configs.tiny_gpt, model=dict(STACK, scan_layers=True),
+                    train=dict(microbatches=2, loss_chunk_len=64)), 'v5litepod-1')[1]
+
+
+def test_a_scanned_stack_counts_every_layer_s_flops(scanned):
+  """XLA's cost analysis counts a loop body once (here 1 layer of 4 in 1 microbatch of 2): the
+  plan adds the bodies' further runs, so its FLOPs match the analytic count, and the floor
+  follows from them."""
+  analytic = scanned['model_flops_per_chip']
+  assert scanned['flops_source'] == 'compiler+loops'
+  assert scanned['compiler_flops_per_chip'] < 0.4 * analytic
+  assert abs(scanned['flops_per_chip'] / analytic - 1) < 0.1
+  chip = chips.topology('v5litepod-1').chip
+  assert scanned['step_time_floor_s'] == max(
+      scanned['flops_per_chip'] / chip.peak_flops,
+      scanned['bytes_accessed_per_chip'] / chip.hbm_bytes_per_s)
+
+
+@pytest.mark.slow
+def test_a_scanned_stack_counts_the_flops_of_the_same_stack_unrolled(scanned):
+  """The same model with its layers unrolled, in one batch, the loss whole: no loop, so the
+  compiler's own count, which the scanned program's matches within 10%."""
+  _, unrolled = _plan(tiny(configs.tiny_gpt, model=STACK), 'v5litepod-1')
+  assert unrolled['flops_source'] == 'compiler'
+  assert unrolled['model_flops_per_chip'] == scanned['model_flops_per_chip']
+  assert abs(scanned['flops_per_chip'] / unrolled['flops_per_chip'] - 1) < 0.1
 
 
 def test_a_data_fsdp_tensor_mesh_compiles_sharded(plans):
@@ -278,3 +354,78 @@ def test_fsdp_keeps_each_chip_s_activations_to_its_rows():
   # `convolution`) computes bf16, none float32.
   dots = re.findall(r'= (\w+)\[[\d,]*\]\S* convolution\(', text)
   assert m.dtype == 'auto' and dots and set(dots) == {'bf16'}
+
+
+# -- --fit: the largest batch and the remat policy -----------------------------------------
+
+
+class FakePlanner:
+  """A planner whose policies fit up to `limits[policy]` rows at `flops[policy]` FLOPs."""
+
+  def __init__(self, policy, limits, flops, batch=8, made=None):
+    self.limits, self.flops, self.made = limits, flops, made if made is not None else []
+    self.run = types.SimpleNamespace(train=types.SimpleNamespace(batch_size=batch),
+                                     model=types.SimpleNamespace(remat=policy))
+
+  def with_remat(self, policy):
+    return FakePlanner(policy, self.limits, self.flops, self.run.train.batch_size, self.made)
+
+
+def fake_plan(planner, batch_size, with_eval=True):
+  del with_eval
+  policy = planner.run.model.remat
+  planner.made.append((policy, batch_size))
+  return {'fits': batch_size <= planner.limits[policy], 'flops_per_chip': planner.flops[policy]}
+
+
+@pytest.mark.parametrize('limits, flops, choice, compiled', [
+    ({'none': 8, 'minimal': 16, 'full': 32}, (1.0, 1.1, 1.3), 'none', ['none']),
+    ({'none': 4, 'minimal': 16, 'full': 32}, (1.0, 1.1, 1.3), 'minimal', ['none', 'minimal']),
+    ({'none': 4, 'minimal': 16, 'full': 32}, (1.0, 1.3, 1.1), 'full', ['none', 'minimal']),
+    ({'none': 4, 'minimal': 4, 'full': 8}, (1.0, 1.1, 1.3), 'full', ['none', 'minimal']),
+    ({'none': 4, 'minimal': 4, 'full': 4}, (1.0, 1.1, 1.3), None, ['none', 'minimal'])])
+def test_the_remat_choice_is_the_cheapest_that_fits_the_batch(monkeypatch, limits, flops, choice,
+                                                              compiled):
+  """Configured 'full' at batch 8 (its plan made): 'none' recomputes nothing, so where it fits
+  it is the choice; else each other policy is compiled once at batch 8 and the cheapest in its
+  compiled FLOPs (not by name or place) of those that fit is the choice."""
+  monkeypatch.setattr(fit_lib.plan_lib, 'plan', fake_plan)
+  flops = dict(zip(('none', 'minimal', 'full'), flops, strict=True))
+  planner = FakePlanner('full', limits, flops)
+  head = fake_plan(planner, 8)
+  out = fit_lib.choose_remat(planner, {8: head}, head['fits'], ('full', 'minimal', 'none'))
+  assert out['remat_choice'] == choice
+  assert planner.made == [('full', 8)] + [(p, 8) for p in compiled]
+  assert out['remat_compiles'] == len(compiled)
+  known = ['none'] if compiled == ['none'] else ['none', 'minimal', 'full']
+  assert out['remat_flops_per_chip'] == {p: flops[p] if limits[p] >= 8 else None for p in known}
+
+
+def test_no_remat_that_fits_is_chosen_without_a_compile(monkeypatch):
+  monkeypatch.setattr(fit_lib.plan_lib, 'plan', fake_plan)
+  planner = FakePlanner('none', {'none': 64, 'full': 64}, {'none': 1.0, 'full': 1.3})
+  out = fit_lib.choose_remat(planner, {}, True, ('none', 'full'))
+  assert out['remat_choice'] == 'none' and out['remat_compiles'] == 0 and planner.made == []
+
+
+@pytest.mark.slow
+def test_fit_finds_the_largest_batch_in_four_compiles():
+  """A tiny GPT with a 64k-word vocabulary at 512 tokens on one v5e chip (float32 logits:
+  128 MiB a row), configured at 4 rows: at most 4 train-step compiles find a batch that the
+  compiler fits and the next that it refuses (here the line from 4 and 65 rows predicts 81,
+  the check finds that 82 fits as well, and the test's own compile refuses 83). 'none' fits
+  the configured batch: it is the remat choice, without a compile."""
+  config = tiny(configs.tiny_gpt, model=dict(vocab_size=65536, max_len=512),
+                data=dict(seq_len=512, tokenizer_vocab_size=65536), train=dict(batch_size=4))
+  planner = plan.Planner(config, 'v5litepod-1')
+  out = fit_lib.fit(planner, with_eval=False, policies=('none', 'full'))
+  assert planner.compiles == out['fit_compiles'] <= fit_lib.FIT_COMPILES
+  best, peaks = out['max_batch_size'], out['fit_peaks']
+  assert out['fits'] and out['planned_batch_size'] == best > 4 and len(peaks) == planner.compiles
+  assert peaks[best] == out['hbm_bytes_per_chip'] <= out['hbm_capacity_bytes']
+  assert out['next_batch_size'] == best + 1
+  assert peaks[best - 1] is not None   # the line's prediction, and the check fitting it
+  if not out['fit_checked']:
+    refused, _, message = planner.train(best + 1)
+    assert refused is None and 'RESOURCE_EXHAUSTED' in message
+  assert out['remat_choice'] == 'none' and out['remat_compiles'] == 0

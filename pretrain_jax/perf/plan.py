@@ -13,13 +13,16 @@ microbatches and loss chunking. Per chip it reads:
               program that does not fit, which is `fits: False` with its message, not an error
   kernels     the Mosaic custom calls in the compiled program (`tpu_custom_call`): the
               attention kernels (splash) that lowered for the chip
-  FLOPs       compiled.cost_analysis()'s `flops` and `bytes accessed` of one device's program
-              (a Mosaic kernel counts 0 there; `model_flops_per_chip` is the analytic count)
+  FLOPs       compiled.cost_analysis()'s `flops` and `bytes accessed` of one device's program,
+              which count a loop's body once: where the program loops (a scanned layer stack,
+              microbatches, a chunked loss) the bodies' further runs are added from the
+              program's text (perf/hlo.py); `flops_source` says which count it is ('compiler',
+              'compiler+loops', or 'analytic' where a loop's trip count is unreadable). A
+              Mosaic kernel counts 0; `model_flops_per_chip` is the analytic count
   floor       max(FLOPs / datasheet peak, bytes accessed / datasheet HBM bandwidth): no step
               is faster (pretrain_jax/chips.py has the numbers)
 
-`largest_batch` finds the largest global batch that compiles (a multiple of the data-parallel
-shards times the microbatches) from a few compiles, each guided by the memory of the last.
+perf/fit.py finds the largest batch that fits and the remat policy to use from a few plans.
 """
 import contextlib
 import copy
@@ -27,7 +30,6 @@ import importlib.util
 import os
 import tempfile
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -36,7 +38,7 @@ from pretrain_jax import ops
 from pretrain_jax.models import cost
 from pretrain_jax.models.layers import attention_path
 from pretrain_jax.ops import backends
-from pretrain_jax.perf import benchmark
+from pretrain_jax.perf import benchmark, hlo
 from pretrain_jax.training import mesh as mesh_lib
 from pretrain_jax.training import step as step_lib
 from pretrain_jax.training.config import RunConfig
@@ -137,25 +139,46 @@ def memory(compiled) -> dict:
   return out
 
 
-def costs(compiled) -> dict:
+def costs(compiled, analytic_flops: float, text: str = '') -> dict:
+  """FLOPs and bytes accessed of one chip's program per step.
+
+  XLA's cost analysis counts each loop body once. Where the program loops, the bodies' further
+  runs (hlo.count: each body's matmul FLOPs and bytes times its trip count, less once) are
+  added to it: 'compiler+loops'. Where a loop's trip count cannot be read, the FLOPs are the
+  analytic count ('analytic') and the bytes stay the compiler's (each body once).
+  """
   analysis = compiled.cost_analysis()
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-  return {'flops_per_chip': float(analysis.get('flops', 0.0)),
-          'bytes_accessed_per_chip': float(analysis.get('bytes accessed', 0.0))}
+  flops = float(analysis.get('flops', 0.0))
+  moved = float(analysis.get('bytes accessed', 0.0))
+  out = {'compiler_flops_per_chip': flops, 'flops_source': 'compiler'}
+  text = text or compiled.as_text()
+  if ' while(' in text:
+    counted = hlo.count(text)
+    if counted.unknown_loops:
+      flops, out['flops_source'] = analytic_flops, 'analytic'
+    else:
+      flops += counted.flops - counted.flops_once
+      moved += counted.bytes - counted.bytes_once
+      out['flops_source'] = 'compiler+loops'
+  out.update(flops_per_chip=flops, bytes_accessed_per_chip=moved)
+  return out
 
 
-def mosaic_kernels(compiled) -> int:
+def mosaic_kernels(compiled, text: str = '') -> int:
   """The Mosaic (Pallas TPU) custom calls in the compiled program."""
-  return compiled.as_text().count(MOSAIC_CALL)
+  return (text or compiled.as_text()).count(MOSAIC_CALL)
 
 
 class Planner:
   """One config on one topology: compiles its steps at any global batch size."""
 
-  def __init__(self, config, tpu_type: str, slices: int = 1, verbose: bool = False):
+  def __init__(self, config, tpu_type: str, slices: int = 1, verbose: bool = False,
+               devices: list | None = None):
     self.config, self.topology = config, chips_lib.topology(tpu_type)
-    self.slices = slices
-    self.devices = topology_devices(tpu_type, slices, verbose)
+    self.slices, self.verbose = slices, verbose
+    self.devices = devices or topology_devices(tpu_type, slices, verbose)
+    self.compiles = 0   # train-step compiles made
     self.run = RunConfig.from_config(config)
     self.mesh = mesh_lib.make_mesh(self.run.mesh, self.devices)
     self.hosts = len({d.process_index for d in self.devices})
@@ -165,6 +188,12 @@ class Planner:
     self.steps = step_lib.make_steps(self.run.model, t, self.mesh,
                                      max_predictions=self.max_predictions,
                                      init_length=data.seq_len)
+
+  def with_remat(self, policy: str) -> 'Planner':
+    """The same run with model.remat = `policy` (the same devices)."""
+    config = copy.deepcopy(self.config)
+    config.model.remat = policy
+    return Planner(config, self.topology.tpu_type, self.slices, self.verbose, self.devices)
 
   @property
   def unit(self) -> int:
@@ -180,6 +209,7 @@ class Planner:
     """(compiled train step or None, seconds, the compiler's message if it ran out)."""
     self.check_batch(batch_size)
     shapes = batch_shapes(self.config, batch_size, self.steps.batch_sharding)
+    self.compiles += 1
     return _compile(self.steps.train_step, self.steps.abstract_state, shapes)
 
   def eval(self, batch_size: int):
@@ -203,7 +233,7 @@ class Planner:
     return {'topology': self.topology.tpu_type, 'topology_name': self.topology.name,
             'chips': chips, 'slices': self.slices, 'hosts': self.hosts,
             'mesh': {k: int(v) for k, v in self.mesh.shape.items()},
-            'batch_size': batch_size, 'dtype': np.dtype(m.dtype).name,
+            'batch_size': batch_size, 'dtype': np.dtype(m.dtype).name, 'remat': m.remat,
             'tokens_per_step': int(tokens),
             'model_flops_per_chip': model_flops / chips, **paths,
             'hbm_capacity_bytes': chip.hbm_bytes, 'peak_flops_per_chip': chip.peak_flops,
@@ -225,16 +255,18 @@ def plan(planner: Planner, batch_size: int = 0, with_eval: bool = True) -> dict:
   if compiled is None:
     out['compiler_message'] = message
     return out
-  out.update(**memory(compiled), **costs(compiled), attention_kernels=mosaic_kernels(compiled))
+  text = compiled.as_text()
+  out.update(**memory(compiled), **costs(compiled, out['model_flops_per_chip'], text),
+             attention_kernels=mosaic_kernels(compiled, text))
   floor = floor_s(out['flops_per_chip'], out['bytes_accessed_per_chip'], planner.topology.chip)
   out.update(step_time_floor_s=floor, tokens_per_s_ceiling=out['tokens_per_step'] / floor
              if floor else None)
   if with_eval:
-    _add_eval(planner, batch_size, out)
+    add_eval(planner, batch_size, out)
   return out
 
 
-def _add_eval(planner: Planner, batch_size: int, out: dict) -> None:
+def add_eval(planner: Planner, batch_size: int, out: dict) -> None:
   """The eval step's compile at `batch_size` into the plan `out`."""
   evaluated, seconds, message = planner.eval(batch_size)
   out.update(eval_fits=evaluated is not None, eval_compile_s=round(seconds, 1))
@@ -242,72 +274,6 @@ def _add_eval(planner: Planner, batch_size: int, out: dict) -> None:
     out.update(fits=False, compiler_message=message)
   else:
     out['eval_hbm_bytes_per_chip'] = memory(evaluated)['hbm_bytes_per_chip']
-
-
-def largest_batch(probe: Callable, unit: int, capacity: float, start: int = 1) -> tuple:
-  """(the largest multiple of `unit` that fits, its probe's bytes, the probes made).
-
-  `probe(batch)` compiles and returns the bytes per chip, or None when the batch does not fit.
-  It grows from `start` units until a batch does not fit, then narrows the gap; each guess
-  extrapolates the bytes of the two largest fitting batches to `capacity`, and every other
-  guess is the midpoint, so the search ends within twice the probes of a bisection.
-  """
-  seen = {}
-
-  def fits(n):
-    if n not in seen:
-      seen[n] = probe(n * unit)
-    return seen[n] is not None
-
-  n = max(start, 1)
-  while not fits(n):
-    if n == 1:
-      return 0, None, seen
-    n = max(1, n // 4)
-  lo, hi, midpoint = n, None, False
-  while hi is None or hi - lo > 1:
-    ok = sorted(k for k, v in seen.items() if v is not None)
-    guess = lo * 2 if hi is None else (lo + hi) // 2
-    if len(ok) >= 2 and not midpoint:
-      a, b = ok[-2], ok[-1]
-      per_unit = (seen[b] - seen[a]) / (b - a)
-      if per_unit > 0:
-        guess = b + int((capacity - seen[b]) // per_unit)
-    midpoint = not midpoint
-    guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
-    if fits(guess):
-      lo = guess
-    else:
-      hi = guess
-  return lo * unit, seen[lo], seen
-
-
-def fit(planner: Planner, with_eval: bool = True, head: dict = None) -> dict:
-  """The plan of the configured batch, plus `max_batch_size` (the largest that fits) and
-  `next_batch_size` (the next multiple, which does not), with the plan of the largest.
-  `head`: the configured batch's plan, if made already."""
-  configured = planner.run.train.batch_size
-  records = {configured: head} if head else {}
-
-  def probe(batch_size):
-    if batch_size not in records:
-      records[batch_size] = plan(planner, batch_size, with_eval=False)
-    return records[batch_size].get('hbm_bytes_per_chip') if records[batch_size]['fits'] else None
-
-  unit = planner.unit
-  best, _, _ = largest_batch(probe, unit, planner.topology.chip.hbm_bytes,
-                             start=max(configured // unit, 1))
-  head = dict(records.get(configured) or plan(planner, configured, with_eval=False))
-  out = dict(records[best] if best else head)
-  if best and with_eval:
-    _add_eval(planner, best, out)
-  out.update(planned_batch_size=best, batch_size=configured, fits=head['fits'],
-             max_batch_size=best,
-             next_batch_size=best + unit, fit_compiles=len(records),
-             fit_compile_s=round(sum(r['compile_s'] for r in records.values()), 1))
-  if not head['fits']:
-    out['compiler_message'] = head.get('compiler_message', '')
-  return out
 
 
 def gib(n) -> str:
@@ -325,9 +291,19 @@ def summary(out: dict) -> list:
                + (f"; the compiler: {out['compiler_message']}" if out.get('compiler_message')
                   else ''))
   if 'max_batch_size' in out:
+    why = ('does not' if out['fit_checked'] else 'is predicted by the line through the '
+           'compiles not to')
     lines.append(f"largest batch that fits: {out['max_batch_size']} (the next multiple, "
-                 f"{out['next_batch_size']}, does not); {out['fit_compiles']} compiles, "
+                 f"{out['next_batch_size']}, {why}); {out['fit_compiles']} compiles, "
                  f"{out['fit_compile_s']:.0f} s")
+  if 'remat_choice' in out:
+    each = ', '.join(f'{name} ' + ('fits' if flops is None and name == out['remat_choice'] else
+                                   'does not fit' if flops is None else f'{flops / 1e12:.3g} TFLOP')
+                     for name, flops in out['remat_flops_per_chip'].items())
+    choice = out['remat_choice'] or 'none of them'
+    lines.append(f"remat at batch {out['batch_size']}: {each}; the cheapest that fits: {choice} "
+                 f"(configured: {out['remat']}; {out['remat_compiles']} compiles; 'none' "
+                 "recomputes nothing, so where it fits no other is compiled)")
   if 'hbm_bytes_per_chip' in out:
     lines.append(
         f"per chip at batch {out.get('planned_batch_size', out['batch_size'])}: "
@@ -338,21 +314,10 @@ def summary(out: dict) -> list:
               if 'biased_attention_impl' in out else '')
     lines.append(
         f"attention: {out['attention_impl']}{biased}, {out['attention_kernels']} Mosaic kernels; "
-        f"{out['flops_per_chip'] / 1e12:.3f} TFLOP per chip per step (analytic "
-        f"{out['model_flops_per_chip'] / 1e12:.3f}); floor {out['step_time_floor_s'] * 1e3:.1f}"
-        f" ms/step, at most {out['tokens_per_s_ceiling']:,.0f} tokens/s")
+        f"{out['flops_per_chip'] / 1e12:.3f} TFLOP per chip per step ({out['flops_source']}; "
+        f"analytic {out['model_flops_per_chip'] / 1e12:.3f}); floor "
+        f"{out['step_time_floor_s'] * 1e3:.1f} ms/step, at most "
+        f"{out['tokens_per_s_ceiling']:,.0f} tokens/s")
   lines.append(f"compile: {out['compile_s']:.1f} s (train)"
                + (f", {out['eval_compile_s']:.1f} s (eval)" if 'eval_compile_s' in out else ''))
   return lines
-
-
-def run_plan(config, tpu_type: str, slices: int = 1, find_max: bool = False,
-             with_eval: bool = True, fit_if_refused: bool = False,
-             verbose: bool = False) -> dict:
-  """What `pretrain-jax plan` computes (commands/plan.py): the plan of the configured batch;
-  `find_max` adds the largest batch that fits, `fit_if_refused` only when it does not fit."""
-  planner = Planner(config, tpu_type, slices, verbose)
-  if find_max:
-    return fit(planner, with_eval)
-  out = plan(planner, with_eval=with_eval)
-  return fit(planner, with_eval, head=out) if fit_if_refused and not out['fits'] else out
