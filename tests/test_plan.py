@@ -119,6 +119,15 @@ def test_a_refused_configured_batch_of_one_unit_ends_the_search():
   assert best == 0 and seen == {1: None} and asked == []
 
 
+@pytest.mark.parametrize('start', [1, 2, 5])
+def test_the_search_stops_at_its_cap_in_two_compiles(start):
+  """A model far smaller than the HBM: the second point is the cap, which fits: 2 compiles."""
+  unit, cap = 8, fit_lib.FIT_CAP * start
+  probe, asked = linear_probe(unit, 100, 1, 16000)
+  best, seen = fit_lib.largest_batch(probe, unit, 16000, start=start, cap=cap)
+  assert best == cap * unit and len(asked) == 2 and seen[cap] is not None
+
+
 @pytest.mark.parametrize('curve', [0.8, 1.3])
 def test_a_curved_peak_answers_a_batch_that_fits_in_four_compiles(curve):
   """Off the line (the bytes grow slower or faster than the rows) the answer is a batch the

@@ -54,8 +54,8 @@ LINE_KEYS = ('fits', 'hbm_bytes_per_chip', 'hbm_capacity_bytes', 'batch_size', '
              'tokens_per_s_ceiling', 'dtype', 'attention_impl', 'biased_attention_impl',
              'attention_kernels', 'topology', 'chips',
              'slices', 'mesh', 'compile_s', 'eval_compile_s', 'fit_compiles', 'fit_compile_s',
-             'fit_checked', 'fit_peaks', 'flops_source', 'compiler_flops_per_chip', 'remat',
-             'remat_choice', 'remat_flops_per_chip', 'remat_compiles')
+             'fit_checked', 'fit_capped', 'fit_peaks', 'flops_source', 'compiler_flops_per_chip',
+             'remat', 'remat_choice', 'remat_flops_per_chip', 'remat_compiles')
 
 
 def _run(argv):

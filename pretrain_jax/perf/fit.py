@@ -11,8 +11,8 @@ the line through the two, whose prediction of the largest batch is compiled; the
 more, to check it, or one step down the line if the compiler refused the prediction. The
 answer is the largest batch the compiler fitted; the next multiple was refused by it where
 `fit_checked`, else the line predicts it does not fit (near the HBM's limit the compiler's
-peak grows a little less than linearly, so the line may be a unit short). Compiles cost about
-the same at any batch: tens of CPU-seconds for a tiny model, minutes for a base-size one.
+peak grows a little less than linearly, so the line may be a unit short). The search stops at
+FIT_CAP times the configured batch (a tiny model: the configured batch, and the cap).
 
 The remat choice (`choose_remat`) is the cheapest policy in the compiled FLOPs of those that
 fit the configured batch. 'none' recomputes nothing, so no policy computes fewer FLOPs: where
@@ -32,6 +32,10 @@ FIT_COMPILES = 4   # train-step compiles of the batch search, the configured bat
 RESERVED = 1 / 64
 OFFERED = re.compile(r'available HBM \(([\d.]+)G\)')   # in the compiler's refusal
 SAFETY = 0.9   # the second point: this share of the batch the first one's bytes bound
+# The search stops at this many times the configured batch: a tiny model fits batches far
+# beyond any it trains at, and from a few rows per chip on a compile costs several times more
+# (tiny_gpt on a v5e-16: 9 CPU-seconds at 2 rows per chip, 45-48 at 256 and 4096).
+FIT_CAP = 64
 NO_RECOMPUTE = 'none'   # model.remat that saves every activation (layers.apply_stack)
 
 
@@ -44,8 +48,8 @@ def _next_units(seen: dict, lo: int, hi: float, capacity: float) -> int | None:
     return 2 if 2 < hi and 2 not in seen else 1
   if len(line) == 1:
     point = line[0]
-    bound = int(SAFETY * capacity * point / seen[point])
-    if point < bound < hi:
+    bound = int(min(SAFETY * capacity * point / seen[point], hi - 1))
+    if bound > point:
       return bound
     return point // 2 if point >= 4 else (point + 1 if point + 1 < hi else None)
   a, b = line[-2:]
@@ -57,14 +61,16 @@ def _next_units(seen: dict, lo: int, hi: float, capacity: float) -> int | None:
 
 
 def largest_batch(probe: Callable, unit: int, capacity, start: int = 1,
-                  budget: int = FIT_COMPILES, known: dict | None = None) -> tuple:
+                  budget: int = FIT_COMPILES, known: dict | None = None,
+                  cap: float = float('inf')) -> tuple:
   """(the largest multiple of `unit` found to fit, {units: its probe's bytes or None}), from at
   most `budget` probes (the module's docstring has the steps).
 
   `probe(batch)` compiles and returns the bytes per chip, or None when the batch does not fit;
   `capacity` is the bytes a chip offers, or a callable that returns them (the probe may learn
-  them from a refusal); `known`: probes made already ({units: bytes or None}), in the budget.
-  The answer is exact when one unit more was refused: `seen.get(best // unit + 1, 0) is None`.
+  them from a refusal); `known`: probes made already ({units: bytes or None}), in the budget;
+  `cap`: the most units to try. The answer is exact when one unit more was refused:
+  `seen.get(best // unit + 1, 0) is None`, or when it is the cap.
   """
   seen, answered = dict(known or {}), False
   capacity_of = capacity if callable(capacity) else lambda: capacity
@@ -72,7 +78,7 @@ def largest_batch(probe: Callable, unit: int, capacity, start: int = 1,
     seen[start] = probe(start * unit)
   while len(seen) < budget:
     lo = max((n for n, b in seen.items() if b is not None), default=0)
-    hi = min((n for n, b in seen.items() if b is None), default=float('inf'))
+    hi = min(min((n for n, b in seen.items() if b is None), default=cap + 1), cap + 1)
     if hi - lo <= 1:
       break
     on_line = len([n for n, b in seen.items() if b is not None and n >= 2]) >= 2
@@ -129,8 +135,9 @@ def choose_remat(planner: plan_lib.Planner, records: dict, fits: bool,
 def fit(planner: plan_lib.Planner, with_eval: bool = True, head: dict = None,
         policies: tuple = ()) -> dict:
   """The plan of the largest batch that fits, with `max_batch_size`, `next_batch_size` (the
-  next multiple: refused by the compiler when `fit_checked`, else predicted by the line not to
-  fit), whether the configured batch fits, the train-step compiles made (`fit_compiles`, at
+  next multiple: refused by the compiler when `fit_checked`, not tried when `fit_capped` (the
+  search stops at FIT_CAP times the configured batch), else predicted by the line not to fit),
+  whether the configured batch fits, the train-step compiles made (`fit_compiles`, at
   most FIT_COMPILES) and their peaks (`fit_peaks`: bytes per chip by batch, None if refused).
   `head`: the configured batch's plan, if made already. `policies`: remat policies to choose
   from (choose_remat), none by default."""
@@ -149,14 +156,16 @@ def fit(planner: plan_lib.Planner, with_eval: bool = True, head: dict = None,
 
   start = max(configured // unit, 1)
   best, seen = largest_batch(probe, unit, lambda: offered['bytes'], start=start,
-                             known={start: probe(configured)} if head else None)
+                             known={start: probe(configured)} if head else None,
+                             cap=FIT_CAP * start)
   fits = best >= configured   # a batch fits when a larger one does
   out = dict(records[best] if best else records.get(configured) or records[min(records)])
   if best and with_eval:
     plan_lib.add_eval(planner, best, out)
   out.update(planned_batch_size=best, batch_size=configured, fits=fits,
              max_batch_size=best, next_batch_size=best + unit,
-             fit_checked=seen.get(best // unit + 1, 0) is None, fit_compiles=len(records),
+             fit_checked=seen.get(best // unit + 1, 0) is None,
+             fit_capped=best == FIT_CAP * start * unit, fit_compiles=len(records),
              fit_peaks={b: r.get('hbm_bytes_per_chip') if r['fits'] else None
                         for b, r in sorted(records.items())},
              fit_compile_s=round(sum(r['compile_s'] for r in records.values()), 1))

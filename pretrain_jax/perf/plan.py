@@ -291,10 +291,12 @@ def summary(out: dict) -> list:
                + (f"; the compiler: {out['compiler_message']}" if out.get('compiler_message')
                   else ''))
   if 'max_batch_size' in out:
-    why = ('does not' if out['fit_checked'] else 'is predicted by the line through the '
-           'compiles not to')
+    why = ('refused by the compiler' if out['fit_checked'] else
+           f"not tried: the search stops at {out['max_batch_size'] // out['batch_size']} times "
+           'the configured batch' if out['fit_capped']
+           else 'not compiled: over the HBM on the line through the compiles')
     lines.append(f"largest batch that fits: {out['max_batch_size']} (the next multiple, "
-                 f"{out['next_batch_size']}, {why}); {out['fit_compiles']} compiles, "
+                 f"{out['next_batch_size']}: {why}); {out['fit_compiles']} train-step compiles, "
                  f"{out['fit_compile_s']:.0f} s")
   if 'remat_choice' in out:
     each = ', '.join(f'{name} ' + ('fits' if flops is None and name == out['remat_choice'] else
