@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pretrain_jax.perf import hlo
+from pretrain_jax.perf import hlo, plan
 
 M, K, N, INNER, OUTER = 16, 32, 24, 7, 3
 
@@ -122,3 +122,31 @@ def test_a_loop_stepping_its_counter_by_more_than_one_runs_fewer_times(bound, st
   counts = hlo.count(stepped_loop(bound, step))
   assert counts.loops == {'body': trips}
   assert counts.flops == trips * 2 * 4 * 8 * 8 and counts.flops_once == 2 * 4 * 8 * 8
+
+
+class Compiled:
+  """What plan.costs reads of a compiled program: its cost analysis and its text."""
+
+  def __init__(self, text, flops=1000.0, moved=500.0):
+    self.text, self.analysis = text, {'flops': flops, 'bytes accessed': moved}
+
+  def cost_analysis(self):
+    return self.analysis
+
+  def as_text(self):
+    return self.text
+
+
+def test_plan_adds_the_loops_further_runs_or_falls_back_to_the_analytic_count(compiled):
+  text = compiled.as_text()
+  counts = hlo.count(text)
+  out = plan.costs(Compiled(text), analytic_flops=7.0)
+  assert out['flops_source'] == 'compiler+loops' and out['compiler_flops_per_chip'] == 1000.0
+  assert out['flops_per_chip'] == 1000.0 + counts.flops - counts.flops_once
+  assert out['bytes_accessed_per_chip'] == 500.0 + counts.bytes - counts.bytes_once
+  unreadable = plan.costs(Compiled(text.replace('"known_trip_count"', '"_"').replace(
+      'direction=LT', 'direction=NE')), analytic_flops=7.0)
+  assert unreadable['flops_source'] == 'analytic' and unreadable['flops_per_chip'] == 7.0
+  assert unreadable['bytes_accessed_per_chip'] == 500.0
+  straight = plan.costs(Compiled(stepped_loop(4, 1).replace('while(', 'call(')), 7.0)
+  assert straight['flops_source'] == 'compiler' and straight['flops_per_chip'] == 1000.0

@@ -12,7 +12,7 @@ more, to check it, or one step down the line if the compiler refused the predict
 answer is the largest batch the compiler fitted; the next multiple was refused by it where
 `fit_checked`, else the line predicts it does not fit (near the HBM's limit the compiler's
 peak grows a little less than linearly, so the line may be a unit short). The search stops at
-FIT_CAP times the configured batch (a tiny model: the configured batch, and the cap).
+FIT_CAP times the configured batch (a tiny model's search: its first batch and the cap).
 
 The remat choice (`choose_remat`) is the cheapest policy in the compiled FLOPs of those that
 fit the configured batch. 'none' recomputes nothing, so no policy computes fewer FLOPs: where
