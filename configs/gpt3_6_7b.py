@@ -13,5 +13,6 @@ def get_config():
                  max_len=2048, dropout_rate=0.0)
   c.data.seq_len = 2048
   c.train.update(batch_size=1024, steps=143_051, warmup_steps=179, learning_rate=1.2e-4,
-                 adam_b2=0.95, microbatches=1)
+                 adam_b2=0.95, microbatches=1,
+                 loss_chunk_len=0)   # 4 rows per chip: the logits fit whole
   return c
