@@ -201,7 +201,7 @@ def test_help_lists_the_required_shared_flags():
     done = commands.run(script[:-3], '--help', timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode in (0, 1), out[-2000:]   # absl's --help exits 1
-    shown = out[out.index(f'commands/{script}:'):]
+    shown = out[out.index('\nflags:\n'):]   # cli.usage: the docstring, then the flags
     for flag in ('--config:', '--init:', '--task:', '--workdir:'):
       assert flag in shown, (script, flag, out)
 
