@@ -29,7 +29,7 @@ VOCAB = 97
 def tiny(family: str, **kw) -> ModelConfig:
   base = dict(family=family, vocab_size=VOCAB, num_layers=2, emb_dim=32, num_heads=4,
               head_dim=8, mlp_dim=64, max_len=32, dropout_rate=0.0,
-              attention_dropout_rate=0.0, dtype='float32')   # modules built directly: no 'auto'
+              attention_dropout_rate=0.0)
   if family == 'gpt':
     base.update(activation='gelu_tanh', layer_norm_eps=1e-5)
   if family == 't5':

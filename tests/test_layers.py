@@ -64,7 +64,7 @@ def test_bf16_embedding_gathers_f32_rows_and_scatters_its_gradient_in_f32():
 
 
 def test_relative_position_bias_is_the_table_at_the_buckets():
-  cfg = tiny('t5', relative_buckets=8, relative_max_distance=16)
+  cfg = tiny('t5', relative_buckets=8, relative_max_distance=16).resolved('cpu')
   module = RelativePositionBias(cfg, bidirectional=True)
   pos = jnp.arange(10)
   variables = module.init(jax.random.key(0))
