@@ -46,6 +46,7 @@ def _sane(record):
   assert record['tokens_per_s'] == pytest.approx(tokens / record['step_ms'] * 1e3, rel=2e-3)
 
 
+@pytest.mark.slow   # a benchmark of each family
 def test_cpu_smoke_suite_writes_one_line_per_model_and_a_table():
   out = _benchmark('--suite', 'cpu_smoke')
   assert out.returncode == 0, out.stderr
@@ -68,6 +69,7 @@ def test_cpu_smoke_suite_writes_one_line_per_model_and_a_table():
   assert [row.split()[0] for row in table[1:]] == [r['model'] for r in records]
 
 
+@pytest.mark.slow   # benchmarks in processes of their own
 def test_variants_run_beside_the_baseline_and_in_their_own_process():
   out = _benchmark('--suite', 'cpu_smoke', '--models', 'bench_gpu_gpt',
                    '--variants', 'chunked_ce,no_command_buffers,baseline,host_feed,prefetch')

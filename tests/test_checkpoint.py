@@ -20,7 +20,7 @@ def sigterm_at(n):
   return hook
 
 
-@pytest.mark.parametrize('family', ['gpt', 't5'])
+@pytest.mark.parametrize('family', ['gpt', pytest.param('t5', marks=pytest.mark.slow)])
 def test_sigterm_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path, family):
   config = tiny_config(family, steps=20, checkpoint_every=100, schedule='cosine',
                        optimizer='adafactor' if family == 't5' else 'adamw')

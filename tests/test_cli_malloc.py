@@ -44,6 +44,7 @@ def _faults(malloc: str) -> float:
   return json.loads(out.stdout.strip().splitlines()[-1])['faults_per_call']
 
 
+@pytest.mark.slow   # a training in a fresh process
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 def test_step_buffers_are_reused():
   default, tuned = _faults('default'), _faults('tuned')
@@ -108,6 +109,7 @@ print(json.dumps(faults))
 '''
 
 
+@pytest.mark.slow   # a fresh process allocating gigabytes
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 def test_freed_memory_above_2gb_is_kept():
   """M_TRIM_THRESHOLD -1 never trims; 2**31 - 1 (the largest positive mallopt value) gave a

@@ -427,6 +427,7 @@ def test_a_damaged_last_checkpoint_trains_its_step_again_without_saying_nothing_
   assert 'already at train.steps=3' in capsys.readouterr().err
 
 
+@pytest.mark.slow   # two trainings, one in a fresh process
 def test_a_damaged_checkpoint_is_a_few_lines_naming_the_array_not_thousands(tmp_path):
   """The fallback worked, but orbax's abandoned reads printed ~4,000 lines (Exception ignored in
   <coroutine ...>, Event loop is closed, Future exception was never retrieved) and the one line

@@ -153,6 +153,7 @@ def test_the_models_hand_the_kernel_a_value(family, options):
   assert shape not in flash_program and shape in reference
 
 
+@pytest.mark.slow   # two trainings through the kernel interpreter
 def test_a_tiny_t5_trains_the_same_3_steps_with_flash():
   """3 Adam steps of a tiny T5 on packed, padded rows: the same losses and parameters with
   attention_impl='flash' (Pallas's interpreter) as with 'reference'."""

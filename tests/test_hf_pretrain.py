@@ -70,6 +70,7 @@ def max_change(a, b) -> float:
   return max(float(np.max(np.abs(np.asarray(fa[k]) - np.asarray(fb[k])))) for k in fa)
 
 
+@pytest.mark.slow   # import, then pre-train end to end
 def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
   """The README's flow: convert_hf.py import, then pretrain-jax train with the printed flags (its
   data.tokenizer is the workdir's hf_tokenizer/, which the sentencepiece pipeline refused)."""
@@ -110,6 +111,7 @@ def test_gpt2_bpe_import_pretrains_on_through_train_py(module_cache, tmp_path):
   assert config.data.tokenizer == os.path.join(work, 'hf_tokenizer')
 
 
+@pytest.mark.slow   # import, then pre-train end to end
 def test_bert_wordpiece_import_pretrains_with_whole_word_masking_and_nsp(module_cache, tmp_path):
   """In-process (train.py's few lines: hf.workdir.data_tokenizer, then the loop). WordPiece
   gives word boundaries ('##' continues a word), so whole-word masking needs no sentencepiece

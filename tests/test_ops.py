@@ -89,7 +89,7 @@ def test_steps_of_two_forms_in_one_process_each_compute_their_own(monkeypatch):
   each trace their steps in their own form, whichever is built or called last: each step's
   metrics are the ones it gives alone, and the forms' dropout masks make them differ."""
   config = tiny_config('gpt')
-  config.model.update(dropout_rate=0.3, attention_dropout_rate=0.3)
+  config.model.update(dropout_rate=0.3, attention_dropout_rate=0.3, num_layers=1)
   cfg, t = ModelConfig.from_config(config.model), TrainConfig.from_config(config.train)
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   batch = batches(config, 1)[0]
@@ -111,7 +111,8 @@ def test_steps_of_two_forms_in_one_process_each_compute_their_own(monkeypatch):
 
 
 def test_make_steps_chooses_once_from_the_mesh_and_tracing_never_asks_the_backend(monkeypatch):
-  config = tiny_config('t5', loss_chunk_len=0)
+  config = tiny_config('gpt', loss_chunk_len=0)   # the choice is the family's alike
+  config.model.num_layers = 1
   mesh = mesh_lib.make_mesh(MeshConfig.from_config(config.mesh), jax.devices()[:1])
   chosen = []
   choose = backends.for_platform

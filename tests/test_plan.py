@@ -321,6 +321,7 @@ def test_plan_refuses_bad_input_in_one_line(args, named):
   assert done.stderr.startswith('error: ') and named in done.stderr
 
 
+@pytest.mark.slow   # two TPU compiles of a 512-token model
 def test_activation_bytes_per_row_stay_near_korthikantis_bound():
   """What a row costs the TPU compiler's train step (one v5e chip, so no collective's buffer
   is per row): the peak at 4 rows less the peak at 2, per row, against Korthikanti et al.'s
