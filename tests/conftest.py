@@ -89,6 +89,18 @@ def compilation_cache(tmp_path_factory, worker_id):
       os.environ[key] = value
 
 
+@pytest.fixture(scope='session', autouse=True)
+def host_cache(tmp_path_factory, worker_id):
+  """The session's PRETRAIN_JAX_CACHE where a test sets none: a directory of the session's,
+  never the user's ~/.cache/pretrain_jax, so a run neither reads what an earlier one prepared
+  nor leaves data behind (a fresh machine and a used one run the same tests). Modules that set
+  their own (data_cache, module_cache) restore this one after them."""
+  with pytest.MonkeyPatch.context() as patch:
+    path = session_dir(tmp_path_factory, worker_id) / 'host_cache'
+    patch.setenv('PRETRAIN_JAX_CACHE', str(path))
+    yield str(path)
+
+
 def once_per_session(tmp_path_factory, worker_id, name: str, build) -> str:
   """`build(path)` run once per session, by whichever worker asks first, into a directory all
   workers share; the others wait on its lock and get the same path. A build that failed
