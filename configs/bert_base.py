@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
                                     # attention on 'reference' (no kernel has it)
   m.layer_norm_eps = 1e-12          # LayerNorm epsilon
   m.scan_layers = False             # nn.scan over blocks
-  m.remat = 'none'                  # per-block rematerialisation: 'none', 'minimal', 'full'
+  m.remat = 'none'                  # per-block rematerialisation: models/config.py REMAT_POLICIES
   c.data = common.data_config('mlm', seq_len=512)
   c.data.nsp = True
   c.train = common.train_config(batch_size=256, steps=1_000_000, learning_rate=1e-4)

@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
                                     # attention on 'reference' (no kernel has it)
   m.layer_norm_eps = 1e-5           # LayerNorm epsilon
   m.scan_layers = False             # nn.scan over blocks (faster compiles for deep models)
-  m.remat = 'none'                  # per-block rematerialisation: 'none', 'minimal', 'full'
+  m.remat = 'none'                  # per-block rematerialisation: models/config.py REMAT_POLICIES
   c.data = common.data_config('clm', seq_len=1024)
   c.train = common.train_config(batch_size=512, steps=100_000, learning_rate=6e-4)
   c.train.weight_decay = 0.1

@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.fold_query_scale = True         # no 1/sqrt(d_kv) on the logits: the query init carries it
   m.mlp_dropout = True              # dropout on the feed-forward activations too
   m.scan_layers = False             # nn.scan over blocks
-  m.remat = 'none'                  # per-block rematerialisation: 'none', 'minimal', 'full'
+  m.remat = 'none'                  # per-block rematerialisation: models/config.py REMAT_POLICIES
   c.data = common.data_config('span_corruption', seq_len=512)
   c.train = common.train_config(batch_size=128, steps=524_288, learning_rate=1e-2)
   c.train.update(optimizer='adafactor', schedule='rsqrt', warmup_steps=10_000,

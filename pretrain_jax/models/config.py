@@ -12,7 +12,8 @@ ACTIVATIONS = ('gelu', 'gelu_tanh', 'relu', 'gated-gelu', 'gated-relu')
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'relative', 'alibi')
 FAMILY_POSITIONS = {'bert': ('learned', 'sinusoidal', 'alibi'), 'gpt': ('learned', 'sinusoidal'),
                     't5': ('relative',)}
-REMAT_POLICIES = ('none', 'minimal', 'full')
+# model.remat, from the least recomputed to the most (layers.REMAT says what each keeps)
+REMAT_POLICIES = ('none', 'minimal_with_context', 'minimal', 'save_dot_except_mlp', 'full')
 KERNEL_INITS = ('normal', 'fan_in', 'torch_default')
 NORMS = ('layernorm', 'rmsnorm')
 # The layer choices of each family's published architecture, used where a config leaves a field
@@ -99,7 +100,7 @@ class ModelConfig(Section):
   relative_buckets: int = 32             # T5 relative position bias
   relative_max_distance: int = 128
   scan_layers: bool = False              # nn.scan over layers (compile time flat in depth)
-  remat: str = 'none'                    # rematerialisation of each layer
+  remat: str = 'none'                    # what each layer keeps for the backward: REMAT_POLICIES
   deterministic: bool = True             # no dropout (eval); training uses .replace(False)
   decode: bool = False                   # key/value cache, one new token per call
 

@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from pretrain_jax import ops
 from pretrain_jax.models import masks
@@ -202,14 +203,16 @@ class MLP(nn.Module):
     def wi(name):
       return dense(cfg, cfg.mlp_dim, ['embed'], ['mlp'], name, fan_in=cfg.emb_dim)
     if cfg.activation.startswith('gated'):
-      h = act(wi('wi_0')(x)) * wi('wi_1')(x)
+      h = (act(checkpoint_name(wi('wi_0')(x), 'mlpwi_0'))
+           * checkpoint_name(wi('wi_1')(x), 'mlpwi_1'))
     else:
-      h = act(wi('wi')(x))                                  # (B, T, F)
+      h = act(checkpoint_name(wi('wi')(x), 'mlpwi'))        # (B, T, F)
     h = constrain(h, 'batch', 'length', 'mlp')
     h = ops.Dropout(cfg.dropout_rate if cfg.mlp_dropout else 0.0)(
         h, deterministic=cfg.deterministic)
-    return dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo', fan_in=cfg.mlp_dim,
-                 scale=self.out_scale)(h)                   # (B, T, E)
+    out = dense(cfg, cfg.emb_dim, ['mlp'], ['embed'], 'wo', fan_in=cfg.mlp_dim,
+                scale=self.out_scale)(h)                    # (B, T, E)
+    return checkpoint_name(out, 'mlpwo')
 
 
 class MultiHeadAttention(nn.Module):
@@ -231,9 +234,9 @@ class MultiHeadAttention(nn.Module):
     def proj(name, **kw):
       return dense(cfg, heads, ['embed'], ['heads', 'kv'], name,
                    fan_in=cfg.emb_dim, **kw)
-    q = proj('query', init=q_init)(x_q)                            # (B, T, N, H)
-    k = proj('key')(x_kv)                                          # (B, S, N, H)
-    v = proj('value')(x_kv)
+    q = checkpoint_name(proj('query', init=q_init)(x_q), 'query_proj')   # (B, T, N, H)
+    k = checkpoint_name(proj('key')(x_kv), 'key_proj')                   # (B, S, N, H)
+    v = checkpoint_name(proj('value')(x_kv), 'value_proj')
     if decode_index is not None:
       k, v = self._cached(k, v, decode_index)
     dropout_rng = None
@@ -243,8 +246,10 @@ class MultiHeadAttention(nn.Module):
         q, k, v, mask, scale=1.0 if cfg.fold_query_scale else None,
         dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
         implementation=cfg.attention_impl)                                   # (B, T, N, H)
-    return dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
-                 fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
+    out = checkpoint_name(out, 'context')
+    out = dense(cfg, cfg.emb_dim, ['heads', 'kv'], ['embed'], 'out', axis=(-2, -1),
+                fan_in=cfg.num_heads * cfg.head_dim, scale=self.out_scale)(out)
+    return checkpoint_name(out, 'out_proj')                                  # (B, T, E)
 
   def _cached(self, k, v, index):
     """Write (B, T, N, H) keys/values at `index` into the cache; return the whole cache."""
@@ -261,8 +266,35 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value
 
 
-REMAT = {'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-         'full': jax.checkpoint_policies.nothing_saveable}
+def _saves_kernel_outputs(prim, *_, **__) -> bool:
+  """Attention kernels' outputs (pallas_call: the output and its logsumexp, the residuals the
+  backward kernels read), so the backward does not run the forward kernel again. The
+  compiler counts no FLOPs in a Mosaic kernel, so a rerun would be invisible in plan's FLOPs."""
+  return prim.name == 'pallas_call'
+
+
+def _with_kernels(policy):
+  return jax.checkpoint_policies.save_from_both_policies(policy, _saves_kernel_outputs)
+
+
+_policies = jax.checkpoint_policies
+ATTENTION_NAMES = ('query_proj', 'key_proj', 'value_proj', 'context', 'out_proj')
+# model.remat -> what each layer keeps for the backward pass; the rest it recomputes. The names
+# are the checkpoint_name tags above (MaxText's): query_proj, key_proj, value_proj, context
+# (the attention output), out_proj, mlpwi (mlpwi_0, mlpwi_1 when gated), mlpwo.
+REMAT = {
+    # every matmul output (batched ones too: a reference attention's logits); elementwise
+    # ops (LayerNorm, GELU, residual adds, bias adds) recomputed, as XLA's fusion does in an
+    # unrolled program. Applied under scan only (apply_stack).
+    'none': _with_kernels(_policies.dots_saveable),
+    'minimal_with_context': _with_kernels(_policies.save_from_both_policies(
+        _policies.dots_with_no_batch_dims_saveable, _policies.save_only_these_names('context'))),
+    'minimal': _with_kernels(_policies.dots_with_no_batch_dims_saveable),
+    # MaxText's save_dot_with_context_except_mlp: the attention's projections and output kept,
+    # the MLP recomputed
+    'save_dot_except_mlp': _with_kernels(_policies.save_only_these_names(*ATTENTION_NAMES)),
+    'full': _policies.nothing_saveable,
+}
 
 
 def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *args, **fields):
@@ -270,10 +302,14 @@ def apply_stack(block_cls, cfg: ModelConfig, num_layers: int, name: str, x, *arg
 
   A block maps (x, *args) -> (x, None). With cfg.scan_layers the copies are one nn.scan, so
   parameters gain a leading 'layers' axis and compile time does not grow with depth; otherwise
-  they are `{name}_0 ... {name}_{L-1}`.
+  they are `{name}_0 ... {name}_{L-1}`. cfg.remat names the policy (REMAT) each copy runs
+  under. An unrolled 'none' runs the block as it is; a scanned one runs it under REMAT['none']:
+  without a policy, nn.scan's partial evaluation keeps every intermediate the backward reads
+  (float32 LayerNorm and GELU ones among them) as stacked loop outputs, several times the bytes
+  of the unrolled program, whose fusions recompute them.
   """
   block = block_cls
-  if cfg.remat != 'none':
+  if cfg.remat != 'none' or cfg.scan_layers:
     block = nn.remat(block, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     stack = nn.scan(block, variable_axes={'params': 0, 'cache': 0},

@@ -36,7 +36,11 @@ SAFETY = 0.9   # the second point: this share of the batch the first one's bytes
 # beyond any it trains at, and from a few rows per chip on a compile costs several times more
 # (tiny_gpt on a v5e-16: 9 CPU-seconds at 2 rows per chip, 45-48 at 256 and 4096).
 FIT_CAP = 64
-NO_RECOMPUTE = 'none'   # model.remat that saves every activation (layers.apply_stack)
+NO_RECOMPUTE = 'none'   # model.remat that recomputes no matmul (layers.REMAT)
+# The policies --fit chooses from: REMAT_POLICIES less 'minimal_with_context', which keeps what
+# 'minimal' keeps where attention runs in a kernel (a TPU's splash and flash), so a compile
+# of it would repeat minimal's.
+FIT_POLICIES = tuple(p for p in REMAT_POLICIES if p != 'minimal_with_context')
 
 
 def _next_units(seen: dict, lo: int, hi: float, capacity: float) -> int | None:
@@ -184,6 +188,6 @@ def run_plan(config, tpu_type: str, slices: int = 1, find_max: bool = False,
   the largest batch only when the configured one does not fit (the launcher's preflight)."""
   planner = plan_lib.Planner(config, tpu_type, slices, verbose)
   if find_max:
-    return fit(planner, with_eval, policies=REMAT_POLICIES)
+    return fit(planner, with_eval, policies=FIT_POLICIES)
   out = plan_lib.plan(planner, with_eval=with_eval)
   return fit(planner, with_eval, head=out) if fit_if_refused and not out['fits'] else out
