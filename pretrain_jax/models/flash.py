@@ -29,10 +29,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from pretrain_jax.models import flash_kernels as fk
 from pretrain_jax.models import masks, splash
+from pretrain_jax.models.attention import KERNEL_RESIDUALS
 
 F32 = jnp.float32
 
@@ -106,7 +108,8 @@ def _forward(spec, interpret, q, k, v, q_ids, kv_ids, table):
 
 
 def _attend_forward(spec, interpret, q, k, v, q_ids, kv_ids, table):
-  out, lse = _forward(spec, interpret, q, k, v, q_ids, kv_ids, table)
+  out, lse = (checkpoint_name(x, KERNEL_RESIDUALS)
+              for x in _forward(spec, interpret, q, k, v, q_ids, kv_ids, table))
   return out, (q, k, v, q_ids, kv_ids, table, out, lse)
 
 

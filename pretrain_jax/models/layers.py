@@ -9,7 +9,11 @@ from jax.ad_checkpoint import checkpoint_name
 
 from pretrain_jax import ops
 from pretrain_jax.models import masks
-from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
+from pretrain_jax.models.attention import (
+  KERNEL_RESIDUALS,
+  dot_product_attention,
+  runnable_implementation,
+)
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
@@ -266,15 +270,12 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value
 
 
-def _saves_kernel_outputs(prim, *_, **__) -> bool:
-  """Attention kernels' outputs (pallas_call: the output and its logsumexp, the residuals the
-  backward kernels read), so the backward does not run the forward kernel again. The
-  compiler counts no FLOPs in a Mosaic kernel, so a rerun would be invisible in plan's FLOPs."""
-  return prim.name == 'pallas_call'
-
-
 def _with_kernels(policy):
-  return jax.checkpoint_policies.save_from_both_policies(policy, _saves_kernel_outputs)
+  """`policy`, and the attention kernels' residuals kept (attention.KERNEL_RESIDUALS: the
+  output and its (B, N, T) logsumexp), so the backward does not run the forward kernel again,
+  a rerun the compiler's FLOPs would not show (it counts none in a Mosaic kernel)."""
+  return jax.checkpoint_policies.save_from_both_policies(
+      policy, jax.checkpoint_policies.save_only_these_names(KERNEL_RESIDUALS))
 
 
 _policies = jax.checkpoint_policies
@@ -283,7 +284,7 @@ ATTENTION_NAMES = ('query_proj', 'key_proj', 'value_proj', 'context', 'out_proj'
 # are the checkpoint_name tags above (MaxText's): query_proj, key_proj, value_proj, context
 # (the attention output), out_proj, mlpwi (mlpwi_0, mlpwi_1 when gated), mlpwo.
 REMAT = {
-    # every matmul output (batched ones too: a reference attention's logits); elementwise
+    # every matmul's output (batched ones too: a reference attention's logits); elementwise
     # ops (LayerNorm, GELU, residual adds, bias adds) recomputed, as XLA's fusion does in an
     # unrolled program. Applied under scan only (apply_stack).
     'none': _with_kernels(_policies.dots_saveable),
