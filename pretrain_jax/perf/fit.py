@@ -37,9 +37,9 @@ SAFETY = 0.9   # the second point: this share of the batch the first one's bytes
 # (tiny_gpt on a v5e-16: 9 CPU-seconds at 2 rows per chip, 45-48 at 256 and 4096).
 FIT_CAP = 64
 NO_RECOMPUTE = 'none'   # model.remat that recomputes no matmul (layers.REMAT)
-# The policies --fit chooses from: REMAT_POLICIES less 'minimal_with_context', which keeps what
-# 'minimal' keeps where attention runs in a kernel (a TPU's splash and flash), so a compile
-# of it would repeat minimal's.
+# The policies --fit chooses from: REMAT_POLICIES less 'minimal_with_context', which differs
+# from 'minimal' only where attention is batched matmuls (not a TPU's splash or flash kernels,
+# whose output every policy but 'full' keeps): a compile the choice can spare.
 FIT_POLICIES = tuple(p for p in REMAT_POLICIES if p != 'minimal_with_context')
 
 
