@@ -123,7 +123,7 @@ def setup(config, devices=None):
                              out_shardings=state_lib.shardings_of(abstract))
   step = step_lib.make_train_step(build(cfg.replace(deterministic=False)), tx, schedule,
                                   seed=0, microbatches=t.microbatches, mesh=mesh,
-                                  loss_chunk_len=t.loss_chunk_len,
+                                  loss_chunk_len=t.loss_chunk_len, fused_loss=t.fused_loss,
                                   max_predictions=step_lib.max_predictions(
                                       t, DataConfig.from_config(config.data)))
   return state, jax.jit(step, donate_argnums=(0,)), mesh

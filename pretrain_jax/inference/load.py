@@ -280,7 +280,8 @@ class Pretrained:
         backends.for_platform(device.platform), step_lib.make_eval_step(
             build(self.model_config.resolved(device).replace(deterministic=True,
                                                              decode=False)),
-            t.loss_chunk_len if t else 0, max_predictions)))
+            t.loss_chunk_len if t else 0, max_predictions,
+            fused_loss=t.fused_loss if t else True)))
     keys = set(family_of(self.model_config).batch_keys)   # (drops e.g. ids the model never reads)
     return eval_lib.evaluate(eval_step, params, ({k: v for k, v in b.items() if k in keys}
                                                  for b in batches), max_batches, progress)

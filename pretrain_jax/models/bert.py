@@ -101,6 +101,14 @@ class BERT(nn.Module):
     decoder = self.word_embeddings.attend if self.cfg.tie_embeddings else self.mlm_decoder
     return (decoder(h) + self.mlm_bias).astype(jnp.float32)              # (..., V)
 
+  def head_inputs(self, hidden):                                         # (..., E)
+    """`logits`' head as a layers.LMHead (the transform applied), for a loss that computes the
+    logits itself."""
+    h = self.mlm_transform(hidden)
+    head = (layers.embedding_head(self.word_embeddings, h) if self.cfg.tie_embeddings
+            else layers.dense_head(self.mlm_decoder, h))
+    return head._replace(bias=self.mlm_bias)
+
   def nsp_logits(self, hidden):                                          # (B, T, E)
     if not self.cfg.nsp:
       return None

@@ -88,6 +88,12 @@ class GPT(nn.Module):
     head = self.wte.attend if self.cfg.tie_embeddings else self.lm_head
     return layers.constrain(head(hidden), 'batch', 'length', 'vocab').astype(jnp.float32)
 
+  def head_inputs(self, hidden):                                          # (..., E)
+    """`logits`' head as a layers.LMHead, for a loss that computes the logits itself."""
+    if self.cfg.tie_embeddings:
+      return layers.embedding_head(self.wte, hidden)
+    return layers.dense_head(self.lm_head, hidden)
+
   def classify(self, hidden, segment_ids=None):                           # (B, T, E)
     """Class logits (B, C) from each row's LAST real token (the last nonzero segment id, so
     right and left padding both work); the one place a causal model has read the whole row."""

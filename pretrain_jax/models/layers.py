@@ -1,5 +1,6 @@
 """Layers shared by the three families. Every parameter carries logical axis names."""
 import functools
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -83,6 +84,29 @@ class Dense2D(nn.DenseGeneral):
       bias = self.param('bias', self.bias_init, features, self.param_dtype)
       y = y + bias.astype(self.dtype).reshape(k_out)
     return y.reshape(batch_shape + features)
+
+
+class LMHead(NamedTuple):
+  """What an LM head computes its logits from, for a loss that computes them itself
+  (training/fused_loss.py): float32 logits = hidden @ kernel (+ bias), the operands in `dtype`.
+  Each family's `head_inputs(hidden)` returns it; its `logits(hidden)` is the same head."""
+  hidden: jax.Array            # (..., E): what the kernel multiplies (after any transform)
+  kernel: jax.Array            # (V, E) when vocab_first (a tied embedding), else (E, V)
+  bias: jax.Array | None       # (V,) or None
+  vocab_first: bool
+  dtype: Any                   # the operands' dtype (the model's compute dtype)
+
+
+def dense_head(dense: Dense2D, hidden) -> LMHead:
+  """The LMHead of a (bound) Dense2D (E -> V) applied to hidden."""
+  params = dense.variables['params']
+  return LMHead(hidden, nn.unbox(params['kernel']), nn.unbox(params.get('bias')), False,
+                dense.dtype)
+
+
+def embedding_head(embedding: nn.Embed, hidden) -> LMHead:
+  """The LMHead of embedding.attend(hidden): the tied table (V, E)."""
+  return LMHead(hidden, embedding.embedding, None, True, embedding.dtype)
 
 
 def norm(cfg: ModelConfig, name: str):

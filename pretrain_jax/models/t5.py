@@ -121,6 +121,11 @@ class Decoder(nn.Module):
       return self.shared.attend(x * self.cfg.emb_dim ** -0.5).astype(jnp.float32)  # (..., V)
     return self.lm_head(x).astype(jnp.float32)
 
+  def head_inputs(self, x):                                              # (..., E)
+    if self.cfg.tie_embeddings:
+      return layers.embedding_head(self.shared, x * self.cfg.emb_dim ** -0.5)
+    return layers.dense_head(self.lm_head, x)
+
 
 class T5(nn.Module):
   """__call__(encoder_input_tokens (B, S), decoder_input_tokens (B, T), ...) -> (B, T, V).
@@ -154,6 +159,10 @@ class T5(nn.Module):
 
   def logits(self, hidden):                                              # (..., E)
     return self.decoder.logits(hidden)                                   # (..., V)
+
+  def head_inputs(self, hidden):                                         # (..., E)
+    """`logits`' head as a layers.LMHead, for a loss that computes the logits itself."""
+    return self.decoder.head_inputs(hidden)
 
   def decode(self, encoded, decoder_input_tokens, **kwargs):
     """Logits (B, T, V) of the decoder given the encoder's output (kwargs: decoder_hidden's)."""

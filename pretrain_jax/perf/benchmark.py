@@ -207,7 +207,7 @@ def benchmark_train_step(config, *, steps: int = 10, warmup: int = 2,
             'attention_impl': attention_path(model_cfg.replace(deterministic=False)),
             'scan_layers': model_cfg.scan_layers,
             'remat': model_cfg.remat, 'prng_impl': t.prng_impl,
-            'loss_chunk_len': t.loss_chunk_len,
+            'loss_chunk_len': t.loss_chunk_len, 'fused_loss': t.fused_loss,
             'max_predictions_per_seq': max_predictions}
   target_len = family_of(model_cfg).lengths(batch_np)[2]
   if target_len:

@@ -43,10 +43,13 @@ VARIANTS = types.MappingProxyType({
                            xla_flags='--xla_gpu_enable_triton_gemm=true'),
     'xla_attention': Variant("jax.nn.dot_product_attention's XLA path instead of cuDNN's",
                              overrides={'model.attention_impl': 'xla'}),
-    'chunked_ce': Variant('LM head + cross-entropy a quarter of the positions at a time '
-                          '(the (B, T, V) logits never kept)',
-                          overrides={'train.loss_chunk_len':
+    'chunked_ce': Variant('autodiff LM head + cross-entropy a quarter of the positions at a '
+                          'time, recomputed backward (the (B, T, V) logits never kept)',
+                          overrides={'train.fused_loss': False, 'train.loss_chunk_len':
                                      lambda c: max(c.data.seq_len // 4, 1)}),
+    'autodiff_loss': Variant('the LM head + cross-entropy by autodiff, whole (train.fused_loss='
+                             'False: the (B, T, V) float32 logits kept for the backward pass)',
+                             overrides={'train.fused_loss': False}),
     'remat': Variant('per-block rematerialisation (minimal policy)',
                      overrides={'model.remat': 'minimal'}),
     'fp8': Variant('dense layers in fp8 (train.fp8: e4m3, gradients e5m2; GPUs of compute '
@@ -110,8 +113,8 @@ RECORD_KEYS = ('model', 'variant', 'family', 'params', 'batch_size', 'seq_len', 
                'tokens_per_s', 'step_ms', 'step_ms_min', 'mfu', 'mfu_datasheet', 'peak_flops',
                'datasheet_peak_flops', 'model_flops_per_step', 'peak_bytes_in_use',
                'step_bytes', 'compile_s', 'loss', 'steps', 'feed', 'dtype', 'attention_impl',
-               'remat', 'loss_chunk_len', 'device', 'num_devices', 'xla_flags', 'vs_baseline',
-               'profile', 'error')
+               'remat', 'loss_chunk_len', 'fused_loss', 'device', 'num_devices', 'xla_flags',
+               'vs_baseline', 'profile', 'error')
 
 
 def _round(value):

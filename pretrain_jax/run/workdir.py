@@ -32,7 +32,7 @@ FREE_KEYS = ('train.steps', 'train.log_every', 'train.eval_every', 'train.eval_b
              'train.checkpoint_every', 'train.keep_checkpoints', 'train.async_checkpoints',
              'train.checkpoint_timeout_sec',
              'train.peak_tflops', 'train.profile_steps', 'train.profile_start_step',
-             'train.allow_config_change', 'train.loss_chunk_len',
+             'train.allow_config_change', 'train.loss_chunk_len', 'train.fused_loss',
              'train.max_predictions_per_seq', 'data.tokenizer', 'data.tfds_data_dir',
              'data.prepared_dir', 'data.num_parallel_calls', 'data.prefetch', 'data.eval_split',
              'data.num_streams',   # the data position holds the resolved count, and checks it

@@ -37,8 +37,13 @@ class TrainConfig(Section):
   grad_clip: float = 1.0            # global-norm clip; 0 disables
   microbatches: int = 1             # gradient accumulation: batch_size splits into this many
   z_loss: float = 0.0               # coefficient of log(Z)^2 in the loss (0 disables)
-  loss_chunk_len: int = 0           # LM head + cross-entropy this many positions at a time,
-                                    # recomputed backward: no (B, T, V) logits; 0 = all at once
+  fused_loss: bool = True           # LM head + cross-entropy with their gradients made in the
+                                    # forward pass, a chunk at a time (training/fused_loss.py):
+                                    # no (B, T, V) logits kept, no matmul recomputed; False =
+                                    # autodiff of the head's logits (the reference)
+  loss_chunk_len: int = 0           # positions per chunk of the LM head + cross-entropy: fused,
+                                    # 0 = fused_loss.CHUNK_LEN (128); autodiff, recomputed in
+                                    # the backward pass, 0 = the whole sequence at once
   max_predictions_per_seq: int = -1  # LM head only on this many loss-weighted positions per
                                     # row (exact: a fuller row runs them all); -1 = the MLM
                                     # objective's bound (128 of 512), 0 = every position

@@ -102,13 +102,14 @@ def make_train_step(model, tx, schedule, *, seed: int, microbatches: int = 1, me
   return train_step
 
 
-def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0, merge=None):
+def make_eval_step(model, loss_chunk_len: int = 0, max_predictions: int = 0, merge=None,
+                   fused_loss: bool = True):
   """(params, batch) -> (sums with lm_top5, denominators) of a deterministic `model`; with
   `merge` (make_train_step's) (params, batch, frozen)."""
   def eval_step(params, batch, frozen=None):
     params = params if merge is None else merge(params, frozen)
     return (task.loss_sums(model, params, batch, loss_chunk_len=loss_chunk_len,
-                           max_predictions=max_predictions, top5=True),
+                           max_predictions=max_predictions, top5=True, fused_loss=fused_loss),
             task.denominators(model.cfg, batch))
   return eval_step
 
@@ -173,9 +174,9 @@ def make_steps(model_cfg: ModelConfig, t: TrainConfig, mesh, *, max_predictions:
       build(model_cfg.replace(deterministic=False, decode=False)), tx, schedule, seed=t.seed,
       microbatches=t.microbatches, z_loss=t.z_loss, mesh=mesh, prng_impl=t.prng_impl or None,
       loss_chunk_len=t.loss_chunk_len, max_predictions=max_predictions,
-      freeze_backbone=t.freeze_backbone, merge=merge))
+      freeze_backbone=t.freeze_backbone, fused_loss=t.fused_loss, merge=merge))
   eval_step = ops.bind(form, make_eval_step(eval_model, t.loss_chunk_len, max_predictions,
-                                            merge))
+                                            merge, t.fused_loss))
 
   def scan(state, b, *frozen):        # K steps over (K, B, ...) batches
     return jax.lax.scan(lambda s, x: train_step(s, x, *frozen), state, b)

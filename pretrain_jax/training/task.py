@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from pretrain_jax import ops
 from pretrain_jax.models import family_of
+from pretrain_jax.training import fused_loss as fused_lib
 from pretrain_jax.training import losses
 
 
@@ -35,13 +36,16 @@ def gather_predictions(hidden, targets, weights, count: int):
 
 def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
               loss_chunk_len: int = 0, max_predictions: int = 0, top5: bool = False,
-              freeze_backbone: bool = False) -> dict:
+              freeze_backbone: bool = False, fused_loss: bool = False) -> dict:
   """Summed terms: lm, lm_z_loss, lm_correct, lm_weight (+ lm_top5) where the batch has LM
   targets; `{head}`, `{head}_correct`, `{head}_confusion` for each active head it labels.
 
   max_predictions > 0 runs the LM head on that many weighted positions per row, or on every
   position when a row has more (lax.cond): the sums stay exact. `freeze_backbone` (a probe)
-  stops gradients at the hidden states.
+  stops gradients at the hidden states. `fused_loss` computes the LM head's logits and their
+  gradients together, `loss_chunk_len` positions at a time (0: fused_loss.CHUNK_LEN), keeping
+  no logits for the backward pass (training/fused_loss.py); else the head's logits are
+  differentiated by autodiff, whole or in recomputed chunks of `loss_chunk_len`.
   """
   if not isinstance(max_predictions, int) or max_predictions < 0:
     raise ValueError(f'max_predictions_per_seq={max_predictions!r}; expected 0 (every '
@@ -71,6 +75,11 @@ def loss_sums(model, params, batch, *, rngs=None, z_loss: float = 0.0,
   targets, weights = batch[family.target_key], batch[family.weight_key]
 
   def lm_sums(h, t, w):
+    if fused_loss:
+      return fused_lib.fused_cross_entropy_sums(
+          model.apply(variables, h, method='head_inputs'), t, w, z_loss=z_loss,
+          chunk_len=loss_chunk_len or fused_lib.CHUNK_LEN, top5=top5,
+          blockwise_max=ops.current().blockwise_max)
     return losses.chunked_cross_entropy_sums(head, h, t, w, z_loss, loss_chunk_len, top5,
                                              ops.current().blockwise_max)
   if 0 < max_predictions < targets.shape[1]:
