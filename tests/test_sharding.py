@@ -56,7 +56,8 @@ def report(tmp_path_factory, worker_id):
 
 
 @pytest.mark.parametrize('case', ['gpt/data', 'gpt/fsdp', 'gpt/tensor/chunk5', 'gpt/mixed/micro2',
-                                  'bert/mixed/pred4', 'bert/mixed', 't5/mixed'])
+                                  'gpt/mixed/autodiff', 'bert/mixed/pred4', 'bert/mixed',
+                                  't5/mixed'])
 def test_mesh_matches_one_device(report, case):
   got, single = report['runs'][case], report['runs'][case.split('/')[0] + '/single']
   assert got['devices'] == 8
@@ -121,15 +122,19 @@ def _worker():
   cases = [('gpt', 'single', None, 1), ('gpt', 'data', MESHES['data'], 1),
            ('gpt', 'fsdp', MESHES['fsdp'], 1), ('gpt', 'tensor/chunk5', MESHES['tensor'], 1),
            ('gpt', 'mixed/micro2', MESHES['mixed'], 2),
+           ('gpt', 'mixed/autodiff', MESHES['mixed'], 1),
            ('bert', 'single', None, 1), ('bert', 'mixed', MESHES['mixed'], 1),
            ('bert', 'mixed/pred4', MESHES['mixed'], 1),
            ('t5', 'single', None, 1), ('t5', 'mixed', MESHES['mixed'], 1)]
   singles, steps = {}, {}
   for family, name, mesh, micro in cases:
-    # chunk5: the LM head and loss 5 positions at a time (a ragged tail), vocab split 4 ways on
-    # tensor; pred4: the MLM head on 4 gathered positions per row (or all, in a batch with a
-    # fuller row)
+    # The LM head and loss are the fused ones (training/fused_loss.py; its kernel gradient
+    # summed per batch shard), but for autodiff's (against the fused single device). chunk5:
+    # 5 positions at a time (a ragged tail), vocab split 4 ways on tensor; pred4: the MLM head
+    # on 4 gathered positions per row (or all, in a batch with a fuller row)
     train = {'loss_chunk_len': 5} if name.endswith('chunk5') else {}
+    if name.endswith('autodiff'):
+      train['fused_loss'] = False
     if name.endswith('pred4'):
       train['max_predictions_per_seq'] = 4
     state, losses, step = run(family, mesh, micro, **train)
