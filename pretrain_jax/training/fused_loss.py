@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pretrain_jax.models import layers
 from pretrain_jax.training import losses
 
 CHUNK_LEN = 128   # positions per chunk: the default of train.loss_chunk_len=0
@@ -75,17 +76,11 @@ def _batch_shards(rows: int) -> int:
   return shards if rows % shards == 0 else 1
 
 
-def _constrain(x, *names):
-  """x sharded by logical axis names where a mesh's rules are in context (models.layers'
-  constrain, which training may not import: it reads the model)."""
-  return nn.with_logical_constraint(x, names)
-
-
 def _kernel(spec: _Spec, kernel):
   """The kernel in the operand dtype, gathered over fsdp ONCE, before the loop (its vocabulary
   stays split over 'tensor')."""
   names = ('vocab', None) if spec.vocab_first else (None, 'vocab')
-  return _constrain(kernel.astype(spec.dtype), *names)
+  return layers.constrain(kernel.astype(spec.dtype), *names)
 
 
 def _chunk(spec: _Spec, h, kernel, bias, targets, weights, grads: bool):
@@ -98,7 +93,7 @@ def _chunk(spec: _Spec, h, kernel, bias, targets, weights, grads: bool):
                                preferred_element_type=jnp.float32)               # (B, C, V)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
-  logits = _constrain(logits, 'batch', 'length', 'vocab')
+  logits = layers.constrain(logits, 'batch', 'length', 'vocab')
   row_max, first_max = losses._first_max(logits, spec.blockwise_max)
   shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   exp = jnp.exp(logits - shift[..., None])
@@ -156,7 +151,7 @@ def _run(spec: _Spec, hidden, kernel, bias, targets, weights, grads: bool):
   if chunks == 1:
     sums, out = chunk(0)
     if out is not None:
-      out = (out[0].astype(hidden.dtype)[:, :length], _constrain(out[1], *kernel_names),
+      out = (out[0].astype(hidden.dtype)[:, :length], layers.constrain(out[1], *kernel_names),
              out[2])
   else:
     zero_sums = jax.eval_shape(lambda: chunk(0)[0])
@@ -164,7 +159,7 @@ def _run(spec: _Spec, hidden, kernel, bias, targets, weights, grads: bool):
     carry = (zero_sums,)
     if grads:
       d_kernel = jnp.zeros((spec.shards,) + kernel.shape, jnp.float32)
-      carry += (jnp.zeros(hidden.shape, hidden.dtype), _constrain(d_kernel, *kernel_names),
+      carry += (jnp.zeros(hidden.shape, hidden.dtype), layers.constrain(d_kernel, *kernel_names),
                 None if bias is None else jnp.zeros(bias.shape, jnp.float32))
 
     def body(i, carry):
@@ -174,7 +169,7 @@ def _run(spec: _Spec, hidden, kernel, bias, targets, weights, grads: bool):
         d_h, d_kernel, d_bias = out
         new += (jax.lax.dynamic_update_slice_in_dim(carry[1], d_h.astype(hidden.dtype),
                                                     i * spec.chunk_len, axis=1),
-                _constrain(carry[2] + d_kernel, *kernel_names),
+                layers.constrain(carry[2] + d_kernel, *kernel_names),
                 None if bias is None else carry[3] + d_bias)
       return new
     carry = jax.lax.fori_loop(0, chunks, body, carry)
