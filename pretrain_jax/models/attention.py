@@ -25,9 +25,6 @@ from pretrain_jax import ops
 from pretrain_jax.models import masks
 
 IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'cudnn', 'splash', 'flash')
-# The checkpoint name of what the kernels' backward reads besides q, k, v: their output and its
-# logsumexp (layers.REMAT keeps them, so no policy reruns a forward kernel)
-KERNEL_RESIDUALS = 'attention_residuals'
 HALF = (jnp.bfloat16, jnp.float16)
 # On XLA:CPU the einsum path trains GPT and T5 faster than jax.nn.dot_product_attention's XLA
 # path, and BERT as fast (docs/performance.md, "Attention paths").

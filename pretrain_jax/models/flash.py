@@ -34,7 +34,6 @@ from jax.sharding import PartitionSpec as P
 
 from pretrain_jax.models import flash_kernels as fk
 from pretrain_jax.models import masks, splash
-from pretrain_jax.models.attention import KERNEL_RESIDUALS
 
 F32 = jnp.float32
 
@@ -108,7 +107,7 @@ def _forward(spec, interpret, q, k, v, q_ids, kv_ids, table):
 
 
 def _attend_forward(spec, interpret, q, k, v, q_ids, kv_ids, table):
-  out, lse = (checkpoint_name(x, KERNEL_RESIDUALS)
+  out, lse = (checkpoint_name(x, masks.KERNEL_RESIDUALS)
               for x in _forward(spec, interpret, q, k, v, q_ids, kv_ids, table))
   return out, (q, k, v, q_ids, kv_ids, table, out, lse)
 

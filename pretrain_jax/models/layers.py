@@ -10,11 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from pretrain_jax import ops
 from pretrain_jax.models import masks
-from pretrain_jax.models.attention import (
-  KERNEL_RESIDUALS,
-  dot_product_attention,
-  runnable_implementation,
-)
+from pretrain_jax.models.attention import dot_product_attention, runnable_implementation
 from pretrain_jax.models.config import ModelConfig
 
 Init = nn.initializers
@@ -295,11 +291,11 @@ class MultiHeadAttention(nn.Module):
 
 
 def _with_kernels(policy):
-  """`policy`, and the attention kernels' residuals kept (attention.KERNEL_RESIDUALS: the
+  """`policy`, and the attention kernels' residuals kept (masks.KERNEL_RESIDUALS: the
   output and its (B, N, T) logsumexp), so the backward does not run the forward kernel again,
   a rerun the compiler's FLOPs would not show (it counts none in a Mosaic kernel)."""
   return jax.checkpoint_policies.save_from_both_policies(
-      policy, jax.checkpoint_policies.save_only_these_names(KERNEL_RESIDUALS))
+      policy, jax.checkpoint_policies.save_only_these_names(masks.KERNEL_RESIDUALS))
 
 
 _policies = jax.checkpoint_policies

@@ -25,6 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# The checkpoint name of what the attention kernels' backward reads besides q, k, v: their
+# output and its logsumexp (layers.REMAT keeps them, so no policy reruns a forward kernel).
+# Here, beside the mask value both kernels read, so neither kernel imports attention.py.
+KERNEL_RESIDUALS = 'attention_residuals'
+
 
 def causal_mask(q_len: int, kv_len: int | None = None, offset=0) -> jnp.ndarray:
   """Query i sees keys j <= i + offset.

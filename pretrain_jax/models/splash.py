@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec as P
 
-from pretrain_jax.models.attention import KERNEL_RESIDUALS
+from pretrain_jax.models import masks
 
 LANES = 128           # key blocks are multiples of the 128 lanes of a TPU vector register
 BLOCKS = (512, 256, 128)  # block sizes tried, largest first (512: MaxText's default)
@@ -60,7 +60,7 @@ def kernel(kind: str, q_len: int, kv_len: int, heads: int, interpret: bool):
     return pool.submit(functools.partial(
         splash.make_splash_mha, splash.MultiHeadMask([block] * heads), block_sizes=sizes,
         head_shards=1, q_seq_shards=1, interpret=interpret,
-        residual_checkpoint_name=KERNEL_RESIDUALS)).result()
+        residual_checkpoint_name=masks.KERNEL_RESIDUALS)).result()
 
 
 def calls(mask, lengths, padded):
