@@ -322,6 +322,20 @@ def test_plan_refuses_bad_input_in_one_line(args, named):
   assert done.stderr.startswith('error: ') and named in done.stderr
 
 
+def test_bytes_per_row_is_the_slope_between_two_batches():
+  def compiled(rows):
+    m = types.SimpleNamespace(argument_size_in_bytes=100, output_size_in_bytes=0,
+                              alias_size_in_bytes=0, temp_size_in_bytes=0,
+                              generated_code_size_in_bytes=0,
+                              peak_memory_in_bytes=1000 + 300 * rows)
+    return types.SimpleNamespace(memory_analysis=lambda: m)
+  fits = types.SimpleNamespace(train=lambda rows: (compiled(rows), None, ''))
+  assert plan.bytes_per_row(fits) == 300 and plan.bytes_per_row(fits, (1, 8)) == 300
+  refused = types.SimpleNamespace(train=lambda rows: (None, None, 'RESOURCE_EXHAUSTED'))
+  with pytest.raises(ValueError, match='batch 2 does not compile: RESOURCE_EXHAUSTED'):
+    plan.bytes_per_row(refused)
+
+
 GUARD = dict(layers=2, length=512, width=256, vocab=1024)
 
 
@@ -334,13 +348,7 @@ def _bytes_per_row(**train):
       num_layers=layers, emb_dim=width, num_heads=2, head_dim=128, mlp_dim=4 * width,
       max_len=length, vocab_size=vocab, dropout_rate=0.1, attention_dropout_rate=0.0),
       data=dict(seq_len=length), train=train)
-  planner = plan.Planner(config, 'v5litepod-1')
-  peaks = []
-  for rows in (2, 4):
-    compiled, _, message = planner.train(rows)
-    assert compiled is not None, message
-    peaks.append(plan.memory(compiled)['hbm_bytes_per_chip'])
-  return (peaks[1] - peaks[0]) / 2, 34 * width * layers * length
+  return plan.bytes_per_row(plan.Planner(config, 'v5litepod-1')), 34 * width * layers * length
 
 
 @pytest.mark.slow   # two TPU compiles of a 512-token model

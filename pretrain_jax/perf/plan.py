@@ -139,6 +139,18 @@ def memory(compiled) -> dict:
   return out
 
 
+def bytes_per_row(planner: 'Planner', rows=(2, 4)) -> float:
+  """The train step's peak per chip, per row: (peak at rows[1] - peak at rows[0]) / their
+  difference (bytes grow linearly in rows past the first; docs/performance.md's slope)."""
+  peaks = []
+  for n in rows:
+    compiled, _, message = planner.train(n)
+    if compiled is None:
+      raise ValueError(f'the train step at batch {n} does not compile: {message}')
+    peaks.append(memory(compiled)['hbm_bytes_per_chip'])
+  return (peaks[1] - peaks[0]) / (rows[1] - rows[0])
+
+
 def costs(compiled, analytic_flops: float, text: str = '') -> dict:
   """FLOPs and bytes accessed of one chip's program per step.
 
