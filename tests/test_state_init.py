@@ -26,6 +26,8 @@ from pretrain_jax.training import optimizer as opt_lib
 from pretrain_jax.training import state as state_lib
 from pretrain_jax.training.config import MeshConfig, TrainConfig
 
+# Compiled as users' runs compile (the optimizing XLA:CPU build), like the rest of the slow set.
+pytestmark = pytest.mark.slow
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = {'bert': {}, 'gpt': {}, 't5': {},
          'gpt_torch_default': dict(kernel_init='torch_default', position_embedding='sinusoidal',
