@@ -449,13 +449,14 @@ def test_no_remat_that_fits_is_chosen_without_a_compile(monkeypatch):
 
 @pytest.mark.slow
 def test_fit_finds_the_largest_batch_in_four_compiles():
-  """A tiny GPT with a 64k-word vocabulary at 512 tokens on one v5e chip (float32 logits:
-  128 MiB a row), configured at 4 rows: at most 4 train-step compiles find a batch that the
-  compiler fits and the next that it refuses (here the line from 4 and 65 rows predicts 81,
-  the check finds that 82 fits as well, and the test's own compile refuses 83). 'none' fits
-  the configured batch: it is the remat choice, without a compile."""
+  """A tiny GPT with a 64k-word vocabulary at 512 tokens on one v5e chip (the autodiff loss's
+  float32 logits: 128 MiB a row), configured at 4 rows: at most 4 train-step compiles find a
+  batch that the compiler fits and the next that it refuses (here the line from 4 and 65 rows
+  predicts 81, the check finds that 82 fits as well, and the test's own compile refuses 83).
+  'none' fits the configured batch: it is the remat choice, without a compile."""
   config = tiny(configs.tiny_gpt, model=dict(vocab_size=65536, max_len=512),
-                data=dict(seq_len=512, tokenizer_vocab_size=65536), train=dict(batch_size=4))
+                data=dict(seq_len=512, tokenizer_vocab_size=65536),
+                train=dict(batch_size=4, fused_loss=False))
   planner = plan.Planner(config, 'v5litepod-1')
   out = fit_lib.fit(planner, with_eval=False, policies=('none', 'full'))
   assert planner.compiles == out['fit_compiles'] <= fit_lib.FIT_COMPILES

@@ -140,9 +140,10 @@ def test_a_scanned_stack_holds_the_unrolled_stack_s_bytes_per_row():
   """Without a policy, nn.scan's partial evaluation keeps every intermediate the backward
   reads (float32 LayerNorm and GELU ones among them) as stacked loop outputs: 4x the unrolled
   program's bytes per row here. A scanned 'none' keeps the matmul and attention-kernel
-  outputs alone and recomputes the rest, as the unrolled program's fusions do: 0.8x its bytes
-  per layer, plus about a layer's worth per row the loop holds once (1.2x the unrolled
-  program's bytes per row at 2 layers, 1.01x at 4, 0.94x at 6)."""
+  outputs alone and recomputes the rest, as the unrolled program's fusions do. At this tiny
+  width the loop still holds more per row than the unrolled program (the compiler pinned here:
+  4,572,416 against 3,819,264 bytes, 1.20x; GPT-2 small's shapes at 4 layers: 0.90x,
+  docs/training.md), so the bound here is 1.25x: the keep-everything scan is 4x."""
   unrolled = _bytes_per_row({'scan_layers': False, 'remat': 'none'})
   scanned = _bytes_per_row({'scan_layers': True, 'remat': 'none'})
-  assert scanned < 1.1 * unrolled, (scanned, unrolled)
+  assert scanned < 1.25 * unrolled, (scanned, unrolled)

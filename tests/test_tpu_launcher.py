@@ -675,7 +675,7 @@ def test_preflight_names_the_largest_batch_that_fits_and_it_fits(fake):
   """The refusal names --fit's batch; the plan of that batch fits and of the next does not."""
   big = ['--config', 'tiny_gpt', '--config.model.num_layers=1',
          '--config.model.vocab_size=1200000', '--config.data.seq_len=1536',
-         '--config.model.max_len=1536']
+         '--config.model.max_len=1536', '--config.train.fused_loss=False']   # f32 logits
   done = tpu_py(['run', '--name', 'ptj', '--zone', ZONE, '--tpu_type', 'v5litepod-1',
                  '--dry_run', '--'] + big + ['--workdir', 'gs://bkt/r',
                                              '--config.train.batch_size=2'],
