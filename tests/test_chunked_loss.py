@@ -78,22 +78,6 @@ def test_hidden_then_logits_is_the_model_call(family, kw):
     np.testing.assert_allclose(sums['nsp'], nsp['loss'], rtol=1e-5)
 
 
-def test_chunking_shrinks_the_compiled_step_memory():
-  cfg = tiny('gpt', vocab_size=8192, max_len=256)
-  params = init(cfg, length=256)
-  batch = SyntheticDataset('gpt', vocab_size=8192, seq_len=256, batch_size=4).batch(0)
-  model = build(cfg)
-
-  def temp_bytes(chunk):
-    grad = jax.grad(lambda p, b: task.total_loss(
-        task.loss_sums(model, p, b, loss_chunk_len=chunk), task.denominators('gpt', b)))
-    return jax.jit(grad).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
-  logits_bytes = 4 * 256 * 8192 * 4                         # one f32 (B, T, V) array: 32 MiB
-  whole, chunked = temp_bytes(0), temp_bytes(32)
-  assert whole > logits_bytes
-  assert chunked < whole - logits_bytes
-
-
 def test_negative_chunk_is_refused():
   with pytest.raises(ValueError, match='loss_chunk_len=-1'):
     losses.chunked_cross_entropy_sums(lambda h: h, jnp.zeros((1, 4, 2)),

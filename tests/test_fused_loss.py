@@ -132,8 +132,10 @@ def test_microbatched_train_and_eval_steps_match_autodiff(family):
 
 
 def test_the_compiled_step_keeps_no_logits():
-  """XLA:CPU's temporaries of the train step's gradient: the autodiff loss holds a float32
-  (B, T, V) logits array (32 MiB here); the fused one a (B, 32, V) chunk's few arrays."""
+  """XLA:CPU's temporaries of the train step's gradient: the whole-sequence autodiff loss
+  holds a float32 (B, T, V) logits array (32 MiB here); the chunked autodiff loss
+  (train.loss_chunk_len, which recomputes each chunk) and the fused one a (B, 32, V) chunk's
+  few arrays."""
   cfg = tiny('gpt', vocab_size=8192, max_len=256)
   params = init(cfg, length=256)
   batch = SyntheticDataset('gpt', vocab_size=8192, seq_len=256, batch_size=4).batch(0)
@@ -146,12 +148,11 @@ def test_the_compiled_step_keeps_no_logits():
     return jax.jit(grad).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
   logits_bytes = 4 * 256 * 8192 * 4
   autodiff, fused = temp_bytes(False), temp_bytes(True)
-  # (autodiff with loss_chunk_len=32 recomputes chunks, so it keeps no logits either: the
-  # reference here is the whole-sequence loss)
   whole = jax.jit(jax.grad(lambda p, b: task.total_loss(
       task.loss_sums(model, p, b), task.denominators('gpt', b)))).lower(
           params, batch).compile().memory_analysis().temp_size_in_bytes
   assert whole > logits_bytes
+  assert autodiff < whole - logits_bytes
   assert fused < whole - logits_bytes
   assert fused < autodiff + logits_bytes / 8
 
